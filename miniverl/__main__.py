@@ -1,0 +1,3 @@
+from miniverl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Canonical JSON, content digests and atomic file writes: the I/O edge every record goes through."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, UTF-8, and no NaN or infinity (refused, not written)."""
+    _refuse_non_finite(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    return canonical_json(value).encode("utf-8")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_json(value: Any) -> str:
+    return sha256_bytes(canonical_bytes(value))
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tree_digest(root: Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """sha256 of each regular file under ``root`` (relative POSIX names, sorted)."""
+    if names is None:
+        names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return {name: sha256_file(root / name) for name in sorted(names)}
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write to a temp file beside ``path``, fsync, rename into place, fsync the directory."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], value: Any, *, pretty: bool = False) -> None:
+    """Canonical JSON (or indented, still sorted and NaN-free, when ``pretty``) with a final newline."""
+    if pretty:
+        _refuse_non_finite(value)
+        text = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    else:
+        text = canonical_json(value)
+    atomic_write_text(path, text + "\n")
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (used before a directory rename)."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    for directory in sorted({root, *(p for p in root.rglob("*") if p.is_dir())}):
+        _fsync_dir(directory)
+
+
+def _refuse_non_finite(value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"non-finite number {value!r} cannot be written to a record")
+    if isinstance(value, dict):
+        for item in value.values():
+            _refuse_non_finite(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_non_finite(item)
