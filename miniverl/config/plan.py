@@ -1,0 +1,152 @@
+"""Compile a config plus overrides into ``plan.json``. Loads no weights and never imports torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from miniverl import __version__
+from miniverl.canonical import sha256_file, sha256_json
+from miniverl.config.loader import apply_overrides, read_yaml, validate_config, validation_message
+from miniverl.config.schema import MiniverlConfig, ModelSpec
+from miniverl.errors import ConfigError, DataError
+from miniverl.records import DataBinding, PlacementPlan, PlanRecord
+
+BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "nf4": 0.5625}
+
+
+def compile_plan(config_path: Path, overrides: list[str]) -> PlanRecord:
+    data = apply_overrides(read_yaml(config_path), list(overrides))
+    config = validate_config(data, origin=str(config_path))
+    return build_plan(config, overrides)
+
+
+def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
+    from miniverl.data.dataset import describe_dataset
+
+    resolved_config = config.model_dump(mode="json")
+    described = describe_dataset(Path(config.data.path))
+    models = {role: _identity(spec, config) for role, spec in _roles(config).items()}
+    updates = config.train.cycles
+    body: dict[str, Any] = {
+        "miniverl_version": __version__,
+        "config": resolved_config,
+        "overrides": list(overrides),
+        "config_digest": sha256_json(resolved_config),
+        "data": DataBinding(path=config.data.path, sha256=described["sha256"], rows=described["rows"]),
+        "models": models,
+        "placement": _placement(config),
+        "cycles": config.train.cycles,
+        "trajectories_per_cycle": config.trajectories_per_cycle,
+        "updates": updates,
+    }
+    unsigned = PlanRecord.model_construct(**body, plan_digest="0" * 64).model_dump(mode="json")
+    unsigned.pop("plan_digest")
+    return PlanRecord(**body, plan_digest=sha256_json(unsigned))
+
+
+def plan_digest_of(record: dict[str, Any]) -> str:
+    unsigned = {k: v for k, v in record.items() if k != "plan_digest"}
+    return sha256_json(unsigned)
+
+
+def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, MiniverlConfig]:
+    """Read ``plan.json``, re-verify its digest and (by default) the data file's sha256."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"plan not found: {path}; create it with `miniverl plan CONFIG --out {path}`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"plan {path} is not valid JSON") from None
+    try:
+        plan = PlanRecord.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid plan {path}: {validation_message(exc)}") from None
+    if plan_digest_of(raw) != plan.plan_digest:
+        raise ConfigError(f"plan {path} was modified after `miniverl plan` (plan_digest mismatch); re-run plan")
+    config = validate_config(dict(plan.config), origin=str(path))
+    if sha256_json(config.model_dump(mode="json")) != plan.config_digest:
+        raise ConfigError(f"plan {path}: config_digest does not match its config; re-run plan")
+    if verify_data:
+        data_path = Path(plan.data.path)
+        if not data_path.is_file():
+            raise DataError(f"data file not found: {plan.data.path} (bound by the plan)")
+        if sha256_file(data_path) != plan.data.sha256:
+            raise DataError(
+                f"data file {plan.data.path} changed since `miniverl plan` (sha256 mismatch); re-run plan"
+            )
+    return plan, config
+
+
+def _roles(config: MiniverlConfig) -> dict[str, ModelSpec]:
+    roles: dict[str, ModelSpec] = {"student": config.models.student}
+    if config.models.teacher is not None:
+        roles["teacher"] = config.models.teacher
+    if config.models.reference is not None:
+        roles["reference"] = config.models.reference
+    return roles
+
+
+def _identity(spec: ModelSpec, config: MiniverlConfig) -> dict[str, Any]:
+    from miniverl.models.sources import plan_identity
+
+    identity = plan_identity(spec, student=config.models.student)
+    if spec.privileged_context is not None:
+        identity = {**identity, "privileged_context": spec.privileged_context.model_dump(mode="json")}
+    return identity
+
+
+def _placement(config: MiniverlConfig) -> PlacementPlan:
+    from miniverl.models.sources import plan_architecture
+
+    student = config.models.student
+    arch = plan_architecture(student)
+    models = config.models
+    if models.runtime == "shared_backbone":
+        physical = 1
+    else:
+        physical = 1 + sum(spec is not None for spec in (models.teacher, models.reference))
+    precision = "nf4" if student.quantization == "nf4" else models.dtype
+    weight_bytes = trainable = optimizer = None
+    basis = "no architecture known before fetching; measured at run time"
+    if arch is not None:
+        params = int(arch["param_count"])
+        weight_bytes = int(params * BYTES_PER_PARAM[precision] * physical)
+        lora = student.lora
+        if lora is not None and lora.enabled:
+            trainable = int(_lora_params(arch, lora.r, lora.target_modules))
+            optimizer = trainable * 4 * 3
+        basis = "config.json parameter count x bytes per parameter x physical models; LoRA from shapes"
+    return PlacementPlan(
+        device=models.device,
+        runtime=models.runtime,
+        physical_models=physical,
+        dtype=models.dtype,
+        quantization=student.quantization,
+        estimated_weight_bytes=weight_bytes,
+        estimated_trainable_params=trainable,
+        estimated_optimizer_bytes=optimizer,
+        basis=basis,
+    )
+
+
+def _lora_params(arch: dict[str, Any], rank: int, targets: list[str]) -> int:
+    hidden = int(arch["hidden_size"])
+    inter = int(arch["intermediate_size"])
+    head_dim = int(arch["head_dim"])
+    q_out = int(arch["num_attention_heads"]) * head_dim
+    kv_out = int(arch["num_key_value_heads"]) * head_dim
+    shapes = {
+        "q_proj": (hidden, q_out),
+        "k_proj": (hidden, kv_out),
+        "v_proj": (hidden, kv_out),
+        "o_proj": (q_out, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    per_layer = sum(rank * (i + o) for name, (i, o) in shapes.items() if name in targets)
+    return per_layer * int(arch["num_hidden_layers"])

@@ -1,0 +1,271 @@
+"""The config file format: pydantic models with ``extra="forbid"``, one class per YAML section.
+
+Relative paths in a config are resolved against the working directory of ``plan``/``run``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+IMMUTABLE_REVISION = re.compile(r"^[0-9a-f]{40}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+BUILTIN_MODELS = ("smollm2-135m-instruct",)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Strict):
+    name: str = "miniverl-run"
+    seed: int = 0
+    deterministic: bool = False
+
+
+class LoraConfig(Strict):
+    enabled: bool = True
+    r: Annotated[int, Field(ge=1)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class AdapterSpec(Strict):
+    """A frozen PEFT adapter: hub (``path`` = repo id, 40-hex ``revision``) or a local directory.
+
+    A local adapter is pinned by ``sha256`` of its ``adapter_model.safetensors``.
+    """
+
+    source: Literal["hub", "local"]
+    path: str
+    revision: str | None = None
+    sha256: str | None = None
+    allow_mutable_revision: bool = False
+
+    @model_validator(mode="after")
+    def _pinned(self) -> AdapterSpec:
+        if self.source == "hub":
+            _require_immutable(self.revision, self.allow_mutable_revision, what=f"adapter {self.path}")
+        if self.sha256 is not None and not SHA256_HEX.match(self.sha256):
+            raise ValueError("adapter sha256 must be 64 lowercase hex characters")
+        return self
+
+
+class PrivilegedContext(Strict):
+    """The teacher is the frozen base that also sees a data column (e.g. the worked answer)."""
+
+    column: str = "context"
+    template: str = "{context}\n\n{prompt}"
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> PrivilegedContext:
+        if "{prompt}" not in self.template or "{context}" not in self.template:
+            raise ValueError("privileged_context.template must contain {prompt} and {context}")
+        return self
+
+
+class ModelSpec(Strict):
+    """Where a model's weights come from.
+
+    - ``hub``: ``model_id`` + 40-hex ``revision`` (a branch or tag needs ``allow_mutable_revision``)
+    - ``local``: ``path`` to a Hugging Face model directory
+    - ``gguf``: ``path`` to a ``.gguf`` file (dequantized on load)
+    - ``builtin``: ``model_id`` names an embedded model (``smollm2-135m-instruct``)
+    - ``student``: the student's own base (teachers/references only)
+    """
+
+    source: Literal["hub", "local", "gguf", "builtin", "student"] = "hub"
+    model_id: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    allow_mutable_revision: bool = False
+    quantization: Literal["none", "nf4"] = "none"
+    lora: LoraConfig | None = None
+    adapter: AdapterSpec | None = None
+    privileged_context: PrivilegedContext | None = None
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSpec:
+        if self.source == "hub":
+            if not self.model_id:
+                raise ValueError("source hub needs model_id")
+            _require_immutable(self.revision, self.allow_mutable_revision, what=f"model {self.model_id}")
+        elif self.source in ("local", "gguf"):
+            if not self.path:
+                raise ValueError(f"source {self.source} needs path")
+        elif self.source == "builtin":
+            if self.model_id not in BUILTIN_MODELS:
+                raise ValueError(f"builtin model_id must be one of {', '.join(BUILTIN_MODELS)}")
+        return self
+
+
+class ModelsSection(Strict):
+    backend: Literal["hf"] = "hf"
+    runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    student: ModelSpec
+    teacher: ModelSpec | None = None
+    reference: ModelSpec | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ModelsSection:
+        if self.student.source == "student":
+            raise ValueError("models.student cannot have source 'student'")
+        if self.student.adapter is not None or self.student.privileged_context is not None:
+            raise ValueError("models.student takes lora, not adapter or privileged_context")
+        if self.student.lora is None:
+            self.student.lora = LoraConfig()
+        for role in ("teacher", "reference"):
+            spec: ModelSpec | None = getattr(self, role)
+            if spec is not None and spec.lora is not None:
+                raise ValueError(f"models.{role} is frozen: it takes adapter, not lora")
+        if self.reference is not None and self.reference.privileged_context is not None:
+            raise ValueError("models.reference cannot use privileged_context")
+        return self
+
+
+class DataSection(Strict):
+    path: str
+    shuffle: bool = True
+
+
+class RolloutSection(Strict):
+    backend: Literal["hf"] = "hf"
+    prompts_per_cycle: Annotated[int, Field(ge=1)] = 2
+    samples_per_prompt: Annotated[int, Field(ge=1)] = 4
+    max_new_tokens: Annotated[int, Field(ge=1)] = 32
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    use_chat_template: bool = True
+
+
+class RewardTerm(Strict):
+    name: str
+    weight: float = 1.0
+    params: dict[str, float | int | str | bool] = Field(default_factory=dict)
+
+
+class GrpoSection(Strict):
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_high: Annotated[float, Field(ge=0)] = 0.2
+    norm_by_std: bool = True
+    eps: Annotated[float, Field(gt=0)] = 1e-6
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+
+
+class DistillSection(Strict):
+    objective: Literal["exact", "topk_tail"] = "exact"
+    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
+    top_k: Annotated[int, Field(ge=1)] = 32
+    beta: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    temperature: Annotated[float, Field(gt=0)] = 1.0
+
+
+class AlgorithmSection(Strict):
+    name: Literal["grpo", "opd"] = "grpo"
+    grpo: GrpoSection = Field(default_factory=GrpoSection)
+    distill: DistillSection = Field(default_factory=DistillSection)
+    rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
+
+
+class TrainSection(Strict):
+    cycles: Annotated[int, Field(ge=1)] = 1
+    gradient_accumulation_steps: Annotated[int, Field(ge=1)] | None = None
+    trajectory_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: Annotated[float, Field(gt=0)] = 1e-8
+    max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    logprob_chunk_size: Annotated[int, Field(ge=1)] = 1024
+
+
+class CheckpointSection(Strict):
+    every_updates: Annotated[int, Field(ge=1)] = 1
+    keep_last: Annotated[int, Field(ge=1)] = 2
+
+
+class MemorySection(Strict):
+    placement: Literal["resident", "swap"] = "resident"
+    max_peak_reserved_gib: Annotated[float, Field(gt=0)] | None = None
+
+
+class MiniverlConfig(Strict):
+    run: RunSection = Field(default_factory=RunSection)
+    models: ModelsSection
+    data: DataSection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
+
+    @property
+    def trajectories_per_cycle(self) -> int:
+        return self.rollout.prompts_per_cycle * self.rollout.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MiniverlConfig:
+        per_cycle = self.trajectories_per_cycle
+        if self.train.gradient_accumulation_steps is None:
+            self.train.gradient_accumulation_steps = per_cycle
+        elif self.train.gradient_accumulation_steps != per_cycle:
+            raise ValueError(
+                "train.gradient_accumulation_steps must equal rollout.prompts_per_cycle x "
+                f"rollout.samples_per_prompt ({per_cycle}): strict on-policy training makes one "
+                "optimizer update per cycle from that cycle's fresh trajectories"
+            )
+        if self.algorithm.name == "opd" and self.models.teacher is None:
+            raise ValueError("algorithm opd needs models.teacher")
+        if self.algorithm.name == "grpo" and self.algorithm.grpo.kl_coef > 0 and self.models.reference is None:
+            raise ValueError("algorithm.grpo.kl_coef > 0 needs models.reference")
+        if self.models.runtime == "shared_backbone":
+            _check_shared_backbone(self.models, self.memory)
+        return self
+
+
+def _check_shared_backbone(models: ModelsSection, memory: MemorySection) -> None:
+    student = models.student
+    for role in ("teacher", "reference"):
+        spec: ModelSpec | None = getattr(models, role)
+        if spec is None:
+            if role == "teacher":
+                raise ValueError("runtime shared_backbone needs models.teacher with a pinned adapter")
+            continue
+        if spec.adapter is None:
+            raise ValueError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
+        if spec.adapter.source == "local" and spec.adapter.sha256 is None:
+            raise ValueError(f"runtime shared_backbone: models.{role}.adapter (local) needs sha256")
+        same_base = spec.source == "student" or (
+            (spec.source, spec.model_id, spec.revision, spec.path)
+            == (student.source, student.model_id, student.revision, student.path)
+        )
+        if not same_base:
+            raise ValueError(f"runtime shared_backbone: models.{role} must use the student's base model")
+        if spec.quantization != student.quantization:
+            raise ValueError(f"runtime shared_backbone: models.{role} quantization must equal the student's")
+        if spec.privileged_context is not None:
+            raise ValueError("runtime shared_backbone: teacher roles are adapters, not privileged_context")
+    if memory.placement == "swap" and student.quantization != "none":
+        raise ValueError(
+            "memory.placement swap is refused for a quantized shared backbone: bitsandbytes "
+            "parameters cannot be moved between devices safely; use placement resident"
+        )
+
+
+def _require_immutable(revision: str | None, allow_mutable: bool, *, what: str) -> None:
+    if revision is None:
+        raise ValueError(f"{what} needs revision (a 40-hex commit)")
+    if not IMMUTABLE_REVISION.match(revision) and not allow_mutable:
+        raise ValueError(
+            f"{what}: revision {revision!r} is mutable; pin a 40-hex commit or set allow_mutable_revision: true"
+        )

@@ -1,0 +1,162 @@
+"""Every file format miniverl writes, as pydantic models with ``extra="forbid"``.
+
+JSON Schemas in ``manifests/miniverl/`` are generated from these (``miniverl schemas --out``);
+a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SHA256 = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataBinding(Record):
+    path: str
+    sha256: str = SHA256
+    rows: int = Field(ge=1)
+
+
+class PlacementPlan(Record):
+    """An estimate made without loading weights; the run measures the real figures."""
+
+    device: Literal["auto", "cpu", "cuda"]
+    runtime: Literal["dual_model", "shared_backbone"]
+    physical_models: int
+    dtype: str
+    quantization: str
+    estimated_weight_bytes: int | None
+    estimated_trainable_params: int | None
+    estimated_optimizer_bytes: int | None
+    basis: str
+
+
+class PlanRecord(Record):
+    kind: Literal["miniverl.plan"] = "miniverl.plan"
+    schema_version: Literal[1] = 1
+    miniverl_version: str
+    config: dict[str, Any]
+    overrides: list[str]
+    config_digest: str = SHA256
+    data: DataBinding
+    models: dict[str, dict[str, Any]]
+    placement: PlacementPlan
+    cycles: int
+    trajectories_per_cycle: int
+    updates: int
+    plan_digest: str = SHA256
+
+
+class CheckpointFile(Record):
+    sha256: str = SHA256
+    bytes: int = Field(ge=0)
+
+
+class CheckpointRecord(Record):
+    """``checkpoint.json``: written last, so its presence marks a complete checkpoint."""
+
+    kind: Literal["miniverl.checkpoint"] = "miniverl.checkpoint"
+    schema_version: Literal[1] = 1
+    step: int = Field(ge=1)
+    cycle: int = Field(ge=1)
+    policy_version: int = Field(ge=0)
+    data_cursor: int = Field(ge=0)
+    plan_digest: str = SHA256
+    config_digest: str = SHA256
+    files: dict[str, CheckpointFile]
+
+
+class RunManifest(Record):
+    kind: Literal["miniverl.run"] = "miniverl.run"
+    schema_version: Literal[1] = 1
+    run_id: str
+    miniverl_version: str
+    plan_digest: str = SHA256
+    config_digest: str = SHA256
+    data_sha256: str = SHA256
+    algorithm: str
+    runtime: str
+    roles: dict[str, Any]
+    models: dict[str, dict[str, Any]]
+
+
+class MetricsLine(Record):
+    step: int
+    cycle: int
+    policy_version: int
+    algorithm: str
+    loss: float
+    reward_mean: float | None
+    reward_std: float | None
+    reward_std_within_group_max: float | None
+    nonzero_advantages: int | None
+    kl: float | None
+    grad_norm: float
+    adapter_delta_norm: float
+    response_tokens: int
+    trajectories: int
+    rollout_seconds: float
+    update_seconds: float
+    cycle_seconds: float
+    peak_reserved_bytes: int | None
+    peak_allocated_bytes: int | None
+
+
+class CudaTeardown(Record):
+    baseline_allocated_bytes: int
+    final_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    teardown_tolerance_bytes: int
+    teardown_returned_to_baseline: bool
+
+
+class RunSummary(Record):
+    kind: Literal["miniverl.run-summary"] = "miniverl.run-summary"
+    schema_version: Literal[1] = 1
+    run_id: str
+    status: Literal["completed", "failed"]
+    reason: str | None = None
+    algorithm: str
+    runtime: str
+    device: str
+    dtype: str
+    quantization: str
+    cycles: int
+    updates: int
+    resumed_from_step: int | None
+    reward_mean: float | None
+    reward_std_within_group_max: float | None
+    nonzero_advantages: int | None
+    adapter_changed_each_update: bool
+    wall_seconds: float
+    seconds_per_cycle: float | None
+    cuda: CudaTeardown | None
+    plan_digest: str = SHA256
+    model_identities: dict[str, dict[str, Any]]
+
+
+class ExportReload(Record):
+    max_abs_logit_diff: float
+    tolerance: float
+    passed: bool
+    probe_tokens: int
+
+
+class ExportManifest(Record):
+    kind: Literal["miniverl.adapter-export"] = "miniverl.adapter-export"
+    schema_version: Literal[1] = 1
+    miniverl_version: str
+    run_id: str
+    step: int
+    roles: dict[str, Any]
+    base_model: dict[str, Any]
+    adapter_provenance: dict[str, Any]
+    files: dict[str, CheckpointFile]
+    reload: ExportReload
