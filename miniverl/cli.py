@@ -53,7 +53,7 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_data_sample(args: argparse.Namespace) -> int:
-    from miniverl.data.dataset import sample_dataset
+    from miniverl.data import sample_dataset
 
     result = sample_dataset(args.task, args.rows, args.seed, Path(args.out))
     _emit(args, result, f"wrote {result['rows']} rows to {args.out} (sha256 {result['sha256']})")

@@ -25,7 +25,7 @@ def compile_plan(config_path: Path, overrides: list[str]) -> PlanRecord:
 
 
 def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
-    from miniverl.data.dataset import describe_dataset
+    from miniverl.data import describe_dataset
 
     resolved_config = config.model_dump(mode="json")
     described = describe_dataset(Path(config.data.path))
@@ -75,9 +75,7 @@ def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, Mini
         if not data_path.is_file():
             raise DataError(f"data file not found: {plan.data.path} (bound by the plan)")
         if sha256_file(data_path) != plan.data.sha256:
-            raise DataError(
-                f"data file {plan.data.path} changed since `miniverl plan` (sha256 mismatch); re-run plan"
-            )
+            raise DataError(f"data file {plan.data.path} changed since `miniverl plan` (sha256 mismatch); re-run plan")
     return plan, config
 
 

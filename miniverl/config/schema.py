@@ -98,9 +98,8 @@ class ModelSpec(Strict):
         elif self.source in ("local", "gguf"):
             if not self.path:
                 raise ValueError(f"source {self.source} needs path")
-        elif self.source == "builtin":
-            if self.model_id not in BUILTIN_MODELS:
-                raise ValueError(f"builtin model_id must be one of {', '.join(BUILTIN_MODELS)}")
+        elif self.source == "builtin" and self.model_id not in BUILTIN_MODELS:
+            raise ValueError(f"builtin model_id must be one of {', '.join(BUILTIN_MODELS)}")
         return self
 
 

@@ -1,0 +1,192 @@
+"""Transactional checkpoints: temp dir, fsync, rename; ``checkpoint.json`` (written last) binds each file.
+
+No pickle: tensors go to safetensors, everything else to canonical JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file, save_file
+
+from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
+from miniverl.errors import CheckpointError
+from miniverl.records import CheckpointFile, CheckpointRecord
+
+STUDENT_PARAMS = "student_params.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+RNG = "rng.safetensors"
+STATE = "state.json"
+RECORD = "checkpoint.json"
+ADAPTER_DIR = "adapter"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+@dataclass
+class TrainingState:
+    step: int
+    cycle: int
+    policy_version: int
+    data_cursor: int
+    plan_digest: str
+    config_digest: str
+    extra: dict[str, Any]
+
+
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{index}"] = state
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()  # type: ignore[misc]
+    py_version, py_state, py_gauss = random.getstate()
+    json_part = {
+        "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+        "numpy": {
+            "name": np_name,
+            "keys": [int(k) for k in np_keys],
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+    }
+    return tensors, json_part
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], json_part: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    py = json_part["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npart = json_part["numpy"]
+    keys = np.asarray(npart["keys"], dtype=np.uint32)
+    np.random.set_state((npart["name"], keys, npart["pos"], npart["has_gauss"], npart["gauss"]))
+
+
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for index, slot in state["state"].items():
+        for key, value in slot.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{index}.{key}"] = tensor.detach().cpu().contiguous()
+    return tensors, {"param_groups": state["param_groups"]}
+
+
+def optimizer_from_tensors(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        _, index, key = name.split(".", 2)
+        slots.setdefault(int(index), {})[key] = tensor
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+
+
+def write_checkpoint(
+    checkpoints_root: Path,
+    state: TrainingState,
+    student_params: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    save_adapter: Any,
+) -> Path:
+    """Write ``checkpoints_root/step-N`` atomically; ``save_adapter(dir)`` writes the PEFT adapter."""
+    final = checkpoints_root / step_dir_name(state.step)
+    if final.exists():
+        raise CheckpointError(f"checkpoint {final.name} already exists")
+    tmp = checkpoints_root / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in student_params.items()}, tmp / STUDENT_PARAMS)
+        opt_tensors, opt_meta = optimizer_to_tensors(optimizer)
+        save_file(opt_tensors, tmp / OPTIMIZER)
+        rng_tensors, rng_json = capture_rng()
+        save_file(rng_tensors, tmp / RNG)
+        atomic_write_json(
+            tmp / STATE,
+            {
+                "optimizer": opt_meta,
+                "rng": rng_json,
+                "extra": state.extra,
+            },
+        )
+        save_adapter(str(tmp / ADAPTER_DIR))
+        files = {
+            p.relative_to(tmp).as_posix(): CheckpointFile(sha256=sha256_file(p), bytes=p.stat().st_size)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
+        record = CheckpointRecord(
+            step=state.step,
+            cycle=state.cycle,
+            policy_version=state.policy_version,
+            data_cursor=state.data_cursor,
+            plan_digest=state.plan_digest,
+            config_digest=state.config_digest,
+            files=files,
+        )
+        fsync_tree(tmp)
+        atomic_write_json(tmp / RECORD, record.model_dump(mode="json"), pretty=True)
+        tmp.rename(final)
+        fsync_tree(checkpoints_root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def list_checkpoints(checkpoints_root: Path) -> list[Path]:
+    if not checkpoints_root.is_dir():
+        return []
+    return sorted(p for p in checkpoints_root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def verify_checkpoint(directory: Path) -> CheckpointRecord:
+    """Refuse a partial or corrupt checkpoint with a message that names the problem."""
+    record_path = directory / RECORD
+    if not record_path.is_file():
+        raise CheckpointError(f"checkpoint {directory.name} is partial (no {RECORD}); remove it to resume")
+    try:
+        record = CheckpointRecord.model_validate(json.loads(record_path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError):
+        raise CheckpointError(f"checkpoint {directory.name}: {RECORD} is corrupt") from None
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {RECORD}
+    if present != set(record.files):
+        raise CheckpointError(f"checkpoint {directory.name}: files differ from {RECORD}")
+    for name, expected in record.files.items():
+        path = directory / name
+        if path.is_symlink() or path.stat().st_size != expected.bytes or sha256_file(path) != expected.sha256:
+            raise CheckpointError(f"checkpoint {directory.name} is corrupt: {name} does not match its sha256")
+    return record
+
+
+def latest_checkpoint(checkpoints_root: Path) -> tuple[Path, CheckpointRecord] | None:
+    candidates = list_checkpoints(checkpoints_root)
+    if not candidates:
+        return None
+    latest = candidates[-1]
+    return latest, verify_checkpoint(latest)
+
+
+def read_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Student params, optimizer tensors and state.json of a verified checkpoint (RNG restored separately)."""
+    state = json.loads((directory / STATE).read_text(encoding="utf-8"))
+    return load_file(directory / STUDENT_PARAMS), load_file(directory / OPTIMIZER), state
+
+
+def restore_rng_from(directory: Path, state: dict[str, Any]) -> None:
+    restore_rng(load_file(directory / RNG), state["rng"])

@@ -1,0 +1,230 @@
+"""``miniverl run``: verify the plan, prepare the run directory, build the runtime, train, tear down."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from miniverl import __version__
+from miniverl.canonical import atomic_write_bytes, atomic_write_json
+from miniverl.config.plan import load_plan
+from miniverl.config.schema import MiniverlConfig
+from miniverl.errors import CheckpointError, DependencyError, UsageError
+from miniverl.records import CudaTeardown, PlanRecord, RunManifest, RunSummary
+
+RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _check_run_id(run_id: str) -> None:
+    if not run_id or not set(run_id) <= RUN_ID_CHARS or run_id.startswith("."):
+        raise UsageError(f"--run-id {run_id!r} may only use letters, digits, '-', '_' and '.'")
+
+
+def run_from_plan(
+    plan_path: Path,
+    *,
+    output: Path,
+    run_id: str,
+    dry_run: bool = False,
+    resume: bool = False,
+    progress: bool = False,
+    on_update: Any = None,
+) -> dict[str, Any]:
+    _check_run_id(run_id)
+    plan, config = load_plan(plan_path)
+    from miniverl.data import load_prompts
+
+    rows = load_prompts(plan.data.path)
+    run_dir = output / run_id
+    if dry_run:
+        if run_dir.exists():
+            raise UsageError(f"run directory {run_dir} already exists; choose another --run-id")
+        return {
+            "status": "dry_run_ok",
+            "run_dir": str(run_dir),
+            "plan_digest": plan.plan_digest,
+            "updates": plan.updates,
+            "rows": len(rows),
+            "message": f"dry run ok: plan {plan.plan_digest[:16]}, {len(rows)} prompts, {plan.updates} update(s)",
+        }
+    if resume:
+        from miniverl.training.checkpoint import latest_checkpoint
+
+        if not run_dir.is_dir():
+            raise CheckpointError(f"nothing to resume: run directory {run_dir} does not exist")
+        found = latest_checkpoint(run_dir / "checkpoints")
+        if found is None:
+            raise CheckpointError(f"nothing to resume: {run_dir} has no checkpoint")
+        if found[1].plan_digest != plan.plan_digest:
+            raise CheckpointError(f"checkpoint {found[0].name} belongs to another plan; resume with the same plan")
+    elif run_dir.exists():
+        raise UsageError(f"run directory {run_dir} already exists; use --resume or another --run-id")
+    else:
+        found = None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DependencyError("training needs the train extra: pip install 'miniverl[train]'") from None
+    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, on_update)
+
+
+def _train(
+    plan: PlanRecord,
+    config: MiniverlConfig,
+    plan_path: Path,
+    rows: list[Any],
+    run_dir: Path,
+    run_id: str,
+    found: Any,
+    progress: bool,
+    on_update: Any,
+) -> dict[str, Any]:
+    import torch
+
+    from miniverl.runtime import build_runtime
+    from miniverl.training.controller import Controller
+
+    fresh = found is None
+    if fresh:
+        run_dir.mkdir(parents=True)
+    try:
+        _seed_everything(config)
+        device = _device(config)
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+            baseline = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        runtime = build_runtime(config.models, device=device)
+        try:
+            if fresh:
+                atomic_write_bytes(run_dir / "plan.json", plan_path.read_bytes())
+                manifest = RunManifest(
+                    run_id=run_id,
+                    miniverl_version=__version__,
+                    plan_digest=plan.plan_digest,
+                    config_digest=plan.config_digest,
+                    data_sha256=plan.data.sha256,
+                    algorithm=config.algorithm.name,
+                    runtime=config.models.runtime,
+                    roles=dict(runtime.role_manifest()),
+                    models=plan.models,
+                )
+                atomic_write_json(run_dir / "run.json", manifest.model_dump(mode="json"), pretty=True)
+            reporter = _progress_reporter(plan.updates) if progress else None
+            controller = Controller(config, plan, runtime, rows, run_dir, on_update=on_update, progress=reporter)
+            resumed_from = None
+            if found is not None:
+                controller.restore(found[0], found[1])
+                resumed_from = found[1].step
+            controller.run()
+        finally:
+            if cuda:
+                peak_reserved = torch.cuda.max_memory_reserved(device)
+                peak_allocated = torch.cuda.max_memory_allocated(device)
+            runtime.close()
+            del runtime
+            gc.collect()
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+        wall = time.perf_counter() - started
+        teardown = None
+        if cuda:
+            final = torch.cuda.memory_allocated(device)
+            tolerance = max(2 * 1024 * 1024, int(0.02 * peak_allocated))
+            teardown = CudaTeardown(
+                baseline_allocated_bytes=baseline,
+                final_allocated_bytes=final,
+                peak_reserved_bytes=peak_reserved,
+                peak_allocated_bytes=peak_allocated,
+                teardown_tolerance_bytes=tolerance,
+                teardown_returned_to_baseline=abs(final - baseline) <= tolerance,
+            )
+        metrics = controller.state.metrics
+        cycles_here = len(metrics) - (resumed_from or 0)
+        summary = RunSummary(
+            run_id=run_id,
+            status="completed",
+            algorithm=config.algorithm.name,
+            runtime=config.models.runtime,
+            device=device.type,
+            dtype=config.models.dtype,
+            quantization=config.models.student.quantization,
+            cycles=len(metrics),
+            updates=controller.state.step,
+            resumed_from_step=resumed_from,
+            reward_mean=(sum(controller.rewards_seen) / len(controller.rewards_seen))
+            if controller.rewards_seen
+            else None,
+            reward_std_within_group_max=max(controller.group_std_max, default=None),
+            nonzero_advantages=controller.nonzero_advantages if config.algorithm.name == "grpo" else None,
+            adapter_changed_each_update=bool(controller.adapter_changed) and all(controller.adapter_changed),
+            wall_seconds=wall,
+            seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
+            cuda=teardown,
+            plan_digest=plan.plan_digest,
+            model_identities=plan.models,
+        )
+        atomic_write_json(run_dir / "summary.json", summary.model_dump(mode="json"), pretty=True)
+    except BaseException:
+        if fresh and not any((run_dir / "checkpoints").glob("step-*")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    payload = summary.model_dump(mode="json")
+    return {
+        "status": summary.status,
+        "run_dir": str(run_dir),
+        "updates": summary.updates,
+        "cycles": summary.cycles,
+        "summary": payload,
+        "message": (
+            f"run {run_id} completed: {summary.updates} update(s), reward mean "
+            f"{summary.reward_mean if summary.reward_mean is not None else float('nan'):.3f}, "
+            f"{wall:.1f}s on {device.type}; outputs in {run_dir}"
+        ),
+    }
+
+
+def _seed_everything(config: MiniverlConfig) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(config.run.seed)
+    np.random.seed(config.run.seed % (2**32))
+    torch.manual_seed(config.run.seed)
+    if config.run.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def _device(config: MiniverlConfig) -> Any:
+    import torch
+
+    wanted = config.models.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise UsageError("models.device is cuda but no CUDA device is visible; use device: auto or cpu")
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(wanted)
+
+
+def _progress_reporter(total: int) -> Any:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+
+    def report(step: int, _total: int, line: Any) -> None:
+        console.print(
+            f"[bold]update {step}/{total}[/bold] loss {line.loss:.4f} reward {line.reward_mean:.3f} "
+            f"tokens {line.response_tokens} {line.cycle_seconds:.1f}s"
+        )
+
+    return report
