@@ -1,0 +1,143 @@
+"""``miniverl export``: a standard PEFT adapter from a checkpoint, verified by a real PEFT reload.
+
+Reload check: the logits of ``PeftModel.from_pretrained(fresh base, exported dir)`` on a probe
+sequence (the run's first trajectory) must equal the trained model's within ``RELOAD_TOLERANCE``
+for the compute dtype. Nothing is published unless the check passes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from miniverl import __version__
+from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
+from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
+from miniverl.errors import ExportError, UsageError
+from miniverl.records import CheckpointFile, ExportManifest, ExportReload
+
+RELOAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+MANIFEST = "miniverl-manifest.json"
+
+
+def _probe_ids(run_dir: Path) -> list[int]:
+    from miniverl.rollout.records import read_trajectories_jsonl
+
+    files = sorted((run_dir / "trajectories").glob("cycle-*.jsonl"))
+    if not files:
+        raise UsageError(f"{run_dir} has no trajectories to probe the export with")
+    first = read_trajectories_jsonl(files[0])[0]
+    return list(first.prompt_token_ids) + list(first.response_token_ids)
+
+
+def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str, Any]:
+    require_run_dir(run_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"export target {out} exists and is not empty; choose another --out")
+    from miniverl.config.loader import validate_config
+    from miniverl.training.checkpoint_files import list_checkpoints, verify_checkpoint
+
+    plan = read_plan(run_dir)
+    manifest = read_manifest(run_dir)
+    config = validate_config(dict(plan.config), origin=str(run_dir / "plan.json"))
+    candidates = list_checkpoints(run_dir / "checkpoints")
+    if step is not None:
+        candidates = [c for c in candidates if c.name == f"step-{step:06d}"]
+    if not candidates:
+        raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
+    ckpt_dir = candidates[-1]
+    record = verify_checkpoint(ckpt_dir)
+    probe = _probe_ids(run_dir)
+    tmp = out.parent / f".tmp-export-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
+        tolerance = RELOAD_TOLERANCE[config.models.dtype]
+        if max_diff > tolerance:
+            raise ExportError(
+                f"PEFT reload differs from the trained adapter: max |logit diff| {max_diff:.3g} > {tolerance:g}"
+            )
+        files = {
+            p.name: CheckpointFile(sha256=sha256_file(p), bytes=p.stat().st_size)
+            for p in sorted(tmp.iterdir())
+            if p.is_file()
+        }
+        export_manifest = ExportManifest(
+            miniverl_version=__version__,
+            run_id=manifest.run_id,
+            step=record.step,
+            roles={"student": "trainable LoRA adapter (this export)", **{k: v for k, v in manifest.roles.items()}},
+            base_model=plan.models["student"],
+            adapter_provenance={
+                "plan_digest": plan.plan_digest,
+                "config_digest": plan.config_digest,
+                "data_sha256": plan.data.sha256,
+                "checkpoint_step": record.step,
+                "checkpoint_record_sha256": sha256_file(ckpt_dir / "checkpoint.json"),
+                "algorithm": config.algorithm.name,
+            },
+            files=files,
+            reload=ExportReload(max_abs_logit_diff=max_diff, tolerance=tolerance, passed=True, probe_tokens=len(probe)),
+        )
+        atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
+        fsync_tree(tmp)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "out": str(out),
+        "step": record.step,
+        "reload": export_manifest.reload.model_dump(mode="json"),
+        "manifest_sha256": sha256_file(out / MANIFEST),
+        "files": sorted(files),
+    }
+
+
+def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int]) -> float:
+    import gc
+
+    import torch
+    from peft import PeftModel
+
+    from miniverl.runtime import build_runtime
+    from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
+    from miniverl.training.checkpoint import read_checkpoint
+    from miniverl.training.entry import _device
+
+    device = _device(config)
+    student_only = config.models.model_copy(update={"runtime": "dual_model", "teacher": None, "reference": None})
+    runtime = build_runtime(student_only, device=device)
+    try:
+        params, _, _ = read_checkpoint(ckpt_dir)
+        named = dict(runtime.named_trainable_parameters())
+        if set(named) != set(params):
+            raise ExportError(f"checkpoint {ckpt_dir.name} does not match the plan's adapter layout")
+        with torch.no_grad():
+            for name, tensor in params.items():
+                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        runtime.save_student_adapter(str(target))
+        ids = torch.tensor([probe], device=device)
+        with runtime.generation_model() as model, torch.no_grad():
+            trained = model(input_ids=ids).logits.float().cpu()
+    finally:
+        runtime.close()
+        del runtime
+        gc.collect()
+    settings = LoadSettings(
+        device=device, dtype=DTYPES[config.models.dtype], attn_implementation=config.models.attn_implementation
+    )
+    base = default_loader(base_spec_for(config.models.student, config.models.student), settings)
+    reloaded = PeftModel.from_pretrained(base.model, str(target))
+    reloaded.eval()
+    with torch.no_grad():
+        again = reloaded(input_ids=ids).logits.float().cpu()
+    del reloaded, base
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return float((trained - again).abs().max())

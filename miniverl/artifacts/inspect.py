@@ -1,0 +1,60 @@
+"""``miniverl inspect``: what a run did, from its files alone (no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from miniverl.artifacts.rundir import read_manifest, read_metrics, read_summary, require_run_dir
+
+
+def inspect_run(run_dir: Path) -> dict[str, Any]:
+    from miniverl.training.checkpoint_files import checkpoint_status
+
+    require_run_dir(run_dir)
+    manifest = read_manifest(run_dir)
+    summary = read_summary(run_dir)
+    metrics = read_metrics(run_dir)
+    checkpoints = checkpoint_status(run_dir / "checkpoints")
+    complete = [c for c in checkpoints if c["state"] == "complete"]
+    return {
+        "run_id": manifest.run_id,
+        "status": summary.status if summary is not None else "incomplete",
+        "algorithm": manifest.algorithm,
+        "runtime": manifest.runtime,
+        "plan_digest": manifest.plan_digest,
+        "updates": len(metrics),
+        "last_complete_step": complete[-1]["step"] if complete else None,
+        "checkpoints": checkpoints,
+        "metrics_last": metrics[-1].model_dump(mode="json") if metrics else None,
+        "reward_mean_by_update": [m.reward_mean for m in metrics],
+        "loss_by_update": [m.loss for m in metrics],
+        "summary": summary.model_dump(mode="json") if summary is not None else None,
+        "roles": manifest.roles,
+    }
+
+
+def render_inspection(report: dict[str, Any]) -> str:
+    lines = [
+        f"run {report['run_id']}: {report['status']} ({report['algorithm']}, {report['runtime']})",
+        f"  plan      {report['plan_digest'][:16]}",
+        f"  updates   {report['updates']}",
+    ]
+    for step, (loss, reward) in enumerate(
+        zip(report["loss_by_update"], report["reward_mean_by_update"], strict=True), 1
+    ):
+        lines.append(f"    update {step}: loss {loss:.5f}  reward mean {reward:.3f}")
+    for ckpt in report["checkpoints"]:
+        lines.append(
+            f"  checkpoint {ckpt['name']}: {ckpt['state']}" + (f" ({ckpt['reason']})" if ckpt["reason"] else "")
+        )
+    summary = report["summary"]
+    if summary is not None:
+        lines.append(f"  wall      {summary['wall_seconds']:.1f}s on {summary['device']}")
+        if summary["cuda"]:
+            cuda = summary["cuda"]
+            lines.append(
+                f"  cuda      peak reserved {cuda['peak_reserved_bytes'] / 2**30:.3f} GiB, teardown "
+                f"{'ok' if cuda['teardown_returned_to_baseline'] else 'NOT at baseline'}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""Checkpoint files without tensors: names, completeness and integrity. Never imports torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from miniverl.canonical import sha256_file
+from miniverl.errors import CheckpointError
+from miniverl.records import CheckpointRecord
+
+STUDENT_PARAMS = "student_params.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+RNG = "rng.safetensors"
+STATE = "state.json"
+RECORD = "checkpoint.json"
+ADAPTER_DIR = "adapter"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def list_checkpoints(checkpoints_root: Path) -> list[Path]:
+    if not checkpoints_root.is_dir():
+        return []
+    return sorted(p for p in checkpoints_root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def verify_checkpoint(directory: Path) -> CheckpointRecord:
+    """Refuse a partial or corrupt checkpoint with a message that names the problem."""
+    record_path = directory / RECORD
+    if not record_path.is_file():
+        raise CheckpointError(f"checkpoint {directory.name} is partial (no {RECORD}); remove it to resume")
+    try:
+        record = CheckpointRecord.model_validate(json.loads(record_path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError):
+        raise CheckpointError(f"checkpoint {directory.name}: {RECORD} is corrupt") from None
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {RECORD}
+    if present != set(record.files):
+        raise CheckpointError(f"checkpoint {directory.name}: files differ from {RECORD}")
+    for name, expected in record.files.items():
+        path = directory / name
+        if path.is_symlink() or path.stat().st_size != expected.bytes or sha256_file(path) != expected.sha256:
+            raise CheckpointError(f"checkpoint {directory.name} is corrupt: {name} does not match its sha256")
+    return record
+
+
+def latest_checkpoint(checkpoints_root: Path) -> tuple[Path, CheckpointRecord] | None:
+    candidates = list_checkpoints(checkpoints_root)
+    if not candidates:
+        return None
+    latest = candidates[-1]
+    return latest, verify_checkpoint(latest)
+
+
+def checkpoint_status(checkpoints_root: Path) -> list[dict[str, Any]]:
+    """Every ``step-*`` directory with its state (complete / partial / corrupt) and the reason."""
+    report = []
+    for directory in list_checkpoints(checkpoints_root):
+        try:
+            record = verify_checkpoint(directory)
+        except CheckpointError as exc:
+            state = "partial" if not (directory / RECORD).is_file() else "corrupt"
+            report.append({"name": directory.name, "step": None, "state": state, "reason": str(exc)})
+        else:
+            report.append({"name": directory.name, "step": record.step, "state": "complete", "reason": None})
+    return report
