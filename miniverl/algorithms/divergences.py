@@ -139,10 +139,7 @@ def chunked_divergence(
             t_logp = torch.log_softmax(tempered_logits(thc, twc, temperature, dtype), dim=-1)
         return _divergence(s_logp, t_logp, kind, beta)
 
-    out = [
-        run_chunk(piece, sh[i : i + chunk_size], sw, th[i : i + chunk_size], tw)
-        for i in _starts(sh, chunk_size)
-    ]
+    out = [run_chunk(piece, sh[i : i + chunk_size], sw, th[i : i + chunk_size], tw) for i in _starts(sh, chunk_size)]
     return _cat(out, sh, sw, dtype)
 
 
@@ -167,9 +164,7 @@ def teacher_topk_targets(
     check_chunk_size(chunk_size)
     vocab = teacher_head.shape[0]
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
-        raise ValueError(
-            f"teacher_topk_targets: k must be an integer in [1, {vocab}] (the vocabulary), got {k!r}"
-        )
+        raise ValueError(f"teacher_topk_targets: k must be an integer in [1, {vocab}] (the vocabulary), got {k!r}")
     dtype = compute_dtype(teacher_hidden, teacher_head)
     th, tw = matmul_operands(teacher_hidden, teacher_head)
     ids: list[Tensor] = []
@@ -184,9 +179,7 @@ def teacher_topk_targets(
     return torch.cat(ids), torch.cat(lps)
 
 
-def _check_topk_inputs(
-    name: str, student_hidden: Tensor, student_head: Tensor, ids: Tensor, lps: Tensor
-) -> None:
+def _check_topk_inputs(name: str, student_hidden: Tensor, student_head: Tensor, ids: Tensor, lps: Tensor) -> None:
     check_projection(name, student_hidden, student_head)
     n, vocab = student_hidden.shape[0], student_head.shape[0]
     if ids.dim() != 2 or ids.shape[0] != n or ids.shape != lps.shape or ids.shape[1] < 1:
@@ -201,9 +194,7 @@ def _check_topk_inputs(
             raise ValueError(f"{name}: topk_ids must lie in [0, {vocab}), the student's vocabulary")
         srt = ids.sort(dim=1).values
         if bool((srt[:, 1:] == srt[:, :-1]).any()):
-            raise ValueError(
-                f"{name}: topk_ids has a repeated id within a row; each row needs k distinct ids"
-            )
+            raise ValueError(f"{name}: topk_ids has a repeated id within a row; each row needs k distinct ids")
 
 
 def chunked_topk_tail_divergence(
@@ -305,9 +296,7 @@ def _starts(hidden: Tensor, chunk_size: int) -> range:
     return range(0, hidden.shape[0], chunk_size)
 
 
-def _cat(
-    pieces: list[Tensor | tuple[Tensor, ...]], hidden: Tensor, head: Tensor, dtype: torch.dtype
-) -> Tensor:
+def _cat(pieces: list[Tensor | tuple[Tensor, ...]], hidden: Tensor, head: Tensor, dtype: torch.dtype) -> Tensor:
     tensors = [p for p in pieces if isinstance(p, Tensor)]
     if not tensors:  # N == 0: an empty result still connected to the student graph
         return hidden.new_zeros(0, dtype=dtype) + 0.0 * head.sum().to(dtype)

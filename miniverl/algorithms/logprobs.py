@@ -124,7 +124,5 @@ def sft_token_nll(
 
     Exactly ``-chunked_token_logprobs(...)[0]``; named so that ``"sft"`` is an objective like the others.
     """
-    logp, _ = chunked_token_logprobs(
-        hidden, head_weight, token_ids, temperature=temperature, chunk_size=chunk_size
-    )
+    logp, _ = chunked_token_logprobs(hidden, head_weight, token_ids, temperature=temperature, chunk_size=chunk_size)
     return -logp

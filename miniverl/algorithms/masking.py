@@ -48,9 +48,7 @@ def masked_sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
     row_count = m.sum(dim=1)
     has = row_count > 0
     row_mean = row_sum / row_count.clamp_min(1).to(row_sum.dtype)
-    return torch.where(has, row_mean, torch.zeros_like(row_mean)).sum() / has.sum().clamp_min(1).to(
-        row_sum.dtype
-    )
+    return torch.where(has, row_mean, torch.zeros_like(row_mean)).sum() / has.sum().clamp_min(1).to(row_sum.dtype)
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:

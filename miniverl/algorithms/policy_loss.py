@@ -23,14 +23,10 @@ def _check_clip(clip_low: float, clip_high: float) -> None:
         raise ValueError(f"clip_high must be >= 0, got {clip_high!r}")
 
 
-def _prepare(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Return ``(mask bool, log-ratio, advantages [N, T])`` with masked-out positions set to 0."""
     if logp.dim() != 2 or old_logp.shape != logp.shape:
-        raise ValueError(
-            f"logp and old_logp must both be [N, T], got {tuple(logp.shape)} and {tuple(old_logp.shape)}"
-        )
+        raise ValueError(f"logp and old_logp must both be [N, T], got {tuple(logp.shape)} and {tuple(old_logp.shape)}")
     m = as_bool_mask(mask, logp)
     if advantages.shape == logp.shape[:1]:
         adv = advantages.unsqueeze(-1).expand_as(logp)
@@ -109,9 +105,7 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     the result keeps ``logp``'s shape and dtype. Reduce it with a masked mean.
     """
     if ref_logp.shape != logp.shape:
-        raise ValueError(
-            f"k3_kl: ref_logp must have logp's shape {tuple(logp.shape)}, got {tuple(ref_logp.shape)}"
-        )
+        raise ValueError(f"k3_kl: ref_logp must have logp's shape {tuple(logp.shape)}, got {tuple(ref_logp.shape)}")
     x = ref_logp.detach().to(logp.dtype) - logp
     return (torch.expm1(x) - x).clamp_min(0.0)
 
@@ -146,9 +140,7 @@ def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """
     m = as_bool_mask(mask, logp)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    return masked_token_mean(
-        k3_kl(torch.where(m, old_logp.to(logp.dtype), zero), torch.where(m, logp, zero)), m
-    )
+    return masked_token_mean(k3_kl(torch.where(m, old_logp.to(logp.dtype), zero), torch.where(m, logp, zero)), m)
 
 
 def value_clip_loss(
