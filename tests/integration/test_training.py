@@ -1,0 +1,116 @@
+"""End to end on a tiny model, through the CLI entry points: plan, run, inspect, export, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import CliResult, tiny_config
+
+PLUGIN = [{"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0}]
+
+
+def _plan(cli: Callable[..., CliResult], write_config, config: dict, *overrides: str) -> None:
+    write_config(config)
+    args = ["plan", "config.yaml", "--out", "plan.json", "--json"]
+    for item in overrides:
+        args += ["--set", item]
+    result = cli(*args)
+    assert result.code == 0, result.err
+
+
+def test_grpo_end_to_end(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    config["rollout"]["samples_per_prompt"] = 4
+    _plan(cli, write_config, config)
+    assert cli("run", "--plan", "plan.json", "--run-id", "g", "--dry-run", "--json").json()["status"] == "dry_run_ok"
+    result = cli("run", "--plan", "plan.json", "--run-id", "g", "--json")
+    assert result.code == 0, result.err
+    summary = result.json()["summary"]
+    assert summary["updates"] == 2
+    assert summary["adapter_changed_each_update"] is True
+    assert summary["reward_std_within_group_max"] > 0
+    assert summary["nonzero_advantages"] > 0
+    run_dir = workdir / "runs" / "g"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    trajectories = (run_dir / "trajectories" / "cycle-000001.jsonl").read_text().splitlines()
+    first = json.loads(trajectories[0])
+    assert len(first["sampled_logprobs"]) == len(first["response_token_ids"])
+    assert first["policy_version"] == 0
+    report = cli("inspect", str(run_dir), "--json").json()
+    assert report["status"] == "completed" and report["last_complete_step"] == 2
+    exported = cli("export", str(run_dir), "--out", "adapter", "--json")
+    assert exported.code == 0, exported.err
+    reload = exported.json()["reload"]
+    assert reload["passed"] and reload["max_abs_logit_diff"] <= reload["tolerance"]
+    assert (workdir / "adapter" / "adapter_config.json").is_file()
+    manifest_text = (workdir / "adapter" / "miniverl-manifest.json").read_text()
+    assert str(workdir) not in manifest_text and str(tiny_model_dir) not in manifest_text
+
+
+def test_opd_privileged_teacher_trains(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    _plan(cli, write_config, tiny_config(tiny_model_dir, algorithm="opd"))
+    result = cli("run", "--plan", "plan.json", "--run-id", "o", "--json")
+    assert result.code == 0, result.err
+    summary = result.json()["summary"]
+    assert summary["adapter_changed_each_update"] is True
+    metrics = [json.loads(line) for line in (workdir / "runs/o/metrics.jsonl").read_text().splitlines()]
+    assert all(m["loss"] > 0 and m["kl"] > 0 for m in metrics)
+
+
+def _final_tensors(run_dir: Path) -> tuple[dict, dict]:
+    last = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    return load_file(last / "student_params.safetensors"), load_file(last / "optimizer.safetensors")
+
+
+def test_interrupted_then_resumed_is_bit_identical(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    from miniverl.training.entry import run_from_plan
+
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    _plan(cli, write_config, config, "train.cycles=3")
+    run_from_plan(Path("plan.json"), output=Path("runs"), run_id="straight")
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_first(step: int) -> None:
+        if step == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut", on_update=stop_after_first)
+    assert not (workdir / "runs/cut/summary.json").exists()
+    resumed = cli("run", "--plan", "plan.json", "--output", "runs", "--run-id", "cut", "--resume", "--json")
+    assert resumed.code == 0, resumed.err
+    assert resumed.json()["summary"]["resumed_from_step"] == 1
+    params_a, opt_a = _final_tensors(workdir / "runs/straight")
+    params_b, opt_b = _final_tensors(workdir / "runs/cut")
+    assert params_a.keys() == params_b.keys() and opt_a.keys() == opt_b.keys()
+    for name in params_a:
+        assert params_a[name].equal(params_b[name]), name
+    for name in opt_a:
+        assert opt_a[name].equal(opt_b[name]), name
+    assert (workdir / "runs/straight/metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_corrupt_checkpoint_is_refused(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    _plan(cli, write_config, config, "train.cycles=1")
+    assert cli("run", "--plan", "plan.json", "--run-id", "c", "--json").code == 0
+    victim = next((workdir / "runs/c/checkpoints").glob("step-*")) / "optimizer.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    result = cli("run", "--plan", "plan.json", "--run-id", "c", "--resume")
+    assert result.code == 1
+    assert "corrupt" in result.err and "optimizer.safetensors" in result.err
+    assert "Traceback" not in result.err
+    assert cli("inspect", str(workdir / "runs/c"), "--json").json()["checkpoints"][0]["state"] == "corrupt"
