@@ -225,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args))
+    except SystemExit as exc:  # --help and --version exit through argparse
+        return int(exc.code or 0)
     except MiniverlError as exc:
         sys.stderr.write(f"miniverl: error: {exc}\n")
         return exc.exit_code

@@ -21,6 +21,7 @@ from miniverl.rewards import CompositeReward, reward_meta
 from miniverl.rollout.records import TrajectoryRecord
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
+from miniverl.training.checkpoint_files import list_checkpoints
 from miniverl.training.update import UpdateSequence, UpdateStats, grpo_update, opd_update
 
 
@@ -121,7 +122,7 @@ class Controller:
         params = dict(self.runtime.named_trainable_parameters())
         root = self.run_dir / "checkpoints"
         ckpt.write_checkpoint(root, state, params, self.optimizer, self.runtime.save_student_adapter)
-        for old in ckpt.list_checkpoints(root)[: -self.config.checkpoint.keep_last]:
+        for old in list_checkpoints(root)[: -self.config.checkpoint.keep_last]:
             import shutil
 
             shutil.rmtree(old)

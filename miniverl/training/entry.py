@@ -52,7 +52,7 @@ def run_from_plan(
             "message": f"dry run ok: plan {plan.plan_digest[:16]}, {len(rows)} prompts, {plan.updates} update(s)",
         }
     if resume:
-        from miniverl.training.checkpoint import latest_checkpoint
+        from miniverl.training.checkpoint_files import latest_checkpoint
 
         if not run_dir.is_dir():
             raise CheckpointError(f"nothing to resume: run directory {run_dir} does not exist")
