@@ -1,0 +1,51 @@
+"""Role runtimes: who owns the physical models, and how rows become selected hidden states.
+
+``build_runtime(models, device=...)`` returns a :class:`~miniverl.runtime.base.RoleRuntime`:
+``dual_model`` (one physical model per role) or ``shared_backbone`` (one base, one adapter per role).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from miniverl.runtime.base import BatchSize, RoleHandle, RoleName, RoleRuntime, SequenceRows
+from miniverl.runtime.batching import AutoPolicy, padding_tokens, plan_physical_batches
+
+if TYPE_CHECKING:
+    import torch
+
+    from miniverl.config.schema import ModelsSection
+    from miniverl.runtime.loading import BaseLoader
+
+__all__ = [
+    "AutoPolicy",
+    "BatchSize",
+    "RoleHandle",
+    "RoleName",
+    "RoleRuntime",
+    "SequenceRows",
+    "build_runtime",
+    "padding_tokens",
+    "plan_physical_batches",
+]
+
+
+def build_runtime(
+    models: ModelsSection,
+    *,
+    device: torch.device,
+    loader: BaseLoader | None = None,
+    auto: AutoPolicy | None = None,
+    placement: str = "resident",
+) -> RoleRuntime:
+    """Build the runtime ``models.runtime`` names. ``loader`` replaces model loading (tests, gate).
+
+    ``placement`` is ``memory.placement``; a quantized shared backbone refuses ``swap``.
+    """
+    if models.runtime == "shared_backbone":
+        from miniverl.runtime.shared import SharedBackboneRuntime
+
+        return SharedBackboneRuntime(models, device=device, loader=loader, auto=auto, placement=placement)
+    from miniverl.runtime.dual import DualModelRuntime
+
+    return DualModelRuntime(models, device=device, loader=loader, auto=auto)

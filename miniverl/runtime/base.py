@@ -1,0 +1,93 @@
+"""The role-runtime interface the training controller talks to.
+
+A runtime owns the physical models. The controller asks it for the *roles* it needs
+(student, teacher, reference) and never touches model objects beyond this interface, so the
+``dual_model`` and ``shared_backbone`` runtimes are interchangeable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+RoleName = Literal["student", "teacher", "reference"]
+BatchSize = int | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class SequenceRows:
+    """Unpadded token sequences plus, per sequence, the positions whose hidden states are wanted.
+
+    Position ``p`` of a row is the hidden state that predicts token ``p + 1``: for a prompt of
+    length ``P`` and a response of length ``R``, the response tokens are predicted from
+    positions ``P - 1 .. P + R - 2``.
+    """
+
+    input_ids: tuple[tuple[int, ...], ...]
+    selected_positions: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.selected_positions):
+            raise ValueError("input_ids and selected_positions must have one entry per row")
+        for ids, positions in zip(self.input_ids, self.selected_positions, strict=True):
+            if any(p < 0 or p >= len(ids) for p in positions):
+                raise ValueError("selected position outside its row")
+
+    @property
+    def selected_counts(self) -> tuple[int, ...]:
+        return tuple(len(p) for p in self.selected_positions)
+
+
+class RoleHandle(Protocol):
+    """One role, active for the duration of a ``RoleRuntime.use`` block."""
+
+    name: RoleName
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection ``[V, H]`` (tied embeddings included)."""
+
+    def selected_hidden(self, rows: SequenceRows, *, trajectory_batch_size: BatchSize) -> torch.Tensor:
+        """Final-norm hidden states ``[sum(selected), H]`` in row order, then position order.
+
+        Rows are grouped into padded physical batches per ``trajectory_batch_size``; padding never
+        reaches the output, and each row keeps its own causal attention boundary. Gradients flow
+        for the student role only.
+        """
+
+
+class RoleRuntime(Protocol):
+    runtime: Literal["dual_model", "shared_backbone"]
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def has_role(self, role: RoleName) -> bool: ...
+
+    def use(self, role: RoleName) -> AbstractContextManager[RoleHandle]:
+        """Activate ``role``; restore the previous role on exit, also after an exception."""
+
+    def generation_model(self) -> AbstractContextManager[Any]:
+        """The student policy as a HF causal LM ready for sampling (eval mode inside the block)."""
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Student adapter parameters only: the optimizer sees nothing else."""
+
+    def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
+
+    def save_student_adapter(self, directory: str) -> None:
+        """Write a standard PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
+
+    def role_manifest(self) -> Mapping[str, Any]:
+        """Logical roles and immutable provenance (content digests, never local paths)."""
+
+    def close(self) -> None:
+        """Release every model and cached device memory (teardown)."""

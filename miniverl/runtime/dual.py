@@ -1,0 +1,172 @@
+"""``models.runtime: dual_model``: every role owns its own physical model (the compatible default).
+
+* student: the base plus one trainable LoRA (adapter name ``student``); the optimizer sees only it;
+* teacher: a separate frozen model: any source, or ``source: student`` (a frozen copy of the
+  student's base), optionally with a pinned frozen adapter. A ``privileged_context`` teacher is the
+  frozen base: the controller builds its context-bearing rows, the runtime just scores them;
+* reference: optional, frozen, same rules as the teacher.
+
+Teacher and reference built from the very same spec share one physical frozen model; they stay
+two logical roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+
+from miniverl.canonical import sha256_json
+from miniverl.config.schema import ModelSpec, ModelsSection
+from miniverl.runtime.base import RoleName
+from miniverl.runtime.batching import AutoPolicy
+from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
+from miniverl.runtime.loading import (
+    DTYPES,
+    BaseLoader,
+    LoadSettings,
+    attach_student_lora,
+    base_spec_for,
+    default_loader,
+    disable_cpu_nf4_repack,
+    freeze,
+    load_frozen_adapter,
+    resolve_adapter,
+)
+
+STUDENT_ADAPTER = "student"
+FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
+
+
+class DualModelRuntime:
+    runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
+
+    def __init__(
+        self,
+        models: ModelsSection,
+        *,
+        device: torch.device,
+        loader: BaseLoader | None = None,
+        auto: AutoPolicy | None = None,
+    ) -> None:
+        load = loader or default_loader
+        self._device = torch.device(device)
+        dtype = DTYPES[models.dtype]
+        self.auto = auto or AutoPolicy.for_device(self._device, dtype)
+        settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
+        student_base = load(models.student, settings)
+        disable_cpu_nf4_repack(student_base.model)
+        assert models.student.lora is not None  # the schema fills the default
+        self._student = attach_student_lora(student_base.model, models.student.lora, adapter_name=STUDENT_ADAPTER)
+        self._student.train()
+        self._tokenizer = student_base.tokenizer
+        self._manifest: dict[str, Any] = {
+            "student": {
+                "base": student_base.identity,
+                "quantization": models.student.quantization,
+                "lora": models.student.lora.model_dump(mode="json"),
+                "adapter_name": STUDENT_ADAPTER,
+            }
+        }
+        self._handles: dict[RoleName, ModelRoleHandle] = {
+            "student": ModelRoleHandle("student", self._student, device=self._device, trainable=True, auto=self.auto)
+        }
+        physical: dict[str, Any] = {}
+        for role in FROZEN_ROLES:
+            spec: ModelSpec | None = getattr(models, role)
+            if spec is None:
+                continue
+            key = sha256_json(
+                {"base": base_spec_for(spec, models.student).model_dump(mode="json"), "adapter": _adapter_key(spec)}
+            )
+            entry = physical.get(key)
+            if entry is None:
+                entry = self._load_frozen(role, spec, models.student, load, settings)
+                physical[key] = entry
+            model, info = entry
+            self._handles[role] = ModelRoleHandle(role, model, device=self._device, trainable=False, auto=self.auto)
+            self._manifest[role] = {**info, "physical_model": key[:16]}
+        self._active: list[RoleName] = []
+
+    @staticmethod
+    def _load_frozen(
+        role: RoleName, spec: ModelSpec, student: ModelSpec, load: BaseLoader, settings: LoadSettings
+    ) -> tuple[Any, dict[str, Any]]:
+        loaded = load(base_spec_for(spec, student), settings)
+        disable_cpu_nf4_repack(loaded.model)
+        model = freeze(loaded.model)
+        info: dict[str, Any] = {
+            "base": loaded.identity,
+            "base_is_student_base": spec.source == "student",
+            "quantization": spec.quantization,
+            "adapter": None,
+            "privileged_context": spec.privileged_context is not None,
+        }
+        if spec.adapter is not None:
+            resolved = resolve_adapter(spec.adapter)
+            model = load_frozen_adapter(model, resolved, adapter_name=role)
+            info["adapter"] = resolved.provenance
+        model.eval()
+        return model, info
+
+    # ------------------------------------------------------------------ RoleRuntime
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def active_role(self) -> RoleName | None:
+        return self._active[-1] if self._active else None
+
+    def has_role(self, role: RoleName) -> bool:
+        return role in self._handles
+
+    @contextmanager
+    def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
+        if role not in self._handles:
+            raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
+        self._active.append(role)
+        try:
+            yield self._handles[role]
+        finally:
+            self._active.pop()
+
+    @contextmanager
+    def generation_model(self) -> Iterator[Any]:
+        was_training = self._student.training
+        self._student.eval()
+        try:
+            yield self._student
+        finally:
+            self._student.train(was_training)
+
+    def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        for name, param in self._student.named_parameters():
+            if param.requires_grad:
+                yield name, param
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_trainable_parameters()]
+
+    def save_student_adapter(self, directory: str) -> None:
+        save_peft_adapter(self._student, STUDENT_ADAPTER, directory)
+
+    def role_manifest(self) -> Mapping[str, Any]:
+        return {"runtime": self.runtime, "roles": dict(self._manifest)}
+
+    def close(self) -> None:
+        self._handles.clear()
+        self._student = None
+        release_device_memory(self._device)
+
+
+def _adapter_key(spec: ModelSpec) -> Any:
+    if spec.adapter is None:
+        return None
+    return spec.adapter.model_dump(mode="json")

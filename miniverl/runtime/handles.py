@@ -1,0 +1,108 @@
+"""The role handle both runtimes hand out, and the student-adapter export they share."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from miniverl.canonical import fsync_tree
+from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
+from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
+from miniverl.runtime.loading import ADAPTER_CONFIG, ADAPTER_WEIGHTS, decoder_of, head_weight_of
+
+
+class ModelRoleHandle:
+    """A role bound to one model object. Student: gradients flow; frozen roles run under ``no_grad``."""
+
+    def __init__(self, name: RoleName, model: Any, *, device: torch.device, trainable: bool, auto: AutoPolicy) -> None:
+        self.name: RoleName = name
+        self.model = model
+        self.device = device
+        self.trainable = trainable
+        self.auto = auto
+        self._decoder = decoder_of(model)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return head_weight_of(self.model)
+
+    def plan(self, rows: SequenceRows, trajectory_batch_size: BatchSize) -> list[list[int]]:
+        return plan_physical_batches([len(x) for x in rows.input_ids], trajectory_batch_size, auto=self.auto)
+
+    def iter_selected_hidden(self, rows: SequenceRows, *, trajectory_batch_size: BatchSize) -> Iterator[PhysicalBatch]:
+        """One padded forward per step, lazily: a caller may backward each batch before the next."""
+        for batch in self.plan(rows, trajectory_batch_size):
+            with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+                result = run_physical_batch(self._decoder, rows, batch, device=self.device)
+            yield result
+
+    def selected_hidden(self, rows: SequenceRows, *, trajectory_batch_size: BatchSize) -> torch.Tensor:
+        pieces: dict[int, torch.Tensor] = {}
+        for pb in self.iter_selected_hidden(rows, trajectory_batch_size=trajectory_batch_size):
+            for row, part in zip(pb.rows, pb.hidden.split(list(pb.counts)), strict=True):
+                pieces[row] = part
+        if not pieces:
+            raise ValueError("selected_hidden needs at least one row")
+        return torch.cat([pieces[i] for i in range(len(rows.input_ids))])
+
+
+def save_peft_adapter(peft_model: Any, adapter_name: str, directory: str | os.PathLike[str]) -> None:
+    """Write ``adapter_name`` as a standard PEFT adapter directory, atomically.
+
+    ``adapter_config.json`` + ``adapter_model.safetensors`` at the top level (the keys carry no
+    adapter name), loadable by ``PeftModel.from_pretrained``. ``base_model_name_or_path`` is cleared:
+    it may be a local path, and manifests identify the base by content digests instead.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    target = Path(directory)
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"adapter export directory {target} exists and is not empty")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in sorted(state.items())}
+    config = peft_model.peft_config[adapter_name].to_dict()
+    config["base_model_name_or_path"] = None
+    config["inference_mode"] = True
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        with open(tmp / ADAPTER_CONFIG, "w", encoding="utf-8") as handle:
+            json.dump(_jsonable(config), handle, sort_keys=True, indent=2)
+            handle.write("\n")
+        fsync_tree(tmp)
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_jsonable(v) for v in value)
+    if hasattr(value, "value") and type(value).__module__.startswith("peft"):
+        return value.value  # peft enums (TaskType, PeftType)
+    return value
+
+
+def release_device_memory(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()

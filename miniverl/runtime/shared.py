@@ -1,0 +1,199 @@
+"""``models.runtime: shared_backbone``: one physical base, one adapter per role.
+
+The base carries a trainable ``student`` LoRA, a frozen ``teacher`` adapter (required, pinned) and
+an optional frozen ``reference`` adapter; teacher and reference are distinct adapters (and roles)
+even when they load the same artifact. ``use(role)`` switches the active adapter:
+
+* the switch walks a precomputed list of LoRA layers (no module-tree walk), so it is cheap;
+* peft's ``set_adapter`` flips ``requires_grad`` (the active adapter becomes trainable, the others
+  frozen); after every switch the student's adapter is made trainable again and every other
+  adapter frozen, so the optimizer's parameter set never changes;
+* the previous role is restored after the block, also after an exception; using the role that is
+  already active is a no-op (no switch at all);
+* the module mode follows the role: ``train()`` for the student, ``eval()`` for frozen roles.
+
+A quantized shared backbone is resident: ``placement: swap`` is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+
+from miniverl.config.schema import ModelSpec, ModelsSection
+from miniverl.errors import ConfigError
+from miniverl.runtime.base import RoleName
+from miniverl.runtime.batching import AutoPolicy
+from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
+from miniverl.runtime.loading import (
+    DTYPES,
+    BaseLoader,
+    LoadSettings,
+    attach_student_lora,
+    default_loader,
+    disable_cpu_nf4_repack,
+    load_frozen_adapter,
+    resolve_adapter,
+)
+
+FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
+
+
+def check_shared_models(models: ModelsSection, placement: str) -> None:
+    """The runtime-side twin of the config check: refuse what one backbone cannot carry."""
+    student = models.student
+    if models.teacher is None:
+        raise ConfigError("runtime shared_backbone needs models.teacher with a pinned adapter")
+    for role in FROZEN_ROLES:
+        spec: ModelSpec | None = getattr(models, role)
+        if spec is None:
+            continue
+        if spec.adapter is None:
+            raise ConfigError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
+        if spec.privileged_context is not None:
+            raise ConfigError(f"runtime shared_backbone: models.{role} is an adapter role, not privileged_context")
+        same_base = spec.source == "student" or (
+            (spec.source, spec.model_id, spec.revision, spec.path)
+            == (student.source, student.model_id, student.revision, student.path)
+        )
+        if not same_base:
+            raise ConfigError(f"runtime shared_backbone: models.{role} must use the student's base model")
+        if spec.quantization != student.quantization:
+            raise ConfigError(f"runtime shared_backbone: models.{role} quantization must equal the student's")
+    if placement == "swap" and student.quantization != "none":
+        raise ConfigError(
+            "memory.placement swap is refused for a quantized shared backbone: bitsandbytes parameters "
+            "cannot be moved between devices safely; use placement resident"
+        )
+
+
+class SharedBackboneRuntime:
+    runtime: Literal["dual_model", "shared_backbone"] = "shared_backbone"
+
+    def __init__(
+        self,
+        models: ModelsSection,
+        *,
+        device: torch.device,
+        loader: BaseLoader | None = None,
+        auto: AutoPolicy | None = None,
+        placement: str = "resident",
+    ) -> None:
+        check_shared_models(models, placement)
+        load = loader or default_loader
+        self._device = torch.device(device)
+        dtype = DTYPES[models.dtype]
+        self.auto = auto or AutoPolicy.for_device(self._device, dtype)
+        settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
+        base = load(models.student, settings)
+        disable_cpu_nf4_repack(base.model)
+        assert models.student.lora is not None
+        self._model = attach_student_lora(base.model, models.student.lora, adapter_name="student")
+        self._tokenizer = base.tokenizer
+        self._manifest: dict[str, Any] = {
+            "student": {
+                "adapter_name": "student",
+                "lora": models.student.lora.model_dump(mode="json"),
+                "trainable": True,
+            }
+        }
+        for role in FROZEN_ROLES:
+            spec: ModelSpec | None = getattr(models, role)
+            if spec is None or spec.adapter is None:
+                continue
+            resolved = resolve_adapter(spec.adapter)
+            load_frozen_adapter(self._model, resolved, adapter_name=role)
+            self._manifest[role] = {"adapter_name": role, "adapter": resolved.provenance, "trainable": False}
+        self._base_identity = {"base": base.identity, "quantization": models.student.quantization}
+        self._layers = [m for m in self._model.modules() if hasattr(m, "set_adapter") and hasattr(m, "lora_A")]
+        self._student_params = [p for n, p in self._model.named_parameters() if ".student." in n and "lora_" in n]
+        self._frozen_params = [p for n, p in self._model.named_parameters() if "lora_" in n and ".student." not in n]
+        self._handles: dict[RoleName, ModelRoleHandle] = {
+            role: ModelRoleHandle(role, self._model, device=self._device, trainable=role == "student", auto=self.auto)
+            for role in ("student", *FROZEN_ROLES)
+            if role == "student" or role in self._manifest
+        }
+        self._active: RoleName = "student"
+        self.switch_count = 0
+        self.switch_seconds = 0.0
+        self._switch("student")
+        self.switch_count, self.switch_seconds = 0, 0.0
+
+    def _switch(self, role: RoleName) -> None:
+        start = time.perf_counter()
+        for layer in self._layers:
+            layer.set_adapter(role, inference_mode=True)
+        self._model.base_model.active_adapter = role
+        for param in self._student_params:
+            param.requires_grad_(True)
+        for param in self._frozen_params:
+            param.requires_grad_(False)
+        self._model.train(role == "student")
+        self._active = role
+        self.switch_count += 1
+        self.switch_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ RoleRuntime
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def active_role(self) -> RoleName:
+        return self._active
+
+    def has_role(self, role: RoleName) -> bool:
+        return role in self._handles
+
+    @contextmanager
+    def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
+        if role not in self._handles:
+            raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
+        previous = self._active
+        if role == previous:  # nested use of the active role: no switch
+            yield self._handles[role]
+            return
+        self._switch(role)
+        try:
+            yield self._handles[role]
+        finally:
+            self._switch(previous)
+
+    @contextmanager
+    def generation_model(self) -> Iterator[Any]:
+        with self.use("student"):
+            self._model.eval()
+            try:
+                yield self._model
+            finally:
+                self._model.train(self._active == "student")
+
+    def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        for name, param in self._model.named_parameters():
+            if param.requires_grad:
+                yield name, param
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_trainable_parameters()]
+
+    def save_student_adapter(self, directory: str) -> None:
+        save_peft_adapter(self._model, "student", directory)
+
+    def role_manifest(self) -> Mapping[str, Any]:
+        return {"runtime": self.runtime, "backbone": dict(self._base_identity), "roles": dict(self._manifest)}
+
+    def close(self) -> None:
+        self._handles.clear()
+        self._layers.clear()
+        self._student_params.clear()
+        self._frozen_params.clear()
+        self._model = None
+        release_device_memory(self._device)
