@@ -17,8 +17,9 @@ from miniverl.algorithms import grpo_advantages
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.records import MetricsLine, PlanRecord
-from miniverl.rewards import CompositeReward, reward_meta
-from miniverl.rollout.records import TrajectoryRecord
+from miniverl.rewards import CompositeReward, RewardScore, reward_meta
+from miniverl.rollout.hf import Trajectory
+from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.checkpoint_files import list_checkpoints
@@ -128,7 +129,7 @@ class Controller:
             shutil.rmtree(old)
 
     # -- one cycle ----------------------------------------------------------------------------
-    def _rollout(self, prompts: list[PromptRow]) -> list[TrajectoryRecord]:
+    def _rollout(self, prompts: list[PromptRow]) -> list[Trajectory]:
         from miniverl.rollout.hf import generate_group
 
         r = self.config.rollout
@@ -147,29 +148,25 @@ class Controller:
                 batch_size=r.batch_size,
                 use_chat_template=r.use_chat_template,
             )
-        return [TrajectoryRecord.from_trajectory(t) for t in sampled]
+        return sampled
 
-    def _score(self, prompts: list[PromptRow], trajectories: list[TrajectoryRecord]) -> None:
+    def _score(self, prompts: list[PromptRow], trajectories: list[Trajectory]) -> list[RewardScore]:
         by_id = {row.prompt_id: row for row in prompts}
+        scores = []
         for traj in trajectories:
             row = by_id[traj.prompt_id]
-            count = len(traj.response_token_ids) - (1 if traj.finish_reason == "eos" else 0)
-            meta = reward_meta(row, response_token_count=count, sample_index=traj.sample_index)
-            score = self.reward.score(row.prompt, traj.response_text, **meta)
-            traj.reward = score.total
-            traj.reward_components = score.components
+            meta = reward_meta(row, response_token_count=traj.response_token_count, sample_index=traj.sample_index)
+            scores.append(self.reward.score(row.prompt, traj.response_text, **meta))
+        return scores
 
-    def _advantages(self, trajectories: list[TrajectoryRecord]) -> list[float]:
+    def _advantages(self, trajectories: list[Trajectory], rewards: list[float]) -> list[float]:
         g = self.config.algorithm.grpo
-        scores = torch.tensor([t.reward or 0.0 for t in trajectories], dtype=torch.float64)
+        scores = torch.tensor(rewards, dtype=torch.float64)
         adv = grpo_advantages(scores, [t.group_id for t in trajectories], norm_by_std=g.norm_by_std, eps=g.eps)
-        values = [float(a) for a in adv]
-        for traj, value in zip(trajectories, values, strict=True):
-            traj.advantage = value
-        return values
+        return [float(a) for a in adv]
 
     def _update_sequences(
-        self, prompts: list[PromptRow], trajectories: list[TrajectoryRecord], advantages: list[float] | None
+        self, prompts: list[PromptRow], trajectories: list[Trajectory], advantages: list[float] | None
     ) -> list[UpdateSequence]:
         from miniverl.rollout.hf import encode_prompt
 
@@ -226,19 +223,16 @@ class Controller:
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
         trajectories = self._rollout(prompts)
-        self._score(prompts, trajectories)
+        scores = self._score(prompts, trajectories)
         rollout_seconds = time.perf_counter() - cycle_start
-        rewards = [t.reward or 0.0 for t in trajectories]
+        rewards = [score.total for score in scores]
+        groups: dict[str, list[float]] = {}
+        for traj, reward in zip(trajectories, rewards, strict=True):
+            groups.setdefault(traj.group_id, []).append(reward)
+        group_std = max(statistics.pstdev(values) for values in groups.values())
         advantages = None
-        group_std = max(
-            (
-                statistics.pstdev([t.reward or 0.0 for t in trajectories if t.group_id == g])
-                for g in {t.group_id for t in trajectories}
-            ),
-            default=0.0,
-        )
         if cfg.algorithm.name == "grpo":
-            advantages = self._advantages(trajectories)
+            advantages = self._advantages(trajectories, rewards)
             self.nonzero_advantages += sum(abs(a) > 0 for a in advantages)
         sequences = self._update_sequences(prompts, trajectories, advantages)
         update_start = time.perf_counter()
@@ -254,7 +248,7 @@ class Controller:
         self.adapter_changed.append(delta > 0)
         self.group_std_max.append(group_std)
         self.rewards_seen.extend(rewards)
-        self._write_trajectories(trajectories)
+        self._write_trajectories(trajectories, scores, advantages)
         cuda = self.runtime.device.type == "cuda"
         line = MetricsLine(
             step=self.state.step,
@@ -282,11 +276,20 @@ class Controller:
         self._write_metrics()
         return line
 
-    def _write_trajectories(self, trajectories: list[TrajectoryRecord]) -> None:
-        from miniverl.rollout.records import write_trajectories_jsonl
-
+    def _write_trajectories(
+        self, trajectories: list[Trajectory], scores: list[RewardScore], advantages: list[float] | None
+    ) -> None:
+        records = [
+            TrajectoryRecord.from_trajectory(
+                traj,
+                reward=score.total,
+                reward_components=score.components,
+                advantage=advantages[i] if advantages is not None else None,
+            )
+            for i, (traj, score) in enumerate(zip(trajectories, scores, strict=True))
+        ]
         path = self.run_dir / "trajectories" / f"cycle-{self.state.step:06d}.jsonl"
-        write_trajectories_jsonl(path, trajectories)
+        write_trajectories_jsonl(path, records)
 
     def _write_metrics(self) -> None:
         from miniverl.canonical import atomic_write_text, canonical_json
