@@ -1,0 +1,125 @@
+"""Release assets: exactly the seed's top-level layout, built from a candidate and a qualification directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from harness.audit import (
+    PRINCIPAL,
+    PRINCIPAL_ROLE_PREFIX,
+    QUAL_SUMS,
+    QUALIFICATION_ASSETS,
+    RELEASE_VERIFICATION,
+    AuditRequest,
+    audit,
+)
+from harness.candidate import MANIFEST, SUMS, check_candidate, replace_dir
+from harness.errors import AssetsError, UsageError
+from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, Member, write_archive
+from harness.jsonio import atomic_write_bytes, fsync_tree, sha256_file
+from harness.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification, load_record, record_bytes
+
+
+def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path) -> EvidenceManifest:
+    """Write the archive + its manifest into ``out_dir`` from the qualification's subordinate artifacts."""
+    members: list[Member] = []
+    entries: list[EvidenceMember] = []
+    for art in qual.artifacts:
+        if art.role.startswith(PRINCIPAL_ROLE_PREFIX):
+            continue
+        name = ARCHIVE_MEMBERS.get(art.role)
+        if name is None:
+            raise AssetsError(f"no evidence-role mapping for role {art.role!r} ({art.path})", check="evidence_roles")
+        source = qual_dir / art.path
+        if source.is_symlink() or not source.is_file() or sha256_file(source) != art.sha256:
+            raise AssetsError(f"{art.path} is missing or differs from qualification.json", check="artifact_sha256")
+        members.append(Member(name=name, role=art.role, source=source))
+        entries.append(EvidenceMember(name=name, role=art.role, bytes=art.bytes, sha256=art.sha256))
+    archive = out_dir / ARCHIVE
+    write_archive(members, archive)
+    manifest = EvidenceManifest(
+        kind="miniverl.evidence-manifest",
+        schema_version=1,
+        archive=FileDigest(filename=ARCHIVE, bytes=archive.stat().st_size, sha256=sha256_file(archive)),
+        source_commit=qual.candidate.source_commit,
+        qualification_sha256=sha256_file(qual_dir / "qualification.json"),
+        members=sorted(entries, key=lambda e: e.name),
+    )
+    atomic_write_bytes(out_dir / ARCHIVE_MANIFEST, record_bytes(manifest))
+    return manifest
+
+
+def build_release_assets(
+    candidate_dir: Path,
+    qual_dir: Path,
+    out: Path,
+    *,
+    known_good_sha256: str | None = None,
+    replace: bool = False,
+) -> Path:
+    """Build the asset dir (all-or-nothing). Fails naming any principal record that does not exist yet."""
+    if out.exists() and not replace:
+        raise UsageError(f"{out.name} exists; pass --replace to rebuild it", check="output")
+    manifest = check_candidate(candidate_dir)
+    qual_path = qual_dir / "qualification.json"
+    qual = load_record(Qualification, qual_path, "qualification.json")
+    bound = {a.path for a in qual.artifacts if a.role.startswith(PRINCIPAL_ROLE_PREFIX)}
+    missing = [name for name in PRINCIPAL if name not in bound or not (qual_dir / name).is_file()]
+    if missing:
+        raise AssetsError(
+            f"principal workload records do not exist yet: {', '.join(missing)}", check="principal_records"
+        )
+    if qual.status != "passed":
+        raise AssetsError(
+            f"qualification status is {qual.status}: {'; '.join(qual.reasons[:2])}", check="qualification_status"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (staging / "dist").mkdir()
+        for digest in (manifest.wheel, manifest.sdist):
+            _copy(candidate_dir / digest.filename, staging / "dist" / digest.filename)
+        _copy(candidate_dir / SUMS, staging / SUMS)
+        _copy(candidate_dir / MANIFEST, staging / "candidate-manifest.json")
+        _copy(qual_path, staging / "qualification.json")
+        for name in PRINCIPAL:
+            _copy(qual_dir / name, staging / name)
+        pack_evidence(qual_dir, qual, staging)
+        request = AuditRequest(
+            candidate_dir=candidate_dir,
+            candidate_manifest=candidate_dir / MANIFEST,
+            qualification=qual_path,
+            commit=manifest.source_commit,
+            known_good_sha256=known_good_sha256 or qual.profile.known_good_sha256,
+            required_gpu_name=qual.environment.gpu.name if qual.environment.gpu else None,
+            level=qual.level,
+            assets_dir=staging,
+            profile=qual.profile.name,
+            expect_release_verification=False,
+        )
+        verification = audit(request)
+        if verification.status != "passed":
+            raise AssetsError(
+                f"the auditor refused the chain: {', '.join(verification.failed_checks)}",
+                check=verification.failed_checks[0],
+            )
+        atomic_write_bytes(staging / RELEASE_VERIFICATION, record_bytes(verification))
+        sums = "".join(f"{sha256_file(staging / n)}  {n}\n" for n in QUALIFICATION_ASSETS)
+        atomic_write_bytes(staging / QUAL_SUMS, sums.encode())
+        os.chmod(staging, 0o755)
+        fsync_tree(staging)
+        replace_dir(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_symlink() or not src.is_file():
+        raise AssetsError(f"{src.name} is missing or not a regular file", check="artifact_file_type")
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o644)

@@ -1,0 +1,66 @@
+"""Argument handling for the auditor: ``scripts/validate_release_chain.py`` and ``python -m harness verify``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.audit import AuditRequest, audit
+from harness.errors import HarnessError
+from harness.records import record_bytes, write_record
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--candidate-dir", required=True)
+    p.add_argument("--candidate-manifest", required=True)
+    p.add_argument("--qualification", required=True)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--known-good-sha256", required=True)
+    p.add_argument("--required-gpu-name", required=True, help='the GPU the profile requires ("none" for cpu-reference)')
+    p.add_argument("--assets-dir", help="also re-verify a release-asset directory")
+    p.add_argument("--level", default="full_qualification", choices=["release_smoke", "full_qualification"])
+    p.add_argument("--profile", help="the profile the qualification must have used")
+    p.add_argument("--out", help="write release-verification.json here (default: print it)")
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    gpu = None if args.required_gpu_name.strip().lower() in ("none", "") else args.required_gpu_name
+    req = AuditRequest(
+        candidate_dir=Path(args.candidate_dir),
+        candidate_manifest=Path(args.candidate_manifest),
+        qualification=Path(args.qualification),
+        commit=args.commit,
+        known_good_sha256=args.known_good_sha256,
+        required_gpu_name=gpu,
+        level=args.level,
+        assets_dir=Path(args.assets_dir) if args.assets_dir else None,
+        profile=args.profile,
+    )
+    result = audit(req)
+    if args.out:
+        write_record(Path(args.out), result)
+    else:
+        sys.stdout.write(record_bytes(result).decode())
+    if result.status != "passed":
+        first = next(c for c in result.checks if not c.passed)
+        print(f"validate_release_chain: error: [{first.name}] {first.detail}", file=sys.stderr)
+        return 1
+    print(
+        f"validate_release_chain: passed {len(result.checks)} checks; release authorized: "
+        f"{result.release_authorized}"
+        + (f" ({'; '.join(result.authorization_reasons)})" if result.authorization_reasons else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="validate_release_chain.py", description="Torch-free release-chain auditor.")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_audit(args)
+    except HarnessError as exc:
+        print(f"validate_release_chain: error: {exc.line()}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,229 @@
+"""``python -m harness``: build, smoke, full, stack, release-assets, verify, schemas."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.errors import HarnessError, UsageError
+from harness.proc import REPO_ROOT
+
+DEFAULT_CANDIDATE = REPO_ROOT / "out" / "candidate"
+
+
+def _build(args: argparse.Namespace) -> int:
+    from harness.candidate import build_candidate, check_candidate
+
+    out = Path(args.out)
+    if args.check:
+        manifest = check_candidate(out)
+        print(f"candidate ok: {manifest.wheel.filename} {manifest.sdist.filename} ({manifest.source_commit[:12]})")
+        return 0
+    manifest = build_candidate(Path(args.repo), out)
+    print(f"candidate built: {manifest.wheel.filename} {manifest.wheel.sha256}")
+    return 0
+
+
+def _smoke(args: argparse.Namespace, level: str) -> int:
+    from harness.profiles import get_profile
+    from harness.smoke import SmokeOptions, run_smoke
+
+    opts = SmokeOptions(
+        profile=get_profile(args.profile),
+        out=Path(args.out),
+        level=level,
+        candidate=Path(args.candidate) if args.candidate else None,
+        repo=Path(args.repo),
+        base_python=Path(args.base_python),
+        system_site_packages=args.system_site_packages,
+        offline_wheels=_dir(args.offline_wheels, "--offline-wheels"),
+        known_good_dir=Path(args.known_good_dir),
+        work=Path(args.work) if args.work else None,
+        keep_work=args.keep_work,
+        model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
+    )
+    return run_smoke(opts)
+
+
+def _dir(value: str | None, flag: str) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).resolve()
+    if not path.is_dir():
+        raise UsageError(f"{flag} {value!r} is not a directory", check="usage")
+    return path
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from harness.candidate import check_candidate
+    from harness.install import InstallOptions, fresh_venv, install_candidate
+    from harness.proc import Redactor
+    from harness.profiles import get_profile
+    from harness.stacks import gpu_facts, installed_closure, load_known_good, write_known_good
+
+    profile = get_profile(args.profile)
+    if args.action == "describe":
+        from harness.stacks import describe_existing
+
+        d = describe_existing(
+            profile,
+            Path(args.known_good_dir),
+            status=args.status,
+            python_version=args.python_version,
+            platform_name=args.platform,
+            notes=args.notes,
+        )
+        print(f"wrote known-good/{d.name}.json ({d.status}, {len(d.packages)} pins)")
+        return 0
+    if args.action == "check":
+        descriptor, digest = load_known_good(profile, Path(args.known_good_dir))
+        print(f"{descriptor.name}: {descriptor.status}, {len(descriptor.packages)} pins, sha256 {digest}")
+        return 0
+    candidate = Path(args.candidate)
+    manifest = check_candidate(candidate)
+    with tempfile.TemporaryDirectory(prefix="miniverl-stack-") as tmp:
+        work = Path(tmp)
+        options = InstallOptions(
+            base_python=Path(args.base_python),
+            constraint=None,
+            extras=profile.install_extras,
+            system_site_packages=args.system_site_packages,
+            offline_wheels=_dir(args.offline_wheels, "--offline-wheels"),
+        )
+        python = fresh_venv(work / "venv", options, work=work)
+        install_candidate(
+            python,
+            candidate / manifest.wheel.filename,
+            manifest.wheel.sha256,
+            options,
+            work=work,
+            redact=Redactor({"work": work}),
+        )
+        packages, missing, version = installed_closure(python, profile.install_extras, work)
+    if missing:
+        raise UsageError(
+            f"requirements not installed in the recorded stack: {', '.join(missing)}", check="stack_record"
+        )
+    descriptor = write_known_good(
+        profile,
+        packages,
+        version,
+        gpu_facts(),
+        Path(args.known_good_dir),
+        notes=f"recorded by `python -m harness stack record` for miniverl {manifest.version}",
+    )
+    print(f"wrote known-good/{descriptor.name}.txt and .json: {len(packages)} pins ({descriptor.status})")
+    return 0
+
+
+def _assets(args: argparse.Namespace) -> int:
+    from harness.assets import build_release_assets
+
+    out = build_release_assets(
+        Path(args.candidate),
+        Path(args.qualification_dir),
+        Path(args.out),
+        known_good_sha256=args.known_good_sha256,
+        replace=args.replace,
+    )
+    print(f"release assets written to {out.name}/")
+    return 0
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from harness import schemas
+
+    if args.check:
+        problems = schemas.drift()
+        if problems:
+            raise UsageError(
+                f"manifests/harness drifted: {problems[0]}; run `python -m harness schemas`", check="schema_drift"
+            )
+        print("manifests/harness is up to date")
+        return 0
+    for name in schemas.write():
+        print(f"wrote manifests/harness/{name}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from harness.audit_cli import run_audit
+
+    return run_audit(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the candidate (one wheel + one sdist) from a git export of HEAD")
+    b.add_argument("--out", default=str(DEFAULT_CANDIDATE))
+    b.add_argument("--repo", default=str(REPO_ROOT))
+    b.add_argument("--check", action="store_true", help="re-validate an existing candidate dir instead")
+    for name in ("smoke", "full"):
+        s = sub.add_parser(
+            name, help=f"{'release smoke' if name == 'smoke' else 'full qualification'} on the installed CLI"
+        )
+        s.add_argument("--profile", required=True)
+        s.add_argument("--out", default=str(REPO_ROOT / "out" / "qualification"))
+        s.add_argument("--candidate", help="validate and use this candidate dir instead of building one")
+        s.add_argument("--repo", default=str(REPO_ROOT))
+        s.add_argument("--base-python", default=sys.executable, help="interpreter the fresh venv is made from")
+        s.add_argument("--system-site-packages", action="store_true", help="venv over the machine's own torch")
+        s.add_argument("--offline-wheels", help="no index: install the wheel + these wheels with --no-deps")
+        s.add_argument("--known-good-dir", default=str(REPO_ROOT / "known-good"))
+        s.add_argument("--work", help="scratch dir outside the checkout (default: a new temp dir)")
+        s.add_argument("--keep-work", action="store_true")
+        s.add_argument("--model-cache", help="MINIVERL_CACHE for the installed CLI (runner-local, never uploaded)")
+    st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
+    st.add_argument("action", choices=["check", "record", "describe"])
+    st.add_argument("--status", choices=["measured", "declared"], default="declared", help="describe only")
+    st.add_argument("--python-version", default="3.11.7", help="describe only")
+    st.add_argument("--platform", default="linux-x86_64", help="describe only")
+    st.add_argument("--notes", default="", help="describe only")
+    st.add_argument("--profile", required=True)
+    st.add_argument("--candidate", default=str(DEFAULT_CANDIDATE))
+    st.add_argument("--base-python", default=sys.executable)
+    st.add_argument("--system-site-packages", action="store_true")
+    st.add_argument("--offline-wheels")
+    st.add_argument("--known-good-dir", default=str(REPO_ROOT / "known-good"))
+    a = sub.add_parser("release-assets", help="build the canonical release-asset directory")
+    a.add_argument("--candidate", default=str(DEFAULT_CANDIDATE))
+    a.add_argument("--qualification-dir", default=str(REPO_ROOT / "out" / "qualification"))
+    a.add_argument("--out", default=str(REPO_ROOT / "out" / "release-assets"))
+    a.add_argument("--known-good-sha256")
+    a.add_argument("--replace", action="store_true")
+    sc = sub.add_parser("schemas", help="regenerate manifests/harness (or --check for drift)")
+    sc.add_argument("--check", action="store_true")
+    from harness.audit_cli import add_arguments
+
+    add_arguments(sub.add_parser("verify", help="the torch-free auditor (scripts/validate_release_chain.py)"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            return _build(args)
+        if args.command in ("smoke", "full"):
+            return _smoke(args, "release_smoke" if args.command == "smoke" else "full_qualification")
+        if args.command == "stack":
+            return _stack(args)
+        if args.command == "release-assets":
+            return _assets(args)
+        if args.command == "schemas":
+            return _schemas(args)
+        return _verify(args)
+    except HarnessError as exc:
+        print(f"harness: error: {exc.line()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("harness: error: [interrupted] stopped by the user", file=sys.stderr)
+        return 130
+
+
+def dump(value: object) -> str:
+    return json.dumps(value, sort_keys=True)

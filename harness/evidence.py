@@ -1,0 +1,145 @@
+"""The deterministic evidence archive (``qualification-evidence.tar.gz``) and its safe re-extraction."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import ArchiveError
+from harness.jsonio import fsync_dir, sha256_file
+
+ARCHIVE = "qualification-evidence.tar.gz"
+ARCHIVE_MANIFEST = "qualification-evidence-manifest.json"
+MAX_MEMBER_BYTES = 512 << 20
+MAX_TOTAL_BYTES = 2 << 30
+MAX_MEMBERS = 10_000
+
+# Explicit evidence-role mapping: semantic role -> archive member name. Nothing is derived from paths.
+ARCHIVE_MEMBERS = {
+    "transcript": "release-smoke/transcript.json",
+    "doctor": "release-smoke/doctor.json",
+    "workload_config": "release-smoke/inputs/release-smoke.yaml",
+    "input_prompts": "release-smoke/inputs/prompts.parquet",
+    "plan": "release-smoke/run/plan.json",
+    "run_manifest": "release-smoke/run/run.json",
+    "run_summary": "release-smoke/run/summary.json",
+    "metrics": "release-smoke/run/metrics.jsonl",
+    "adapter_config": "release-smoke/adapter/adapter_config.json",
+    "adapter_weights": "release-smoke/adapter/adapter_model.safetensors",
+    "adapter_manifest": "release-smoke/adapter/miniverl-manifest.json",
+    "grpo_summary": "release-smoke/grpo/summary.json",
+    "workload_backend_matrix": "v011/backend-matrix.json",
+    "workload_grpo_cycles": "v012/grpo-cycles.json",
+    "workload_ppo_rm_handoff": "v013/ppo-rm-handoff.json",
+    "workload_product_workflows": "v014/product-workflows.json",
+}
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    role: str
+    source: Path
+
+
+def write_archive(members: Iterable[Member], out: Path) -> None:
+    """Sorted members, mtime 0, uid/gid 0, empty owner names, mode 0644; gzip mtime 0 and no filename."""
+    ordered = sorted(members, key=lambda m: m.name)
+    names = [m.name for m in ordered]
+    if len(names) != len(set(names)):
+        raise ArchiveError("two evidence files map to one archive member", check="archive_duplicate")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            # tarfile's own "w:gz" writes the filename and the current time into the gzip header.
+            with (
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                for member in ordered:
+                    data = member.source.read_bytes()
+                    info = tarfile.TarInfo(member.name)
+                    info.size, info.mtime, info.mode = len(data), 0, 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    info.type = tarfile.REGTYPE
+                    tar.addfile(info, io.BytesIO(data))
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(out.parent)
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":"):
+        raise ArchiveError(f"member {name[:80]!r} has an absolute or non-POSIX name", check="archive_member_name")
+    parts = name.split("/")
+    if any(p in {"", ".", ".."} for p in parts):
+        raise ArchiveError(f"member {name[:80]!r} holds '..', '.' or an empty segment", check="archive_member_name")
+
+
+def safe_extract(
+    archive: Path,
+    dest: Path,
+    *,
+    max_member: int = MAX_MEMBER_BYTES,
+    max_total: int = MAX_TOTAL_BYTES,
+    max_members: int = MAX_MEMBERS,
+) -> dict[str, Path]:
+    """Extract regular files only into the empty dir ``dest``; refuse links, devices, ``..``, dupes, bombs."""
+    if archive.is_symlink() or not archive.is_file():
+        raise ArchiveError(f"{archive.name} is missing or not a regular file", check="archive_file_type")
+    out: dict[str, Path] = {}
+    total = 0
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            for count, info in enumerate(tar, start=1):
+                if count > max_members:
+                    raise ArchiveError(f"more than {max_members} members", check="archive_size")
+                _check_name(info.name)
+                if info.issym() or info.islnk():
+                    raise ArchiveError(f"member {info.name!r} is a link", check="archive_member_type")
+                if not info.isreg():
+                    raise ArchiveError(f"member {info.name!r} is not a regular file", check="archive_member_type")
+                if info.name in out:
+                    raise ArchiveError(f"member {info.name!r} appears twice", check="archive_duplicate")
+                if info.size > max_member or total + info.size > max_total:
+                    raise ArchiveError(
+                        f"member {info.name!r} ({info.size} bytes) exceeds the size bound", check="archive_size"
+                    )
+                total += info.size
+                source = tar.extractfile(info)
+                if source is None:
+                    raise ArchiveError(f"member {info.name!r} has no data", check="archive_member_type")
+                target = dest.joinpath(*info.name.split("/"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.resolve().is_relative_to(dest.resolve()):
+                    raise ArchiveError(f"member {info.name!r} escapes the destination", check="archive_member_name")
+                with source, open(target, "xb") as handle:
+                    written = 0
+                    while block := source.read(1 << 20):
+                        written += len(block)
+                        if written > info.size:
+                            raise ArchiveError(f"member {info.name!r} is longer than its header", check="archive_size")
+                        handle.write(block)
+                out[info.name] = target
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
+        raise ArchiveError(
+            f"{archive.name} is not a readable tar.gz: {exc.__class__.__name__}", check="archive_format"
+        ) from None
+    return out
+
+
+def describe(path: Path) -> tuple[int, str]:
+    return path.stat().st_size, sha256_file(path)

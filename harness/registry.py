@@ -1,0 +1,145 @@
+"""The workload registry: what each qualification level runs, its required checks and principal record."""
+
+from __future__ import annotations
+
+from harness.errors import UsageError
+from harness.records import WorkloadRegistry, WorkloadSpec
+
+SMOKE_RECORD = "qualification-release-smoke.json"
+
+# Every check the release smoke executes, in order. CUDA-only checks are not_applicable on CPU.
+SMOKE_CHECKS = [
+    "candidate_validated",
+    "known_good_integrity",
+    "clean_worktree",
+    "wheel_sha256_before_install",
+    "fresh_venv",
+    "install",
+    "pip_check",
+    "stack_matches_known_good",
+    "origin_installed_version",
+    "origin_import_under_venv",
+    "origin_not_checkout",
+    "origin_not_editable",
+    "origin_record_hashes",
+    "origin_wheel_hash",
+    "origin_executable_under_venv",
+    "cli_version",
+    "doctor",
+    "gpu_identity",
+    "model_fetch",
+    "data_sample",
+    "plan",
+    "run_dry_run",
+    "run_opd",
+    "teacher_scoring",
+    "optimizer_update",
+    "inspect",
+    "export_reload",
+    "grpo_plan",
+    "grpo_cycle",
+    "teardown",
+    "peak_reserved",
+]
+CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved"}
+
+# `--set` overrides for the harness workload YAMLs, by profile device.
+DEVICE_OVERRIDES = {"cpu": ["models.device=cpu"], "cuda": ["models.device=cuda"]}
+
+REGISTRY = WorkloadRegistry(
+    kind="miniverl.workload-registry",
+    schema_version=1,
+    workloads=[
+        WorkloadSpec(
+            name="release-smoke",
+            description="installed CLI: doctor/plan/dry-run, OPD actor+teacher one rollout/score/update, "
+            "one GRPO cycle, PEFT export/reload, CUDA teardown",
+            principal_record=SMOKE_RECORD,
+            asset_role="principal",
+            required_checks=SMOKE_CHECKS,
+            provided=True,
+            provided_by="harness/smoke.py",
+        ),
+        WorkloadSpec(
+            name="direct-gkd",
+            description="direct-config GKD (forward-KL top-k) workflow on the exact candidate wheel",
+            principal_record="qualification-direct-gkd.json",
+            asset_role="principal",
+            required_checks=["run_completed", "resume_tensor_exact", "export_reload", "peak_reserved"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="pg-k1",
+            description="policy-gradient with the k1 KL estimator: GRPO cycles with nonzero advantages",
+            principal_record="qualification-pg-k1.json",
+            asset_role="principal",
+            required_checks=["run_completed", "reward_varies_within_group", "nonzero_advantages", "adapter_changed"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="smollm2",
+            description="the embedded SmolLM2 canonical resume workload (interrupt/resume tensor replay)",
+            principal_record="qualification-smollm2.json",
+            asset_role="principal",
+            required_checks=["run_completed", "resume_tensor_exact", "teardown"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="backend-matrix",
+            description="rollout-backend matrix: preregistered cells per backend, policy refreshes, conformance",
+            principal_record="backend-matrix.json",
+            asset_role="subordinate",
+            required_checks=["all_cells_completed", "policy_refreshes", "conformance"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="grpo-cycles",
+            description="two NF4 LoRA GRPO cycles: varying reward, nonzero advantages, two changing updates",
+            principal_record="grpo-cycles.json",
+            asset_role="subordinate",
+            required_checks=[
+                "reward_varies_within_group",
+                "nonzero_advantages",
+                "two_updates_changed",
+                "peak_reserved",
+            ],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="ppo-rm-handoff",
+            description="PPO actor+critic updates, GAE, reward-model role, resume, verl v0.9 handoff diagnosis",
+            principal_record="ppo-rm-handoff.json",
+            asset_role="subordinate",
+            required_checks=["actor_updates", "critic_updates", "gae_nontrivial", "resume_tensor_exact", "handoff"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+        WorkloadSpec(
+            name="product-workflows",
+            description="installed-package PPO/GRPO walkthrough from a fresh working dir (v014/product-workflows.json)",
+            principal_record="product-workflows.json",
+            asset_role="subordinate",
+            required_checks=["cli_invocations", "tensor_replay", "records_unduplicated", "vram_measured"],
+            provided=False,
+            provided_by="a later runtime issue",
+        ),
+    ],
+)
+
+PRINCIPAL_RECORDS = [w.principal_record for w in REGISTRY.workloads if w.asset_role == "principal"]
+
+
+def workload(name: str) -> WorkloadSpec:
+    for spec in REGISTRY.workloads:
+        if spec.name == name:
+            return spec
+    raise UsageError(f"unknown workload {name!r}", check="workload")
+
+
+def required_smoke_checks(device: str) -> list[str]:
+    return [c for c in SMOKE_CHECKS if device == "cuda" or c not in CUDA_ONLY]

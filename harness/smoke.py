@@ -1,0 +1,195 @@
+"""Release smoke / full qualification: candidate -> fresh venv -> origin proof -> installed CLI -> record."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import registry
+from harness.candidate import MANIFEST, build_candidate, check_candidate, read_pins, workflow_binding
+from harness.checkbook import CheckBook
+from harness.errors import HarnessError, UsageError
+from harness.install import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check
+from harness.jsonio import sha256_file
+from harness.origin import prove_origin
+from harness.proc import REPO_ROOT, Redactor, git, utc_now
+from harness.profiles import profile_sha256
+from harness.qualification import QualificationInputs, write_qualification
+from harness.records import Profile, Worktree, record_bytes
+from harness.stacks import (
+    KNOWN_GOOD_DIR,
+    descriptor_paths,
+    gpu_facts,
+    installed_closure,
+    load_known_good,
+    stack_mismatches,
+)
+from harness.steps import StepFacts, run_cli_steps
+from harness.transcript import CliDriver
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    profile: Profile
+    out: Path
+    level: str = "release_smoke"
+    candidate: Path | None = None
+    repo: Path = REPO_ROOT
+    base_python: Path = Path(sys.executable)
+    system_site_packages: bool = False
+    offline_wheels: Path | None = None
+    known_good_dir: Path = KNOWN_GOOD_DIR
+    work: Path | None = None
+    keep_work: bool = False
+    model_cache: Path | None = None
+
+
+def worktree(repo: Path, commit: str) -> Worktree:
+    """Clean only if the checkout running the harness is at the candidate's commit with no changes."""
+    try:
+        head = git(repo, "rev-parse", "HEAD")
+        changed = len([ln for ln in git(repo, "status", "--porcelain").splitlines() if ln.strip()])
+    except HarnessError:
+        return Worktree(state="unknown", commit=None, changed_paths=0)
+    return Worktree(state="clean" if changed == 0 and head == commit else "dirty", commit=head, changed_paths=changed)
+
+
+def run_smoke(opts: SmokeOptions) -> int:
+    """Run the qualification; always writes ``qualification.json`` (passed or failed). Returns the exit code."""
+    started, t0 = utc_now(), time.monotonic()
+    profile = opts.profile
+    binding = workflow_binding()
+    if opts.out.resolve().is_relative_to(opts.repo.resolve()) and not opts.out.resolve().is_relative_to(
+        (opts.repo / "out").resolve()
+    ):
+        raise UsageError("--out inside the checkout must lie under out/ (ignored by git)", check="output")
+    candidate_dir = opts.candidate or (opts.repo / "out" / "candidate")
+    if opts.candidate is None:
+        _progress(f"building the candidate from HEAD into {candidate_dir.name}/")
+        build_candidate(opts.repo, candidate_dir)
+    manifest = check_candidate(candidate_dir)  # refused before anything is installed
+    book = CheckBook(registry.required_smoke_checks(profile.device))
+    book.record("candidate_validated", True, "exact file set, regular files, SHA256SUMS, hashes, manifest schema")
+    descriptor, kg_sha = load_known_good(profile, opts.known_good_dir)
+    book.record("known_good_integrity", True, f"{descriptor.name} ({descriptor.status}) matches its constraints file")
+    tree = worktree(opts.repo, manifest.source_commit)
+    book.record(
+        "clean_worktree",
+        tree.state == "clean",
+        f"checkout is {tree.state} ({tree.changed_paths} changed paths); a dirty-tree rehearsal cannot qualify",
+    )
+
+    work = opts.work or Path(tempfile.mkdtemp(prefix="miniverl-qual-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if work.resolve().is_relative_to(opts.repo.resolve()):
+        raise UsageError("the work directory must lie outside the checkout", check="cleanup_target")
+    redact = Redactor(
+        {
+            "venv": work / "venv",
+            "work": work / "cli",
+            "scratch": work,
+            "checkout": opts.repo,
+            "candidate": candidate_dir,
+            "out": opts.out,
+            **({"wheels": opts.offline_wheels} if opts.offline_wheels else {}),
+        }
+    )
+    txt, _ = descriptor_paths(profile.known_good, opts.known_good_dir)
+    install = InstallOptions(
+        base_python=opts.base_python,
+        constraint=txt,
+        extras=profile.install_extras,
+        system_site_packages=opts.system_site_packages,
+        offline_wheels=opts.offline_wheels,
+    )
+    facts = StepFacts()
+    packages: dict[str, str] = {}
+    mismatches: list[str] = ["not measured"]
+    install_argv: list[str] = []
+    origin_facts: dict[str, str | int | bool | None] = {}
+    python_version = platform.python_version()
+    smi = gpu_facts()
+    try:
+        venv = work / "venv"
+        _progress("creating a fresh venv")
+        python = fresh_venv(venv, install, work=work)
+        book.record(
+            "fresh_venv",
+            True,
+            "venv deleted and recreated" + (" over system site-packages" if opts.system_site_packages else ""),
+        )
+        _progress("installing the candidate wheel")
+        install_argv = install_candidate(
+            python, candidate_dir / manifest.wheel.filename, manifest.wheel.sha256, install, work=work, redact=redact
+        )
+        book.record("wheel_sha256_before_install", True, "wheel sha256 equals the manifest before pip ran")
+        book.record("install", True, "pip install of the wheel (not editable) with the known-good constraints")
+        ok, detail = pip_check(python, work, redact)
+        book.record("pip_check", ok, detail)
+        packages, missing, python_version = installed_closure(python, profile.install_extras, work)
+        mismatches = stack_mismatches(read_pins(txt), packages) + [
+            f"{m} is required but not installed" for m in missing
+        ]
+        book.record(
+            "stack_matches_known_good",
+            not mismatches,
+            "installed closure equals the known-good pins" if not mismatches else "; ".join(mismatches[:5]),
+        )
+        origin_cwd = work / "origin"
+        origin_cwd.mkdir()
+        checks, origin_facts = prove_origin(venv, origin_cwd, manifest.version, manifest.wheel.sha256, redact)
+        for name, (passed, detail) in checks.items():
+            book.record(name, passed, detail)
+        cli_dir = work / "cli"
+        cli_dir.mkdir()
+        env = {"MINIVERL_CACHE": str(opts.model_cache)} if opts.model_cache else {}
+        cli = CliDriver(venv=venv, work=cli_dir, redact=redact, extra_env=env)
+        _progress("driving the installed CLI")
+        try:
+            facts = run_cli_steps(cli, book, profile, manifest.version, model_wheel(opts.offline_wheels), smi)
+        finally:
+            (cli_dir / "transcript.json").write_bytes(record_bytes(cli.transcript()))
+            facts.evidence["transcript"] = cli_dir / "transcript.json"
+    except HarnessError as exc:
+        book.record(
+            exc.check
+            if exc.check in registry.SMOKE_CHECKS and exc.check not in {c.name for c in book.executed}
+            else "smoke_step",
+            False,
+            redact.text(str(exc)),
+        )
+    book.skip_remaining(book.required, "an earlier step failed")
+    inputs = QualificationInputs(
+        opts=opts,
+        manifest=manifest,
+        manifest_sha256=sha256_file(candidate_dir / MANIFEST),
+        profile_sha256=profile_sha256(profile),
+        descriptor=descriptor,
+        known_good_sha256=kg_sha,
+        book=book,
+        facts=facts,
+        packages=packages,
+        mismatches=mismatches,
+        python_version=python_version,
+        smi=smi,
+        binding=binding,
+        tree=tree,
+        install_argv=install_argv,
+        origin=origin_facts,
+        started=started,
+        wall=time.monotonic() - t0,
+    )
+    status = write_qualification(inputs)
+    if not opts.keep_work and opts.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    _progress(f"qualification {status}: {opts.out.name}/qualification.json")
+    return 0 if status == "passed" else 1
+
+
+def _progress(message: str) -> None:
+    print(f"harness: {message}", file=sys.stderr, flush=True)

