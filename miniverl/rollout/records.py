@@ -1,0 +1,108 @@
+"""The trajectory record (one line of ``trajectories.jsonl``) and its JSONL reader/writer.
+
+Torch-free: records are plain pydantic models; the rollout backend converts its in-memory
+``Trajectory`` objects with :meth:`TrajectoryRecord.from_trajectory`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from miniverl.canonical import atomic_write_text, canonical_json
+from miniverl.errors import DataError
+
+
+class TrajectoryRecord(BaseModel):
+    """One sampled response: its tokens, sampling log-probs, provenance, and (later) its scores.
+
+    ``sampled_logprobs[i]`` is the log-probability of ``response_token_ids[i]`` under the
+    distribution it was drawn from (temperature-scaled, top-k/top-p-filtered); ``seed`` is the
+    per-sample seed that drew it. ``reward``/``advantage`` stay ``None`` until scored.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    prompt_id: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    sample_index: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    seed: int = Field(ge=0)
+    prompt_token_ids: list[int] = Field(min_length=1)
+    response_token_ids: list[int]
+    sampled_logprobs: list[float]
+    finish_reason: Literal["eos", "length"]
+    response_text: str
+    reward: float | None = None
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    advantage: float | None = None
+
+    @model_validator(mode="after")
+    def _one_logprob_per_token(self) -> TrajectoryRecord:
+        if len(self.sampled_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"{len(self.sampled_logprobs)} sampled_logprobs for "
+                f"{len(self.response_token_ids)} response tokens; need one per token"
+            )
+        if any(lp > 0.0 for lp in self.sampled_logprobs):
+            raise ValueError("sampled_logprobs must be <= 0")
+        return self
+
+    @classmethod
+    def from_trajectory(
+        cls,
+        trajectory: Any,
+        *,
+        reward: float | None = None,
+        reward_components: Mapping[str, float] | None = None,
+        advantage: float | None = None,
+    ) -> TrajectoryRecord:
+        """A record from a rollout ``Trajectory`` (duck-typed: same attribute names)."""
+        return cls(
+            prompt_id=trajectory.prompt_id,
+            group_id=trajectory.group_id,
+            sample_index=trajectory.sample_index,
+            policy_version=trajectory.policy_version,
+            seed=trajectory.seed,
+            prompt_token_ids=list(trajectory.prompt_token_ids),
+            response_token_ids=list(trajectory.response_token_ids),
+            sampled_logprobs=list(trajectory.sampled_logprobs),
+            finish_reason=trajectory.finish_reason,
+            response_text=trajectory.response_text,
+            reward=reward,
+            reward_components=dict(reward_components or {}),
+            advantage=advantage,
+        )
+
+
+def write_trajectories_jsonl(path: str | os.PathLike[str], records: Iterable[TrajectoryRecord]) -> int:
+    """Write one canonical-JSON record per line, atomically; returns the number of records."""
+    lines = [canonical_json(record.model_dump(mode="json")) + "\n" for record in records]
+    atomic_write_text(path, "".join(lines))
+    return len(lines)
+
+
+def read_trajectories_jsonl(path: str | os.PathLike[str]) -> list[TrajectoryRecord]:
+    """Every record of a trajectories JSONL file; a DataError names the first bad line."""
+    source = Path(path)
+    if not source.is_file():
+        raise DataError(f"trajectory file not found: {os.fspath(path)}")
+    records = []
+    with open(source, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(TrajectoryRecord.model_validate(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{os.fspath(path)} line {number}: not JSON ({exc.msg})") from None
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "record"
+                raise DataError(f"{os.fspath(path)} line {number}: {where}: {first['msg']}") from None
+    return records
