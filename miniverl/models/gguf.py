@@ -62,25 +62,31 @@ def load_gguf(
 
 @contextlib.contextmanager
 def quiet_progress(quiet: bool = True) -> Iterator[None]:
-    """Silence transformers' progress bars (and the raw tqdm bar of its GGUF reader) for a while."""
+    """Silence transformers' progress bars, including the raw tqdm bar of its GGUF reader."""
     if not quiet:
         yield
         return
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
-    previous = os.environ.get("TQDM_DISABLE")
     hf_logging.disable_progress_bar()
-    os.environ["TQDM_DISABLE"] = "1"
+    gguf_utils: Any = None
+    with contextlib.suppress(ImportError):  # transformers without GGUF support
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None:
+        gguf_utils.tqdm = _no_progress
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+        if original is not None:
+            gguf_utils.tqdm = original
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+def _no_progress(iterable: Any, *args: Any, **kwargs: Any) -> Any:
+    return iterable
 
 
 def repair_tokenizer(

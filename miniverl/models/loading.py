@@ -284,8 +284,9 @@ def attach_lora(
     gradient_checkpointing: bool = False,
 ) -> PeftModel:
     """Wrap ``model`` in a peft ``PeftModel`` (task CAUSAL_LM) whose only trainable tensors are LoRA's."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import TaskType, get_peft_model
+    with _quiet_bitsandbytes_import():  # peft imports bitsandbytes when it is installed
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import TaskType, get_peft_model
 
     if not lora.enabled:
         raise ConfigError("lora.enabled is false: full fine-tuning is not supported; enable LoRA")
@@ -324,7 +325,8 @@ def load_frozen_adapter(model: PreTrainedModel | PeftModel, adapter: AdapterSpec
     If ``model`` is already a ``PeftModel`` the adapter is added beside the existing ones (the
     active adapter does not change); otherwise a new ``PeftModel`` is returned with it active.
     """
-    from peft import PeftModel
+    with _quiet_bitsandbytes_import():
+        from peft import PeftModel
 
     folder, _identity = resolve_adapter(adapter)
     try:
