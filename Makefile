@@ -3,7 +3,7 @@ PYTHON ?= python3
 TOOLS := .venv-tools
 NOX := $(TOOLS)/bin/nox
 
-.PHONY: test lint smoke runtime-smoke tools schemas
+.PHONY: test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
 $(NOX):
 	$(PYTHON) -m venv $(TOOLS)
@@ -20,4 +20,21 @@ lint: $(NOX)
 runtime-smoke: $(NOX)
 	$(NOX) -s runtime_smoke
 
-smoke: runtime-smoke
+# Release harness (owned by harness/): torch-free nox venvs; qualification venvs are made fresh by the harness.
+smoke: $(NOX)
+	$(NOX) -s smoke
+
+full: $(NOX)
+	$(NOX) -s full
+
+release-assets: $(NOX)
+	$(NOX) -s release_assets
+
+verify: $(NOX)
+	$(NOX) -s verify
+
+harness-tests: $(NOX)
+	$(NOX) -s harness_tests
+
+lint-workflows: $(NOX)
+	$(NOX) -s lint_workflows

@@ -37,3 +37,102 @@ def runtime_smoke(session: nox.Session) -> None:
     """The runtime's own smoke on the embedded SmolLM2: OPD + GRPO cycles, export + PEFT reload."""
     install_project(session, extras="train")
     session.run("bash", "scripts/runtime_smoke.sh", *session.posargs, external=True)
+
+
+# --- release harness sessions (owned by the harness; torch-free venvs) -------------------------------
+HARNESS = ("-r", "harness/requirements-audit.txt")
+BUILD_TOOLCHAIN = ("-r", "harness/constraints-build.txt")
+WORKFLOW_LINTERS = ("check-jsonschema==0.39.0", "zizmor==1.32.0")
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """The candidate: one wheel + one sdist from a git export of HEAD (`-- --check` re-validates out/candidate)."""
+    session.install(*HARNESS, *BUILD_TOOLCHAIN)
+    session.run("python", "-m", "harness", "build", *session.posargs)
+
+
+def _qualify(session: nox.Session, command: str) -> None:
+    session.install(*HARNESS, *BUILD_TOOLCHAIN)
+    import time
+    from pathlib import Path
+
+    args = session.posargs or ["--profile", "cpu-reference"]
+    started = time.time()
+    session.run("python", "-m", "harness", command, *args, success_codes=[0, 1])
+    record = Path("out/qualification/qualification.json")
+    if not record.is_file() or record.stat().st_mtime < started:
+        session.error("no new out/qualification/qualification.json was written (see the harness error above)")
+    _audit(session, assets=False)
+
+
+def _audit(session: nox.Session, *, assets: bool) -> None:
+    """Run the torch-free auditor over out/candidate + out/qualification (+ out/release-assets)."""
+    import json
+    from pathlib import Path
+
+    qualification = json.loads(Path("out/qualification/qualification.json").read_text())
+    profile = json.loads(Path(f"manifests/harness/profiles/{qualification['profile']['name']}.json").read_text())
+    manifest = json.loads(Path("out/candidate/candidate-manifest.json").read_text())
+    args = [
+        "--candidate-dir", "out/candidate",
+        "--candidate-manifest", "out/candidate/candidate-manifest.json",
+        "--qualification", "out/qualification/qualification.json",
+        "--commit", manifest["source_commit"],
+        "--known-good-sha256", qualification["profile"]["known_good_sha256"],
+        "--required-gpu-name", profile["required_gpu_name"] or "none",
+        "--level", qualification["level"],
+        "--out", "out/release-verification.json",
+    ]  # fmt: skip
+    if assets and Path("out/release-assets").is_dir():
+        args += ["--assets-dir", "out/release-assets"]
+    session.run("python", "scripts/validate_release_chain.py", *args)
+
+
+@nox.session(python=PYTHON)
+def smoke(session: nox.Session) -> None:
+    """Release smoke: candidate, fresh venv, origin proof, installed CLI, qualification.json, then the auditor."""
+    _qualify(session, "smoke")
+
+
+@nox.session(python=PYTHON)
+def full(session: nox.Session) -> None:
+    """Full qualification: the smoke plus every registered workload (fails closed while any is missing)."""
+    _qualify(session, "full")
+
+
+@nox.session(python=PYTHON)
+def release_assets(session: nox.Session) -> None:
+    """The canonical release-asset directory from out/candidate + out/qualification."""
+    session.install(*HARNESS)
+    session.run("python", "-m", "harness", "release-assets", "--replace", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def verify(session: nox.Session) -> None:
+    """The torch-free auditor over out/ (candidate, qualification and, when present, release assets)."""
+    session.install(*HARNESS)
+    _audit(session, assets=True)
+
+
+@nox.session(python=PYTHON)
+def harness_tests(session: nox.Session) -> None:
+    """The harness's own tests, in a venv without torch (the build toolchain, pydantic, PyYAML, pytest)."""
+    session.install(*HARNESS, *BUILD_TOOLCHAIN, "pytest==9.2.0", "PyYAML==6.0.4")
+    session.run("python", "-m", "pytest", "-q", "tests/harness", *session.posargs, env={"MINIVERL_HARNESS_TESTS": "1"})
+
+
+@nox.session(python=PYTHON)
+def schemas(session: nox.Session) -> None:
+    """Regenerate manifests/harness (JSON Schemas, profiles, workload registry) from the pydantic models."""
+    session.install(*HARNESS)
+    session.run("python", "-m", "harness", "schemas", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint_workflows(session: nox.Session) -> None:
+    """Offline workflow lint: the GitHub workflow JSON Schema and zizmor."""
+    session.install(*WORKFLOW_LINTERS)
+    workflows = sorted(str(p) for p in __import__("pathlib").Path(".github/workflows").glob("*.yml"))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    session.run("zizmor", "--offline", ".github/workflows")

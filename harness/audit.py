@@ -12,6 +12,7 @@ from harness.candidate import SUMS, check_candidate, sums_text
 from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract
 from harness.jsonio import sha256_bytes, sha256_file
+from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
 from harness.records import (
     CandidateManifest,
@@ -24,6 +25,7 @@ from harness.records import (
     load_record,
 )
 
+_SCRUB = Redactor({})
 RELEASE_VERIFICATION = "release-verification.json"
 QUAL_SUMS = "qualification-SHA256SUMS"
 PRINCIPAL = [
@@ -71,7 +73,8 @@ class Auditor:
             detail = fn()
         except HarnessError as exc:
             failed = exc.check if exc.check not in {"harness", "verification"} else name
-            self.checks.append(VerificationCheck(name=failed, passed=False, detail=str(exc)[:500]))
+            detail = _SCRUB.text(str(exc))[:500]
+            self.checks.append(VerificationCheck(name=failed, passed=False, detail=detail))
             return False
         self.checks.append(VerificationCheck(name=name, passed=True, detail=detail[:500]))
         return True

@@ -36,7 +36,9 @@ def refuse_local_paths(value: Any, where: str = "$") -> None:
     """Raise ``RecordError`` (check ``no_local_paths``) if any string key or value looks like a local path."""
     if isinstance(value, str):
         if looks_like_local_path(value):
-            raise RecordError(f"{where} holds a local path {value[:60]!r}", check="no_local_paths")
+            raise RecordError(
+                f"{where} holds a local path; records use relative paths and digests", check="no_local_paths"
+            )
     elif isinstance(value, dict):
         for key, item in value.items():
             refuse_local_paths(str(key), f"{where}.<key>")

@@ -31,11 +31,18 @@ def main(argv=None):
         return 1
     cmd = args[0]
     if cmd == "doctor":
-        _out({"versions": {"python": "3", "miniverl": __version__, "torch": None, "cuda": None},
-              "devices": [], "gpu_name": None,
-              "capabilities": {"cpu_training": {"verdict": "ok", "reason": ""},
-                               "gpu_training": {"verdict": "unavailable", "reason": "no CUDA"},
-                               "nf4": {"verdict": "unavailable", "reason": "no CUDA"}}})
+        _out(
+            {
+                "versions": {"python": "3", "miniverl": __version__, "torch": None, "cuda": None},
+                "devices": [],
+                "gpu_name": None,
+                "capabilities": {
+                    "cpu_training": {"verdict": "ok", "reason": ""},
+                    "gpu_training": {"verdict": "unavailable", "reason": "no CUDA"},
+                    "nf4": {"verdict": "unavailable", "reason": "no CUDA"},
+                },
+            }
+        )
     elif cmd == "models":
         _out({"name": args[2], "path": "cache/models/" + args[2], "identity": {"gguf_sha256": "ab" * 32}})
     elif cmd == "data":
@@ -46,12 +53,22 @@ def main(argv=None):
         config, out = Path(args[1]), args[args.index("--out") + 1]
         text = config.read_text()
         algorithm = "opd" if "name: opd" in text else "grpo"
-        plan = {"algorithm": algorithm, "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
-                "overrides": [args[i + 1] for i, a in enumerate(args) if a == "--set"]}
+        plan = {
+            "algorithm": algorithm,
+            "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "overrides": [args[i + 1] for i, a in enumerate(args) if a == "--set"],
+        }
         data = json.dumps(plan, sort_keys=True).encode()
         _write(out, data)
-        _out({"plan_digest": "sha256:" + hashlib.sha256(data).hexdigest(), "path": out,
-              "config_digest": "sha256:" + plan["config_sha256"], "data_sha256": None, "models": {}})
+        _out(
+            {
+                "plan_digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+                "path": out,
+                "config_digest": "sha256:" + plan["config_sha256"],
+                "data_sha256": None,
+                "models": {},
+            }
+        )
     elif cmd == "run":
         plan_path, run_id = args[args.index("--plan") + 1], args[args.index("--run-id") + 1]
         if "--dry-run" in args:
@@ -63,9 +80,20 @@ def main(argv=None):
         roles = {"actor": "smollm2"} | ({"teacher": "smollm2+context"} if plan["algorithm"] == "opd" else {})
         _write(run_dir / "run.json", json.dumps({"run_id": run_id, "roles": roles}).encode())
         _write(run_dir / "metrics.jsonl", b'{"loss":0.5,"update":1}\n')
-        summary = {"status": "completed", "updates": 1, "cycles": 1, "device": "cpu", "dtype": "float32",
-                   "algorithm": plan["algorithm"], "reward_mean": 0.25, "adapter_changed_each_update": True,
-                   "nonzero_advantages": 2, "wall_seconds": 1.5, "seconds_per_cycle": 1.5, "cuda": None}
+        summary = {
+            "status": "completed",
+            "updates": 1,
+            "cycles": 1,
+            "device": "cpu",
+            "dtype": "float32",
+            "algorithm": plan["algorithm"],
+            "reward_mean": 0.25,
+            "adapter_changed_each_update": True,
+            "nonzero_advantages": 2,
+            "wall_seconds": 1.5,
+            "seconds_per_cycle": 1.5,
+            "cuda": None,
+        }
         _write(run_dir / "summary.json", json.dumps(summary).encode())
         _out({"run_dir": str(run_dir), "status": "completed", "updates": 1, "cycles": 1, "summary": summary})
     elif cmd == "inspect":
@@ -75,8 +103,13 @@ def main(argv=None):
         _write(out / "adapter_config.json", b'{"r": 8}')
         _write(out / "adapter_model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
         sha = _write(out / "miniverl-manifest.json", b'{"kind": "adapter"}')
-        _out({"out": str(out), "reload": {"max_abs_logit_diff": 0.0, "tolerance": 0.0001, "passed": True},
-              "manifest_sha256": sha})
+        _out(
+            {
+                "out": str(out),
+                "reload": {"max_abs_logit_diff": 0.0, "tolerance": 0.0001, "passed": True},
+                "manifest_sha256": sha,
+            }
+        )
     else:
         print(f"miniverl: error: unknown command {cmd}", file=sys.stderr)
         return 2

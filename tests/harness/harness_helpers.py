@@ -1,0 +1,130 @@
+"""Helpers for the harness tests (imported by conftest and the tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+FAKEPROJ = HERE / "fakeproj"
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "fixture",
+    "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
+    "GIT_COMMITTER_NAME": "fixture",
+    "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+}
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, **GIT_ENV}
+    done = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def make_repo(dest: Path) -> Path:
+    shutil.copytree(FAKEPROJ, dest, dirs_exist_ok=True)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "fixture")
+    return dest
+
+
+def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke") -> int:
+    from harness.profiles import PROFILES
+    from harness.smoke import SmokeOptions, run_smoke
+
+    opts = SmokeOptions(
+        profile=PROFILES["cpu-reference"],
+        out=out,
+        level=level,
+        candidate=candidate,
+        repo=repo,
+        base_python=Path(sys.executable),
+        known_good_dir=known_good,
+    )
+    return run_smoke(opts)
+
+
+def kg_sha(known_good: Path) -> str:
+    from harness.jsonio import sha256_file
+
+    return sha256_file(known_good / "cpu-reference.json")
+
+
+def audit_args(candidate: Path, qual: Path, known_good: Path, **over: str) -> list[str]:
+    manifest = json.loads((candidate / "candidate-manifest.json").read_bytes())
+    args = {
+        "--candidate-dir": str(candidate),
+        "--candidate-manifest": str(candidate / "candidate-manifest.json"),
+        "--qualification": str(qual / "qualification.json"),
+        "--commit": manifest["source_commit"],
+        "--known-good-sha256": kg_sha(known_good),
+        "--required-gpu-name": "none",
+        "--level": "release_smoke",
+    }
+    args.update(over)
+    return [x for k, v in args.items() if v is not None for x in (k, v)]
+
+
+def run_cli(*args: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+
+
+def rewrite_json(path: Path, edit: Callable[[Any], None]) -> None:
+    from harness.jsonio import canonical_bytes
+
+    value = json.loads(path.read_bytes())
+    edit(value)
+    path.write_bytes(canonical_bytes(value) + b"\n")
+
+
+def audit(args: list[str]) -> tuple[int, dict[str, Any], str]:
+    """Run scripts/validate_release_chain.py; returns (exit code, release-verification, stderr)."""
+    done = run_cli("scripts/validate_release_chain.py", *args)
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, done.stderr
+
+
+def copy_tree(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
+    """A full_qualification dir: the real smoke plus stand-in principal records of the missing workloads.
+
+    Only for exercising the release-asset builder and the auditor; the harness itself never writes this.
+    """
+    from harness.jsonio import canonical_bytes, sha256_file
+    from harness.records import Qualification, WorkloadRecord, load_record, record_bytes
+
+    copy_tree(smoke_qual, dest)
+    q = load_record(Qualification, dest / "qualification.json")
+    smoke = load_record(WorkloadRecord, dest / "qualification-release-smoke.json")
+    value = q.model_dump(mode="json")
+    for name, role in (
+        ("direct-gkd", "principal_direct_gkd"),
+        ("pg-k1", "principal_pg_k1"),
+        ("smollm2", "principal_smollm2"),
+    ):
+        record = smoke.model_copy(update={"name": name, "level": "full_qualification", "artifacts": []})
+        path = dest / f"qualification-{name}.json"
+        path.write_bytes(record_bytes(record))
+        value["artifacts"].append(
+            {"path": path.name, "role": role, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        )
+        value["workloads"].append({"name": name, "principal_record": path.name, "status": "passed", "reasons": []})
+    value["artifacts"].sort(key=lambda a: a["path"])
+    value["level"] = "full_qualification"
+    Qualification.model_validate(value)
+    (dest / "qualification.json").write_bytes(canonical_bytes(value) + b"\n")
+    return dest

@@ -1,0 +1,82 @@
+"""The smoke and full levels on the stand-in CLI: honest checks, failures recorded, full fails closed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from harness_helpers import run_smoke_into
+
+from harness.registry import SMOKE_CHECKS, required_smoke_checks
+
+
+def _q(path: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((path / "qualification.json").read_bytes())
+
+
+def test_the_smoke_record_binds_everything(smoke_qual: Path, candidate: Path) -> None:
+    q = _q(smoke_qual)
+    manifest = json.loads((candidate / "candidate-manifest.json").read_bytes())
+    assert q["status"] == "passed" and q["level"] == "release_smoke"
+    assert q["candidate"]["wheel"] == manifest["wheel"] and q["candidate"]["source_commit"] == manifest["source_commit"]
+    executed = {c["name"] for c in q["checks"]["executed"]}
+    assert set(required_smoke_checks("cpu")) <= executed
+    assert {c["name"] for c in q["checks"]["not_applicable"]} == {"gpu_identity", "teardown", "peak_reserved"}
+    assert q["checks"]["skipped"] == []
+    assert q["profile"]["name"] == "cpu-reference" and q["profile"]["can_authorize_release"] is False
+    assert q["inputs"]["plan_digest"] and q["inputs"]["data_sha256"] and q["models"][0]["identity"]
+    assert q["execution"]["origin"]["executable"] == "<venv>/bin/miniverl"
+    transcript = json.loads((smoke_qual / "evidence" / "transcript.json").read_bytes())
+    steps = [i["step"] for i in transcript["invocations"]]
+    assert steps[:4] == ["version", "doctor", "model_fetch", "data_sample"]
+    assert all(
+        i["argv"][0] == "miniverl" and not any(a.startswith("/") for a in i["argv"]) for i in transcript["invocations"]
+    )
+    assert q["execution"]["facts"]["cli_invocations"] == len(steps)
+    assert set(SMOKE_CHECKS) >= set(required_smoke_checks("cuda"))
+
+
+def test_a_failing_cli_step_is_recorded_as_failed(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MINIVERL_FAIL", "export")
+    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good) == 1
+    q = _q(tmp_path / "q")
+    assert q["status"] == "failed"
+    assert any(r.startswith("check export_reload failed") for r in q["reasons"])
+    smoke = json.loads((tmp_path / "q" / "qualification-release-smoke.json").read_bytes())
+    assert smoke["status"] == "failed"
+
+
+def test_a_failed_plan_skips_what_depends_on_it(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MINIVERL_FAIL", "plan")
+    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good) == 1
+    q = _q(tmp_path / "q")
+    skipped = {c["name"] for c in q["checks"]["skipped"]}
+    assert {"run_opd", "export_reload", "grpo_cycle"} <= skipped
+    assert any("required check run_opd was skipped" in r for r in q["reasons"])
+
+
+def test_full_fails_closed_naming_the_missing_workloads(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
+) -> None:
+    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, level="full_qualification") == 1
+    q = _q(tmp_path / "q")
+    assert q["level"] == "full_qualification" and q["status"] == "failed"
+    missing = {w["name"] for w in q["workloads"] if w["status"] == "missing"}
+    assert {"direct-gkd", "pg-k1", "smollm2", "grpo-cycles", "ppo-rm-handoff", "product-workflows"} <= missing
+    assert any("qualification-direct-gkd.json was not produced" in r for r in q["reasons"])
+
+
+def test_a_dirty_checkout_cannot_qualify(candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path) -> None:
+    from harness_helpers import copy_tree
+
+    repo = copy_tree(fake_repo, tmp_path / "repo")
+    (repo / "README.md").write_text("edited\n")
+    assert run_smoke_into(tmp_path / "q", candidate, repo, known_good) == 1
+    q = _q(tmp_path / "q")
+    assert q["execution"]["worktree"]["state"] == "dirty"
+    assert any(r.startswith("check clean_worktree failed") for r in q["reasons"])
