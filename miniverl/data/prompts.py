@@ -90,7 +90,10 @@ def validate_rows(rows: Iterable[PromptRow | Mapping[str, Any]], *, source: str 
 def _raise_columns(found: list[str], source: str) -> None:
     missing = [c for c in COLUMNS if c not in found]
     extra = [c for c in found if c not in COLUMNS]
+    repeated = sorted({c for c in found if found.count(c) > 1})
     parts = []
+    if repeated:
+        parts.append(f"repeated columns {', '.join(repeated)}")
     if missing:
         parts.append(f"missing columns {', '.join(missing)}")
     if extra:

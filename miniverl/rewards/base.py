@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from miniverl.errors import UsageError
+from miniverl.errors import MiniverlError, UsageError
 
 RewardFn = Callable[..., float]
 F = TypeVar("F", bound=Callable[..., float])
@@ -129,23 +129,37 @@ class RewardScore:
     components: dict[str, float]
 
 
-def _check_params(name: str, fn: RewardFn, params: Mapping[str, Any]) -> None:
+def _meta_filter(name: str, fn: RewardFn, params: Mapping[str, Any]) -> frozenset[str] | None:
+    """Check ``params`` against ``fn``'s signature; return the meta keys ``fn`` can take.
+
+    ``None`` means "all of them" (``fn`` has ``**meta``, or its signature cannot be read), so a
+    plug-in written as ``def f(prompt, response)`` or ``def f(prompt, response, *, answer)``
+    works: it gets only the meta keys it names.
+    """
     shadowed = sorted(set(params) & META_KEYS)
     if shadowed:
         raise UsageError(f"reward {name!r}: params {shadowed} shadow per-sample fields; remove them")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        return  # builtins / C callables: nothing to check against
+        return None  # builtins / C callables: nothing to check against
+    try:
+        signature.bind_partial("prompt", "response")
+    except TypeError:
+        raise UsageError(f"reward {name!r} must accept (prompt, response, **meta)") from None
+    parameters = list(signature.parameters.values())
     named = {
         p.name
-        for p in signature.parameters.values()
+        for p in parameters[2:]
         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    } - {"prompt", "response"}
+    }
     unknown = sorted(set(params) - named)
     if unknown:
         accepted = ", ".join(sorted(named - META_KEYS)) or "none"
         raise UsageError(f"reward {name!r} has no parameter(s) {unknown}; its parameters: {accepted}")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(named)
 
 
 class CompositeReward:
@@ -153,14 +167,15 @@ class CompositeReward:
 
     ``components`` is a list of ``(name, weight, params)``; ``name`` is a registered reward or a
     ``"pkg.mod:fn"`` plug-in, ``params`` are fixed keyword arguments (checked against the
-    function's signature now, not at the first call). Component names must be unique; they key the
-    per-component scores reported for metrics.
+    function's signature now, not at the first call). A function without ``**meta`` gets only the
+    meta keys it names. Component names must be unique; they key the per-component scores reported
+    for metrics. An exception inside a reward becomes a one-line :class:`UsageError`.
     """
 
     def __init__(self, components: Sequence[tuple[str, float, Mapping[str, Any] | None]]) -> None:
         if not components:
             raise UsageError("a composite reward needs at least one component")
-        self._parts: list[tuple[str, float, RewardFn, dict[str, Any]]] = []
+        self._parts: list[tuple[str, float, RewardFn, dict[str, Any], frozenset[str] | None]] = []
         seen: set[str] = set()
         for name, weight, params in components:
             if name in seen:
@@ -171,18 +186,25 @@ class CompositeReward:
                 raise UsageError(f"reward {name!r} has weight {weight}; weights must be finite")
             fn = resolve_reward(name)
             params = dict(params or {})
-            _check_params(name, fn, params)
-            self._parts.append((name, weight, fn, params))
+            self._parts.append((name, weight, fn, params, _meta_filter(name, fn, params)))
 
     @property
     def names(self) -> list[str]:
-        return [name for name, _, _, _ in self._parts]
+        return [part[0] for part in self._parts]
 
     def score(self, prompt: str, response: str, **meta: Any) -> RewardScore:
         components: dict[str, float] = {}
         total = 0.0
-        for name, weight, fn, params in self._parts:
-            value = check_reward_value(name, fn(prompt, response, **meta, **params))
+        for name, weight, fn, params, accepted in self._parts:
+            kwargs = meta if accepted is None else {k: v for k, v in meta.items() if k in accepted}
+            try:
+                raw = fn(prompt, response, **kwargs, **params)
+            except MiniverlError:
+                raise
+            except Exception as exc:
+                where = meta.get("prompt_id", "?")
+                raise UsageError(f"reward {name!r} failed on prompt {where}: {type(exc).__name__}: {exc}") from exc
+            value = check_reward_value(name, raw)
             components[name] = value
             total += weight * value
         return RewardScore(total=total, components=components)

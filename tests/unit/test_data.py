@@ -108,6 +108,10 @@ def test_wrong_columns(tmp_path: Path) -> None:
     for call in (load_prompts, describe_dataset):
         with pytest.raises(DataError, match=expected + ", ".join(COLUMNS)):
             call(path)
+    repeated = pa.table([pa.array(["x"])] * 6, names=[*COLUMNS, "prompt"])
+    pq.write_table(repeated, tmp_path / "r.parquet")
+    with pytest.raises(DataError, match="repeated columns prompt; expected exactly"):
+        describe_dataset(tmp_path / "r.parquet")
     columns = {name: ["x"] for name in COLUMNS}
     columns["answer"] = [3]  # type: ignore[list-item]
     typed = _write_raw(tmp_path / "t.parquet", columns)

@@ -178,6 +178,15 @@ def test_load_reward_plugin(tmp_path, monkeypatch) -> None:
 
             def broken(prompt, response, **meta):
                 return "high"
+
+            def crashes(prompt, response, **meta):
+                return 1 / 0
+
+            def strict(prompt, response, *, answer):
+                return float(answer in response)
+
+            def no_response(prompt):
+                return 0.0
             """
         )
     )
@@ -202,6 +211,13 @@ def test_load_reward_plugin(tmp_path, monkeypatch) -> None:
         load_reward("my_rewards_plugin")
     with pytest.raises(UsageError, match="must return a float"):
         CompositeReward([("my_rewards_plugin:broken", 1.0, None)]).score("p", "r")
+    with pytest.raises(UsageError, match="failed on prompt a: ZeroDivisionError: division by zero"):
+        CompositeReward([("my_rewards_plugin:crashes", 1.0, None)]).score("p", "r", prompt_id="a")
+    with pytest.raises(UsageError, match=r"must accept \(prompt, response, \*\*meta\)"):
+        CompositeReward([("my_rewards_plugin:no_response", 1.0, None)])
+    # a plug-in without **meta gets only the meta keys it names
+    strict = CompositeReward([("my_rewards_plugin:strict", 1.0, None)])
+    assert strict("p", "it is 12", answer="12", prompt_id="a", response_token_count=3) == 1.0
 
 
 def test_composite_reward_scores_and_checks_params() -> None:
