@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -34,15 +36,29 @@ def qwen3_config(name: str) -> Any:
     common: dict[str, Any] = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2}
     if name == "tiny":
         return Qwen3Config(
-            vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, intermediate_size=128, max_position_embeddings=1024, **common,
-        )  # fmt: skip
+            vocab_size=128,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=1024,
+            **common,
+        )
     if name == "qwen3-0.6b-shape":
         return Qwen3Config(
-            vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-            num_key_value_heads=8, head_dim=128, intermediate_size=3072, max_position_embeddings=40960,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, **common,
-        )  # fmt: skip
+            vocab_size=151936,
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            max_position_embeddings=40960,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            **common,
+        )
     raise ValueError(f"no random-weight config named {name!r}")
 
 
@@ -162,3 +178,42 @@ def write_random_adapter(
     with open(target / ADAPTER_CONFIG, "w", encoding="utf-8") as handle:
         json.dump(cfg, handle, sort_keys=True, indent=2, default=sorted)
     return sha256_file(target / ADAPTER_WEIGHTS)
+
+
+@dataclass
+class PreparedModel:
+    """What a gate/bench cell needs: a loader, the student spec, a pinned teacher adapter, the vocab."""
+
+    name: str
+    loader: Any
+    student: dict[str, Any]
+    adapter: dict[str, Any]
+    vocab_size: int
+    workload_scale: float
+
+    def close(self) -> None:
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+
+
+def prepare_model(name: str, workdir: str | Path) -> PreparedModel:
+    """Resolve a model choice and write its seeded teacher adapter under ``workdir``."""
+    adapter_dir = Path(workdir) / "teacher-adapter"
+    if name == "smollm2":
+        from miniverl.config.schema import ModelSpec
+        from miniverl.models.sources import describe_architecture, resolve
+
+        student = {"source": "builtin", "model_id": "smollm2-135m-instruct"}
+        arch = describe_architecture(resolve(ModelSpec.model_validate(student)))
+        sha = write_random_adapter(SimpleNamespace(**arch), adapter_dir, seed=11)
+        adapter = {"source": "local", "path": str(adapter_dir), "sha256": sha}
+        return PreparedModel(name, default_loader, student, adapter, int(arch["vocab_size"]), 1.0)
+    if name not in ("tiny", "qwen3-0.6b-shape"):
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_CHOICES)}")
+    loader = RandomModelLoader(name)
+    sha = write_random_adapter(loader.config, adapter_dir, seed=11)
+    adapter = {"source": "local", "path": str(adapter_dir), "sha256": sha}
+    student = {"source": "local", "path": f"random-init:{name}"}
+    scale = 0.125 if name == "tiny" else 1.0
+    return PreparedModel(name, loader, student, adapter, int(loader.config.vocab_size), scale)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from miniverl.runtime.batching import PhysicalBatch
+
 RoleName = Literal["student", "teacher", "reference"]
 BatchSize = int | Literal["auto"]
 
@@ -59,6 +61,15 @@ class RoleHandle(Protocol):
         reaches the output, and each row keeps its own causal attention boundary. Gradients flow
         for the student role only.
         """
+
+    def plan(self, rows: SequenceRows, trajectory_batch_size: BatchSize) -> list[list[int]]:
+        """The physical batches (row indices) ``selected_hidden`` would run."""
+
+    def iter_selected_hidden(self, rows: SequenceRows, *, trajectory_batch_size: BatchSize) -> Iterator[PhysicalBatch]:
+        """Like ``selected_hidden`` but one padded forward per step, lazily, so that the caller can
+        compute that batch's loss and ``backward()`` it before the next forward (peak activation
+        memory is one physical batch, not the whole group). Each item holds its row indices, the
+        rows' selected hidden states flattened in that order, per-row counts and padded tokens."""
 
 
 class RoleRuntime(Protocol):

@@ -100,9 +100,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def release_device_memory(device: torch.device) -> None:
-    import gc
+    """On CUDA: collect reference cycles and return cached blocks (teardown back to baseline).
 
-    gc.collect()
+    On CPU the dropped references are enough; a full ``gc.collect`` costs ~0.5 s with transformers
+    loaded and frees nothing the allocator would not reuse.
+    """
     if device.type == "cuda" and torch.cuda.is_available():
+        import gc
+
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()

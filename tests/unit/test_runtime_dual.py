@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,14 @@ from miniverl.runtime import SequenceRows, build_runtime
 from miniverl.runtime.dual import DualModelRuntime
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: thread hand-off costs more than it saves
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

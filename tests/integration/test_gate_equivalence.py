@@ -1,0 +1,101 @@
+"""The equivalence gate on the tiny model: all 8 cells, every declared comparison computed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from miniverl.gate.equivalence import BATCHES, RUNTIMES, TOLERANCES, compare_cells, run_equivalence_gate
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path_factory.mktemp("gate") / "report.json"
+        result = run_equivalence_gate(model="tiny", device="cpu", out=out)
+    finally:
+        torch.set_num_threads(threads)
+    result["_path"] = str(out)
+    return result
+
+
+def test_gate_passes_on_the_tiny_model(report: dict[str, Any]) -> None:
+    assert report["status"] == "passed", report["reasons"]
+    assert report["declared_comparisons"] == report["passed_comparisons"] == 12
+    cells = {(c["runtime"], c["trajectory_batch_size"]) for c in report["cells"]}
+    assert cells == {(r, b) for r in RUNTIMES for b in BATCHES}
+    on_disk = json.loads(Path(report["_path"]).read_text())
+    assert on_disk["comparisons"] == report["comparisons"]
+
+
+def test_gate_cells_use_the_plans_they_claim(report: dict[str, Any]) -> None:
+    lengths = report["trajectories"]["lengths"]
+    for cell in report["cells"]:
+        rows = sorted(i for b in cell["plan"] for i in b)
+        assert rows == list(range(len(lengths)))
+        assert cell["physical_forwards"] == len(cell["plan"])
+        padding = sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in cell["plan"])
+        assert cell["padding_tokens"] == padding
+        if cell["trajectory_batch_size"] == 1:
+            assert cell["padding_tokens"] == 0 and cell["physical_forwards"] == len(lengths)
+
+
+def test_observed_maxima_are_reported_within_tolerance(report: dict[str, Any]) -> None:
+    by_name = {c["name"]: c for c in report["comparisons"]}
+    for name, tolerance in TOLERANCES.items():
+        assert by_name[name]["tolerance"] == tolerance
+        assert 0.0 <= by_name[name]["observed"] <= tolerance
+    assert by_name["loss_abs_diff"]["observed"] > 0 or by_name["grad_max_abs_diff"]["observed"] >= 0
+
+
+def _fake_cells() -> list[dict[str, Any]]:
+    cells = []
+    for batch in BATCHES:
+        for runtime in RUNTIMES:
+            cells.append(
+                {
+                    "record": {
+                        "runtime": runtime,
+                        "trajectory_batch_size": batch,
+                        "plan": [[0], [1]],
+                        "trajectory_digest": "t",
+                        "target_digest": "g",
+                        "student_init_digest": "s",
+                    },
+                    "grads": {"w": torch.ones(3)},
+                    "logits": torch.ones(2, 4),
+                    "loss": 1.0,
+                }
+            )
+    return cells
+
+
+def test_comparisons_are_computed_and_catch_a_deviation() -> None:
+    assert all(c["passed"] for c in compare_cells(_fake_cells()))
+    cells = _fake_cells()
+    cells[5] = copy.deepcopy(cells[5])  # shared_backbone, batch 4
+    cells[5]["grads"]["w"] = torch.tensor([1.0, 1.0, 1.01])
+    cells[5]["record"]["target_digest"] = "other"
+    failed = {c["name"] for c in compare_cells(cells) if not c["passed"]}
+    assert failed == {
+        "grad_max_abs_diff",
+        "grad_max_rel_to_reference_max",
+        "dual_equals_shared_exactly[batch=4]",
+        "target_digest_identical_across_cells",
+    }
