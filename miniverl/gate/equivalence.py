@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from miniverl.canonical import atomic_write_json
-from miniverl.gate.models import prepare_model
+from miniverl.gate.models import prepare_model, resolve_device
 from miniverl.gate.workload import Workload, deterministic_torch, models_section, set_student_init, synthetic_workload
 from miniverl.runtime import AutoPolicy, build_runtime
 from miniverl.runtime.base import BatchSize, RoleRuntime, SequenceRows
@@ -188,7 +188,7 @@ def run_equivalence_gate(
 ) -> dict[str, Any]:
     """Run all 8 cells and return the report (also written to ``out`` as JSON when given)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch_device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device)
+    torch_device = resolve_device(device)
     if torch_device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -254,3 +254,27 @@ def run_equivalence_gate(
     if out is not None:
         atomic_write_json(out, report, pretty=True)
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m miniverl.gate.equivalence``: exit 0 when every comparison passed, 1 otherwise."""
+    import argparse
+    import json
+    import sys
+
+    from miniverl.gate.models import MODEL_CHOICES
+
+    parser = argparse.ArgumentParser(prog="miniverl gate equivalence", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODEL_CHOICES, default="tiny")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    parser.add_argument("--quantization", choices=["none", "nf4"], default="none")
+    parser.add_argument("--out", required=True, help="report JSON path")
+    args = parser.parse_args(argv)
+    report = run_equivalence_gate(model=args.model, device=args.device, quantization=args.quantization, out=args.out)
+    summary = {c["name"]: {"observed": c["observed"], "passed": c["passed"]} for c in report["comparisons"]}
+    sys.stdout.write(json.dumps({"status": report["status"], "comparisons": summary}, indent=2) + "\n")
+    return 0 if report["status"] == "passed" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

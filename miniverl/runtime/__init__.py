@@ -37,15 +37,28 @@ def build_runtime(
     loader: BaseLoader | None = None,
     auto: AutoPolicy | None = None,
     placement: str = "resident",
+    activation_checkpointing: int = 0,
 ) -> RoleRuntime:
     """Build the runtime ``models.runtime`` names. ``loader`` replaces model loading (tests, gate).
 
+    ``auto`` is the cost model of ``trajectory_batch_size: auto`` (default: by device and dtype).
     ``placement`` is ``memory.placement``; a quantized shared backbone refuses ``swap``.
+    ``activation_checkpointing`` > 0 recomputes every n-th student decoder layer in backward
+    (peak activation memory of a physical batch drops from all layers to ~one layer).
     """
     if models.runtime == "shared_backbone":
         from miniverl.runtime.shared import SharedBackboneRuntime
 
-        return SharedBackboneRuntime(models, device=device, loader=loader, auto=auto, placement=placement)
+        return SharedBackboneRuntime(
+            models,
+            device=device,
+            loader=loader,
+            auto=auto,
+            placement=placement,
+            activation_checkpointing=activation_checkpointing,
+        )
     from miniverl.runtime.dual import DualModelRuntime
 
-    return DualModelRuntime(models, device=device, loader=loader, auto=auto)
+    return DualModelRuntime(
+        models, device=device, loader=loader, auto=auto, activation_checkpointing=activation_checkpointing
+    )

@@ -10,7 +10,9 @@
   ``auto`` instead picks the contiguous partition of the length-sorted rows that minimizes
   ``forwards * overhead_tokens + padded_tokens`` under a per-forward token budget. Every fixed
   ``k`` bucketing is one such partition, so under this cost model ``auto`` is never worse than the
-  best fixed batch size that fits the budget.
+  best fixed batch size that fits the budget. Unless the irregular optimum beats the best fixed
+  bucketing by more than ``prefer_fixed_margin`` (model error is larger than that), ``auto`` uses
+  that best fixed bucketing: regular shapes, and the model only has to rank the fixed sizes.
 
 The padded forward right-pads each physical batch, passes the attention mask, runs the decoder
 (never the LM head: no ``[B, T, V]`` logits), gathers the selected positions, and returns them
@@ -50,10 +52,18 @@ class AutoPolicy:
 
     overhead_tokens: int = 256
     max_tokens: int = 8192
+    prefer_fixed_margin: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.overhead_tokens < 0 or self.max_tokens < 1:
-            raise ValueError("AutoPolicy needs overhead_tokens >= 0 and max_tokens >= 1")
+        if self.overhead_tokens < 0 or self.max_tokens < 1 or not 0 <= self.prefer_fixed_margin < 1:
+            raise ValueError("AutoPolicy needs overhead_tokens >= 0, max_tokens >= 1, 0 <= prefer_fixed_margin < 1")
+
+    def cost(self, lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
+        """Modelled cost of a plan: ``forwards * overhead_tokens + sum(rows * longest)``."""
+        return sum(self.overhead_tokens + len(b) * max(lengths[i] for i in b) for b in batches if b)
+
+    def fits(self, lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> bool:
+        return all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= self.max_tokens for b in batches)
 
     @classmethod
     def for_device(cls, device: torch.device | str, dtype: torch.dtype | None = None) -> AutoPolicy:
@@ -124,7 +134,14 @@ def _auto_partition(lengths: list[int], policy: AutoPolicy) -> list[list[int]]:
     while j > 0:
         batches.append(order[cut[j] : j])
         j = cut[j]
-    return batches[::-1]
+    best_plan = batches[::-1]
+    fixed = [[order[i : i + k] for i in range(0, n, k)] for k in range(1, n + 1)]
+    fixed = [plan for plan in fixed if policy.fits(lengths, plan)]
+    if fixed:
+        regular = min(fixed, key=lambda plan: (policy.cost(lengths, plan), len(plan)))
+        if policy.cost(lengths, best_plan) >= (1.0 - policy.prefer_fixed_margin) * policy.cost(lengths, regular):
+            return regular
+    return best_plan
 
 
 def padding_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:

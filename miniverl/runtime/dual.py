@@ -31,6 +31,7 @@ from miniverl.runtime.loading import (
     base_spec_for,
     default_loader,
     disable_cpu_nf4_repack,
+    enable_activation_checkpointing,
     freeze,
     load_frozen_adapter,
     resolve_adapter,
@@ -50,6 +51,7 @@ class DualModelRuntime:
         device: torch.device,
         loader: BaseLoader | None = None,
         auto: AutoPolicy | None = None,
+        activation_checkpointing: int = 0,
     ) -> None:
         load = loader or default_loader
         self._device = torch.device(device)
@@ -60,6 +62,8 @@ class DualModelRuntime:
         disable_cpu_nf4_repack(student_base.model)
         assert models.student.lora is not None  # the schema fills the default
         self._student = attach_student_lora(student_base.model, models.student.lora, adapter_name=STUDENT_ADAPTER)
+        if activation_checkpointing:
+            enable_activation_checkpointing(self._student, activation_checkpointing)
         self._student.train()
         self._tokenizer = student_base.tokenizer
         self._manifest: dict[str, Any] = {

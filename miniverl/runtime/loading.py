@@ -194,3 +194,16 @@ def head_weight_of(model: Any) -> torch.Tensor:
     head = inner_causal_lm(model).get_output_embeddings()
     weight: torch.Tensor = head.weight
     return weight
+
+
+def enable_activation_checkpointing(model: Any, every_n_layers: int) -> None:
+    """Recompute decoder layers in backward (non-reentrant), every ``every_n_layers``-th layer.
+
+    Only the student's training forward is affected: HF layers checkpoint only in ``train()`` mode
+    with autograd on, so frozen roles (eval, ``no_grad``) run unchanged.
+    """
+    if every_n_layers < 1:
+        raise ValueError("activation checkpointing needs every_n_layers >= 1")
+    inner_causal_lm(model).gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+    )

@@ -233,7 +233,7 @@ def accumulate_objective(
         raise ValueError("token_weights need one weight per selected position of each row")
     token_ids = next_token_targets(rows) if objective.kind == "sft" else None
     g = group_size if group_size is not None else len(rows.input_ids)
-    total = 0.0
+    total: torch.Tensor | None = None  # summed on the device: no host sync per physical batch
     plan: list[tuple[int, ...]] = []
     padding = 0
     with runtime.use("student") as handle:
@@ -249,7 +249,8 @@ def accumulate_objective(
             loss = per_row_normalized_sum(values, w, pb.counts) / g
             if loss.requires_grad:
                 loss.backward()
-            total += float(loss.detach())
+            total = loss.detach() if total is None else total + loss.detach()
             plan.append(pb.rows)
             padding += pb.padded_tokens
-    return ObjectiveResult(loss=total, plan=tuple(plan), physical_forwards=len(plan), padding_tokens=padding)
+    value = float(total) if total is not None else 0.0
+    return ObjectiveResult(loss=value, plan=tuple(plan), physical_forwards=len(plan), padding_tokens=padding)

@@ -36,6 +36,7 @@ from miniverl.runtime.loading import (
     attach_student_lora,
     default_loader,
     disable_cpu_nf4_repack,
+    enable_activation_checkpointing,
     load_frozen_adapter,
     resolve_adapter,
 )
@@ -81,6 +82,7 @@ class SharedBackboneRuntime:
         device: torch.device,
         loader: BaseLoader | None = None,
         auto: AutoPolicy | None = None,
+        activation_checkpointing: int = 0,
         placement: str = "resident",
     ) -> None:
         check_shared_models(models, placement)
@@ -93,6 +95,8 @@ class SharedBackboneRuntime:
         disable_cpu_nf4_repack(base.model)
         assert models.student.lora is not None
         self._model = attach_student_lora(base.model, models.student.lora, adapter_name="student")
+        if activation_checkpointing:
+            enable_activation_checkpointing(self._model, activation_checkpointing)
         self._tokenizer = base.tokenizer
         self._manifest: dict[str, Any] = {
             "student": {
@@ -117,22 +121,45 @@ class SharedBackboneRuntime:
             for role in ("student", *FROZEN_ROLES)
             if role == "student" or role in self._manifest
         }
+        self._modules = list(self._model.modules())
+        self._fast_switch = True
+        self._guard_grads()
         self._active: RoleName = "student"
         self.switch_count = 0
         self.switch_seconds = 0.0
         self._switch("student")
+        if any(layer.active_adapters != ["student"] for layer in self._layers):
+            self._fast_switch = False  # this peft does not read _active_adapter: use set_adapter
+            self._switch("student")
         self.switch_count, self.switch_seconds = 0, 0.0
 
-    def _switch(self, role: RoleName) -> None:
-        start = time.perf_counter()
-        for layer in self._layers:
-            layer.set_adapter(role, inference_mode=True)
-        self._model.base_model.active_adapter = role
+    def _guard_grads(self) -> None:
+        """Only the student adapter is trainable, whatever peft did to ``requires_grad``."""
         for param in self._student_params:
             param.requires_grad_(True)
         for param in self._frozen_params:
             param.requires_grad_(False)
-        self._model.train(role == "student")
+
+    def _switch(self, role: RoleName) -> None:
+        """Activate ``role``'s adapter: O(LoRA layers + modules) attribute writes, no tree walks.
+
+        The fast path writes each LoRA layer's active-adapter list directly, which leaves every
+        ``requires_grad`` flag untouched; peft's ``set_adapter`` is the fallback when that attribute
+        is missing (another peft layout). Either way the grad guard then restores student-only
+        trainability, and module modes are set through a precomputed flat module list.
+        """
+        start = time.perf_counter()
+        if self._fast_switch:
+            for layer in self._layers:
+                layer._active_adapter = [role]
+        else:
+            for layer in self._layers:
+                layer.set_adapter(role, inference_mode=True)
+            self._guard_grads()
+        self._model.base_model.active_adapter = role
+        training = role == "student"
+        for module in self._modules:
+            module.__dict__["training"] = training
         self._active = role
         self.switch_count += 1
         self.switch_seconds += time.perf_counter() - start
@@ -193,6 +220,7 @@ class SharedBackboneRuntime:
     def close(self) -> None:
         self._handles.clear()
         self._layers.clear()
+        self._modules.clear()
         self._student_params.clear()
         self._frozen_params.clear()
         self._model = None

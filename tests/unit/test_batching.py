@@ -77,3 +77,13 @@ def test_bad_batch_sizes_are_refused(bad: object) -> None:
 def test_empty_rows_are_refused() -> None:
     with pytest.raises(ValueError):
         plan_physical_batches([3, 0], 2)
+
+
+def test_auto_keeps_the_best_fixed_bucketing_unless_the_optimum_is_clearly_better() -> None:
+    lengths = [10, 10, 10, 400, 400, 400, 400, 400]
+    near = AutoPolicy(overhead_tokens=100, max_tokens=8192)  # optimum 2230 vs fixed k=3 2330: within 5 %
+    assert plan_physical_batches(lengths, "auto", auto=near) == plan_physical_batches(lengths, 3)
+    clear = AutoPolicy(overhead_tokens=200, max_tokens=8192)  # optimum 2430 vs fixed k=3 2630: 7.6 % better
+    assert plan_physical_batches(lengths, "auto", auto=clear) == [[0, 1, 2], [3, 4, 5, 6, 7]]
+    exact = AutoPolicy(overhead_tokens=100, max_tokens=8192, prefer_fixed_margin=0.0)
+    assert plan_physical_batches(lengths, "auto", auto=exact) == [[0, 1, 2], [3, 4, 5, 6, 7]]

@@ -62,8 +62,10 @@ def _trainable(rt: SharedBackboneRuntime) -> list[str]:
     return [n for n, _ in rt.named_trainable_parameters()]
 
 
-def test_only_the_student_adapter_is_ever_trainable(adapters: dict[str, dict[str, Any]]) -> None:
+@pytest.mark.parametrize("fast_switch", [True, False])
+def test_only_the_student_adapter_is_ever_trainable(adapters: dict[str, dict[str, Any]], fast_switch: bool) -> None:
     rt = _shared(adapters, reference="teacher")
+    rt._fast_switch = fast_switch  # False: peft's set_adapter path, which flips requires_grad
     expected = _trainable(rt)
     assert expected and all(".student." in n for n in expected)
     for role in ("teacher", "reference", "student"):

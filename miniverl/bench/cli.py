@@ -1,0 +1,21 @@
+"""``miniverl bench runtime``: argument adapter between the CLI and :mod:`miniverl.bench.runtime`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from miniverl.bench.render import render_markdown
+from miniverl.bench.runtime import BenchOptions, run_runtime_bench
+from miniverl.gate.cli import model_choice
+
+
+def run_bench_command(args: argparse.Namespace) -> dict[str, Any]:
+    opts = BenchOptions(
+        model=model_choice(args.model), device=args.device, quantization=args.quantization, dtype=args.dtype
+    )
+    report = run_runtime_bench(opts, args.out)
+    report["message"] = (
+        render_markdown(report) + f"\nwrote bench.json, bench.md, pareto.svg, profiler.json to {args.out}"
+    )
+    return report
