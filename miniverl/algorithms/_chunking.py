@@ -10,7 +10,7 @@ time (at the price of recomputing each piece's projection once).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -71,6 +71,39 @@ def run_chunk(fn: Callable[..., Tensor | tuple[Tensor, ...]], *args: Tensor) -> 
     if needs_grad(*args):
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
     return fn(*args)
+
+
+def map_row_chunks(
+    fn: Callable[..., Tensor | tuple[Tensor, ...]],
+    rows: Sequence[Tensor],
+    shared: Sequence[Tensor],
+    *,
+    chunk_size: int,
+    n_out: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, ...]:
+    """``fn(*row_chunks, *shared)`` over ``[chunk_size]`` row slices of ``rows``; ``n_out`` ``[N]`` results.
+
+    ``fn`` returns ``n_out`` per-row tensors for its slice (checkpointed when grad is needed). The
+    results are written into outputs allocated *before* the loop rather than concatenated after it:
+    keeping many small per-chunk tensors alive between the large ``[chunk, V]`` temporaries
+    fragments the CPU heap (glibc), and peak RSS then grows with N as if ``[N, V]`` were kept.
+    """
+    n = rows[0].shape[0]
+    device = rows[0].device
+    outs = [torch.empty(n, dtype=dtype, device=device) for _ in range(n_out)]
+    for start in range(0, n, chunk_size):
+        sl = slice(start, start + chunk_size)
+        res = run_chunk(fn, *(r[sl] for r in rows), *shared)
+        for out, piece in zip(outs, res if isinstance(res, tuple) else (res,), strict=True):
+            out[sl] = piece
+    if n == 0 and needs_grad(*rows, *shared):  # keep an (empty) graph so callers can still backward
+        anchor = sum(
+            (t.sum().to(dtype) for t in (*rows, *shared) if t.requires_grad),
+            torch.zeros((), dtype=dtype, device=device),
+        )
+        outs = [o + 0.0 * anchor for o in outs]
+    return tuple(outs)
 
 
 def log1mexp(x: Tensor) -> Tensor:

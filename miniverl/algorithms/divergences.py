@@ -35,8 +35,8 @@ from miniverl.algorithms._chunking import (
     compute_dtype,
     log1mexp,
     log_floor,
+    map_row_chunks,
     matmul_operands,
-    run_chunk,
     tempered_logits,
 )
 
@@ -133,14 +133,14 @@ def chunked_divergence(
     sh, sw = matmul_operands(student_hidden, student_head)
     th, tw = matmul_operands(teacher_hidden.detach(), teacher_head.detach())
 
-    def piece(shc: Tensor, swc: Tensor, thc: Tensor, twc: Tensor) -> Tensor:
+    def piece(shc: Tensor, thc: Tensor, swc: Tensor, twc: Tensor) -> Tensor:
         s_logp = torch.log_softmax(tempered_logits(shc, swc, temperature, dtype), dim=-1)
         with torch.no_grad():
             t_logp = torch.log_softmax(tempered_logits(thc, twc, temperature, dtype), dim=-1)
         return _divergence(s_logp, t_logp, kind, beta)
 
-    out = [run_chunk(piece, sh[i : i + chunk_size], sw, th[i : i + chunk_size], tw) for i in _starts(sh, chunk_size)]
-    return _cat(out, sh, sw, dtype)
+    (out,) = map_row_chunks(piece, (sh, th), (sw, tw), chunk_size=chunk_size, n_out=1, dtype=dtype)
+    return out
 
 
 # --------------------------------------------------------------------------- top-k (+ tail)
@@ -167,16 +167,13 @@ def teacher_topk_targets(
         raise ValueError(f"teacher_topk_targets: k must be an integer in [1, {vocab}] (the vocabulary), got {k!r}")
     dtype = compute_dtype(teacher_hidden, teacher_head)
     th, tw = matmul_operands(teacher_hidden, teacher_head)
-    ids: list[Tensor] = []
-    lps: list[Tensor] = []
-    for i in _starts(th, chunk_size):
+    n = th.shape[0]
+    ids = torch.empty(n, k, dtype=torch.long, device=th.device)  # preallocated: see map_row_chunks
+    lps = torch.empty(n, k, dtype=dtype, device=th.device)
+    for i in range(0, n, chunk_size):
         logp = torch.log_softmax(tempered_logits(th[i : i + chunk_size], tw, temperature, dtype), dim=-1)
-        top = torch.topk(logp, k, dim=-1, largest=True, sorted=True)
-        ids.append(top.indices)
-        lps.append(top.values)
-    if not ids:
-        return th.new_zeros(0, k, dtype=torch.long), th.new_zeros(0, k, dtype=dtype)
-    return torch.cat(ids), torch.cat(lps)
+        torch.topk(logp, k, dim=-1, largest=True, sorted=True, out=(lps[i : i + chunk_size], ids[i : i + chunk_size]))
+    return ids, lps
 
 
 def _check_topk_inputs(name: str, student_hidden: Tensor, student_head: Tensor, ids: Tensor, lps: Tensor) -> None:
@@ -233,7 +230,7 @@ def chunked_topk_tail_divergence(
     t_lp = teacher_topk_logprobs.detach().to(dtype)
     floor = log_floor(dtype)
 
-    def piece(shc: Tensor, swc: Tensor, idc: Tensor, tlc: Tensor) -> Tensor:
+    def piece(shc: Tensor, idc: Tensor, tlc: Tensor, swc: Tensor) -> Tensor:
         logits = tempered_logits(shc, swc, temperature, dtype)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         s_top = logits.gather(1, idc) - lse
@@ -242,11 +239,8 @@ def chunked_topk_tail_divergence(
         t_tail = log1mexp(torch.logsumexp(tlc, dim=-1, keepdim=True)).clamp_min(floor)
         return _divergence(torch.cat([s_top, s_tail], dim=1), torch.cat([tlc, t_tail], dim=1), kind, beta)
 
-    out = [
-        run_chunk(piece, sh[i : i + chunk_size], sw, ids[i : i + chunk_size], t_lp[i : i + chunk_size])
-        for i in _starts(sh, chunk_size)
-    ]
-    return _cat(out, sh, sw, dtype)
+    (out,) = map_row_chunks(piece, (sh, ids, t_lp), (sw,), chunk_size=chunk_size, n_out=1, dtype=dtype)
+    return out
 
 
 def forward_kl_topk(
@@ -280,24 +274,9 @@ def forward_kl_topk(
     t_lp = teacher_topk_logprobs.detach().to(dtype)
     t_hat = t_lp - torch.logsumexp(t_lp, dim=-1, keepdim=True)
 
-    def piece(shc: Tensor, swc: Tensor, idc: Tensor, thc: Tensor) -> Tensor:
+    def piece(shc: Tensor, idc: Tensor, thc: Tensor, swc: Tensor) -> Tensor:
         s_logp = torch.log_softmax(tempered_logits(shc, swc, temperature, dtype), dim=-1)
         return forward_kl(s_logp.gather(1, idc), thc)
 
-    out = [
-        run_chunk(piece, sh[i : i + chunk_size], sw, ids[i : i + chunk_size], t_hat[i : i + chunk_size])
-        for i in _starts(sh, chunk_size)
-    ]
-    return _cat(out, sh, sw, dtype)
-
-
-# --------------------------------------------------------------------------- helpers
-def _starts(hidden: Tensor, chunk_size: int) -> range:
-    return range(0, hidden.shape[0], chunk_size)
-
-
-def _cat(pieces: list[Tensor | tuple[Tensor, ...]], hidden: Tensor, head: Tensor, dtype: torch.dtype) -> Tensor:
-    tensors = [p for p in pieces if isinstance(p, Tensor)]
-    if not tensors:  # N == 0: an empty result still connected to the student graph
-        return hidden.new_zeros(0, dtype=dtype) + 0.0 * head.sum().to(dtype)
-    return torch.cat(tensors)
+    (out,) = map_row_chunks(piece, (sh, ids, t_hat), (sw,), chunk_size=chunk_size, n_out=1, dtype=dtype)
+    return out

@@ -15,8 +15,8 @@ from miniverl.algorithms._chunking import (
     check_projection,
     check_temperature,
     compute_dtype,
+    map_row_chunks,
     matmul_operands,
-    run_chunk,
     tempered_logits,
 )
 
@@ -84,32 +84,19 @@ def chunked_token_logprobs(
 
     dtype = compute_dtype(hidden, head_weight)
     h, w = matmul_operands(hidden, head_weight)
-    ids = token_ids.long()
-    logps: list[Tensor] = []
-    entropies: list[Tensor] = []
+    if with_entropy:
 
-    def lp(hc: Tensor, wc: Tensor, ic: Tensor) -> Tensor:
+        def lp_ent(hc: Tensor, ic: Tensor, wc: Tensor) -> tuple[Tensor, Tensor]:
+            return _token_logprob_entropy_chunk(hc, wc, ic, temperature=temperature, dtype=dtype)
+
+        logp, entropy = map_row_chunks(lp_ent, (h, token_ids.long()), (w,), chunk_size=chunk_size, n_out=2, dtype=dtype)
+        return logp, entropy
+
+    def lp(hc: Tensor, ic: Tensor, wc: Tensor) -> Tensor:
         return _token_logprob_chunk(hc, wc, ic, temperature=temperature, dtype=dtype)
 
-    def lp_ent(hc: Tensor, wc: Tensor, ic: Tensor) -> tuple[Tensor, Tensor]:
-        return _token_logprob_entropy_chunk(hc, wc, ic, temperature=temperature, dtype=dtype)
-
-    for start in range(0, h.shape[0], chunk_size):
-        sl = slice(start, start + chunk_size)
-        if with_entropy:
-            out = run_chunk(lp_ent, h[sl], w, ids[sl])
-            assert isinstance(out, tuple)
-            logps.append(out[0])
-            entropies.append(out[1])
-        else:
-            out = run_chunk(lp, h[sl], w, ids[sl])
-            assert isinstance(out, Tensor)
-            logps.append(out)
-
-    if not logps:  # N == 0
-        empty = h.new_zeros(0, dtype=dtype) + 0.0 * w.sum().to(dtype)  # keeps the graph connected
-        return empty, (empty.clone() if with_entropy else None)
-    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+    (logp,) = map_row_chunks(lp, (h, token_ids.long()), (w,), chunk_size=chunk_size, n_out=1, dtype=dtype)
+    return logp, None
 
 
 def sft_token_nll(

@@ -291,3 +291,19 @@ def test_forward_kl_topk_penalizes_mass_outside_topk():
     probs = torch.tensor([0.375, 0.125, 0.125, 0.125, 0.125, 0.125], dtype=torch.float64)  # 0.5 on K, 3:1
     loss = forward_kl_topk(probs.log().unsqueeze(0), head, ids, t_lps)
     torch.testing.assert_close(loss, torch.tensor([math.log(2.0)], dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_zero_rows_give_empty_results_that_still_backpropagate():
+    sh, sw, th, tw = make(0, 6, 3, 3, seed=50)
+    sw.requires_grad_()
+    ids, lps = teacher_topk_targets(th, tw, k=2)
+    assert ids.shape == (0, 2) and lps.shape == (0, 2)
+    outs = [
+        chunked_divergence(sh, sw, th, tw, kind="reverse_kl"),
+        chunked_topk_tail_divergence(sh, sw, ids, lps, kind="forward_kl"),
+        forward_kl_topk(sh, sw, ids, lps),
+    ]
+    for out in outs:
+        assert out.shape == (0,) and out.requires_grad
+    sum(o.sum() for o in outs).backward()
+    assert torch.equal(sw.grad, torch.zeros_like(sw))
