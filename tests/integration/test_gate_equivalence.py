@@ -99,3 +99,26 @@ def test_comparisons_are_computed_and_catch_a_deviation() -> None:
         "dual_equals_shared_exactly[batch=4]",
         "target_digest_identical_across_cells",
     }
+
+
+@pytest.mark.slow
+def test_gate_passes_with_nf4_weights_on_the_tiny_model(tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    result = run_equivalence_gate(model="tiny", device="cpu", quantization="nf4", out=tmp_path / "nf4.json")
+    assert result["status"] == "passed", result["reasons"]
+
+
+def test_gate_cli_adapter_refuses_low_precision_and_names_the_report(tmp_path: Path) -> None:
+    import argparse
+
+    from miniverl.errors import UsageError
+    from miniverl.gate.cli import model_choice, report_path, run_gate_command
+
+    args = argparse.Namespace(model="tiny", device="cpu", quantization="none", dtype="bfloat16", out=str(tmp_path))
+    with pytest.raises(UsageError, match="float32"):
+        run_gate_command(args)
+    assert report_path(str(tmp_path), "r.json") == tmp_path / "r.json"
+    assert report_path(str(tmp_path / "x.json"), "r.json") == tmp_path / "x.json"
+    assert model_choice("smollm2-135m-instruct") == "smollm2"
+    with pytest.raises(UsageError, match="unknown model"):
+        model_choice("gpt2")

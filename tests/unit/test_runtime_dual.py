@@ -198,3 +198,20 @@ def _load_settings() -> Any:
     from miniverl.runtime.loading import LoadSettings
 
     return LoadSettings(device=CPU, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("runtime", ["dual_model", "shared_backbone"])
+def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(runtime: str, tmp_path: Path) -> None:
+    loader = RandomModelLoader("tiny")
+    sha = write_random_adapter(loader.config, tmp_path / "a", seed=2)
+    adapter = {"source": "local", "path": str(tmp_path / "a"), "sha256": sha}
+    results = []
+    for every in (0, 1):
+        models = _models(adapter).model_copy(update={"runtime": runtime})
+        rt = build_runtime(models, device=CPU, loader=loader, activation_checkpointing=every)
+        from miniverl.gate.workload import set_student_init
+
+        set_student_init(rt, seed=4)
+        results.append(_row0_loss_and_grad(rt, ROWS, 2))  # type: ignore[arg-type]
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
