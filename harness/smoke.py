@@ -96,6 +96,7 @@ def run_smoke(opts: SmokeOptions) -> int:
             "checkout": opts.repo,
             "candidate": candidate_dir,
             "out": opts.out,
+            "known-good": opts.known_good_dir,
             **({"wheels": opts.offline_wheels} if opts.offline_wheels else {}),
         }
     )

@@ -19,6 +19,10 @@ KNOWN_GOOD_DIR = REPO_ROOT / "known-good"
 CLOSURE_SCRIPT = r"""
 import json, re, sys
 from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # every venv has pip, and pip vendors packaging
+    from pip._vendor.packaging.requirements import Requirement
 def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
 dists = {}
 for d in metadata.distributions():
@@ -36,16 +40,11 @@ while todo:
     if name in seen and want <= seen[name]:
         continue
     seen[name] = seen.get(name, set()) | want
-    for req in dist.requires or []:
-        head, _, marker = req.partition(";")
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", head)
-        if not m:
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (seen[name] or {""})):
             continue
-        needs = {norm(x) for x in re.findall(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)}
-        if needs and not needs & seen[name]:
-            continue
-        sub = {norm(x) for x in (m.group(2) or "").split(",") if x.strip()}
-        todo.append((norm(m.group(1)), sub))
+        todo.append((norm(req.name), {norm(x) for x in req.extras}))
 out = {n: dists[n].version for n in sorted(seen) if n != norm(root)}
 print(json.dumps({"packages": out, "missing": sorted(missing), "python": ".".join(map(str, sys.version_info[:3]))}))
 """
