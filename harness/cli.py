@@ -44,6 +44,7 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
         work=Path(args.work) if args.work else None,
         keep_work=args.keep_work,
         model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
+        grpo=not args.skip_grpo,
     )
     return run_smoke(opts)
 
@@ -177,6 +178,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--work", help="scratch dir outside the checkout (default: a new temp dir)")
         s.add_argument("--keep-work", action="store_true")
         s.add_argument("--model-cache", help="MINIVERL_CACHE for the installed CLI (runner-local, never uploaded)")
+        s.add_argument(
+            "--skip-grpo", action="store_true", help="skip the GRPO cycle (recorded as skipped, not required)"
+        )
     st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
     st.add_argument("action", choices=["check", "record", "describe"])
     st.add_argument("--status", choices=["measured", "declared"], default="declared", help="describe only")

