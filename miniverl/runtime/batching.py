@@ -149,6 +149,17 @@ def padding_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> 
     return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches if b)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without a hidden sync: pinned + ``non_blocking`` on CUDA.
+
+    A pageable copy blocks the host until the stream drains, so the CPU could not queue the next
+    physical batch's kernels while the GPU still runs the previous backward.
+    """
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 @dataclass(frozen=True)
 class PhysicalBatch:
     """One padded forward's result: its row indices and their selected hidden states, flattened."""
@@ -177,10 +188,10 @@ def run_physical_batch(
         ids[b, : lens[b]] = torch.tensor(rows.input_ids[i], dtype=torch.long)
         mask[b, : lens[b]] = 1
         flat.extend(b * width + p for p in rows.selected_positions[i])
-    ids, mask = ids.to(device), mask.to(device)
+    index = to_device(torch.tensor(flat, dtype=torch.long), device)
+    ids, mask = to_device(ids, device), to_device(mask, device)
     out = decoder(input_ids=ids, attention_mask=mask, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    index = torch.tensor(flat, dtype=torch.long, device=hidden.device)
     selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
     return PhysicalBatch(
         rows=tuple(batch),

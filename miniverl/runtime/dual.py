@@ -87,11 +87,12 @@ class DualModelRuntime:
             )
             entry = physical.get(key)
             if entry is None:
-                entry = self._load_frozen(role, spec, models.student, load, settings)
+                model, info = self._load_frozen(role, spec, models.student, load, settings)
+                entry = (model, info, role)
                 physical[key] = entry
-            model, info = entry
+            model, info, owner = entry
             self._handles[role] = ModelRoleHandle(role, model, device=self._device, trainable=False, auto=self.auto)
-            self._manifest[role] = {**info, "physical_model": key[:16]}
+            self._manifest[role] = {**info, "physical_model": owner}  # the role whose load it shares
         self._active: list[RoleName] = []
 
     @staticmethod

@@ -38,6 +38,7 @@ from miniverl.algorithms.divergences import (
 )
 from miniverl.algorithms.logprobs import sft_token_nll
 from miniverl.runtime.base import BatchSize, RoleName, RoleRuntime, SequenceRows
+from miniverl.runtime.batching import to_device
 
 ObjectiveKind = Literal["sft", "divergence", "forward_kl_topk"]
 TargetVariant = Literal["exact", "topk_tail"]
@@ -93,7 +94,7 @@ class TeacherTargets:
         index = torch.tensor([i for r in rows for i in range(off[r], off[r + 1])], dtype=torch.long)
 
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.index_select(0, index.to(t.device))
+            return None if t is None else t.index_select(0, to_device(index, t.device))
 
         return TeacherTargets(
             counts=tuple(self.counts[r] for r in rows),
@@ -195,8 +196,9 @@ def per_row_normalized_sum(values: torch.Tensor, weights: torch.Tensor, counts: 
     r""":math:`\sum_n \sum_t w_{n,t} \ell_{n,t} / \sum_t w_{n,t}` over the rows of one physical batch."""
     if values.shape != weights.shape:
         raise ValueError(f"token weights {tuple(weights.shape)} must match the values {tuple(values.shape)}")
-    segment = torch.repeat_interleave(
-        torch.arange(len(counts), device=values.device), torch.tensor(list(counts), device=values.device)
+    repeats = to_device(torch.tensor(list(counts), dtype=torch.long), values.device)
+    segment = torch.repeat_interleave(  # output_size given: no device -> host sync
+        torch.arange(len(counts), device=values.device), repeats, output_size=sum(counts)
     )
     w = weights.to(values.dtype)
     num = torch.zeros(len(counts), dtype=values.dtype, device=values.device).index_add(0, segment, w * values)
@@ -242,10 +244,10 @@ def accumulate_objective(
             device = pb.hidden.device
             ids = None
             if token_ids is not None:
-                ids = torch.tensor([t for r in pb.rows for t in token_ids[r]], dtype=torch.long, device=device)
+                ids = to_device(torch.tensor([t for r in pb.rows for t in token_ids[r]], dtype=torch.long), device)
             sub = targets.select_rows(pb.rows) if targets is not None else None
             values = token_values(pb.hidden, head, objective, targets=sub, token_ids=ids)
-            w = torch.tensor([x for r in pb.rows for x in weights[r]], dtype=values.dtype, device=device)
+            w = to_device(torch.tensor([x for r in pb.rows for x in weights[r]], dtype=values.dtype), device)
             loss = per_row_normalized_sum(values, w, pb.counts) / g
             if loss.requires_grad:
                 loss.backward()

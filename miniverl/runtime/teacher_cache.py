@@ -30,8 +30,8 @@ import torch
 
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, sha256_json
 from miniverl.errors import DataError
-from miniverl.runtime.base import SequenceRows
-from miniverl.runtime.objectives import ObjectiveSpec, TeacherTargets, rows_digest
+from miniverl.runtime.base import BatchSize, RoleName, RoleRuntime, SequenceRows
+from miniverl.runtime.objectives import ObjectiveSpec, TeacherTargets, rows_digest, score_teacher
 
 FORMAT = "miniverl-teacher-cache/v1"
 INDEX = "index.json"
@@ -171,3 +171,43 @@ def load_teacher_cache(
         head = load_file(str(head_path))["head"].to(device)
         return TeacherTargets(counts=counts, hidden=cat.get("hidden"), head=head)
     return TeacherTargets(counts=counts, topk_ids=cat.get("topk_ids"), topk_logprobs=cat.get("topk_logprobs"))
+
+
+def teacher_identity(runtime: RoleRuntime, role: RoleName = "teacher") -> dict[str, Any]:
+    """What a cache is keyed on: the role's content identity (base + adapter digests), no paths.
+
+    Independent of the runtime kind: a cache written under ``dual_model`` stays valid under
+    ``shared_backbone`` for the same base and adapter.
+    """
+    manifest = runtime.role_manifest()
+    entry = dict(manifest["roles"][role])
+    base = entry.get("base", manifest.get("backbone", {}).get("base"))
+    quantization = entry.get("quantization", manifest.get("backbone", {}).get("quantization"))
+    return {
+        "role": role,
+        "base": base,
+        "quantization": quantization,
+        "adapter": entry.get("adapter"),
+        "privileged_context": bool(entry.get("privileged_context", False)),
+    }
+
+
+def build_teacher_cache(
+    runtime: RoleRuntime,
+    rows: SequenceRows,
+    directory: str | os.PathLike[str],
+    *,
+    objective: ObjectiveSpec,
+    trajectory_batch_size: BatchSize = 1,
+    rows_per_shard: int = 256,
+) -> dict[str, Any]:
+    """Score ``rows`` with the runtime's teacher and write the cache (offline KD); returns the index."""
+    targets = score_teacher(runtime, rows, objective, trajectory_batch_size=trajectory_batch_size)
+    return write_teacher_cache(
+        directory,
+        rows,
+        targets,
+        objective=objective,
+        teacher_identity=teacher_identity(runtime),
+        rows_per_shard=rows_per_shard,
+    )

@@ -46,7 +46,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runtime = build_runtime(models, device=CPU, loader=loader)
     set_student_init(runtime, seed=3, b_scale=0.05)
     work = synthetic_workload(128, trajectories=5, scale=0.08)
-    return {"runtime": runtime, "rows": work.rows, "weights": work.token_weights}
+    return {"runtime": runtime, "rows": work.rows, "weights": work.token_weights, "models": models, "loader": loader}
 
 
 def _full_logits(model: Any, rows: SequenceRows) -> list[torch.Tensor]:
@@ -193,3 +193,19 @@ def test_teacher_cache_refuses_stale_and_corrupt(setup: dict[str, Any], tmp_path
         load_teacher_cache(root, rows, objective=objective, teacher_identity=TEACHER_ID)
     with pytest.raises(TeacherCacheError, match="no teacher cache"):
         load_teacher_cache(tmp_path / "missing", rows, objective=objective, teacher_identity=TEACHER_ID)
+
+
+def test_a_cache_built_under_dual_is_valid_under_shared(setup: dict[str, Any], tmp_path: Path) -> None:
+    from miniverl.runtime.teacher_cache import build_teacher_cache, teacher_identity
+
+    objective = ObjectiveSpec(variant="topk_tail", top_k=4)
+    build_teacher_cache(setup["runtime"], setup["rows"], tmp_path / "c", objective=objective)
+    shared = build_runtime(
+        setup["models"].model_copy(update={"runtime": "shared_backbone"}), device=CPU, loader=setup["loader"]
+    )
+    identity = teacher_identity(shared)
+    assert identity == teacher_identity(setup["runtime"])
+    assert str(tmp_path) not in json.dumps(identity)
+    cached = load_teacher_cache(tmp_path / "c", setup["rows"], objective=objective, teacher_identity=identity)
+    online = score_teacher(shared, setup["rows"], objective, trajectory_batch_size=1)
+    assert cached.digest() == online.digest()
