@@ -193,18 +193,20 @@ def token_values(
 
 
 def per_row_normalized_sum(values: torch.Tensor, weights: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-    r""":math:`\sum_n \sum_t w_{n,t} \ell_{n,t} / \sum_t w_{n,t}` over the rows of one physical batch."""
+    r""":math:`\sum_n \sum_t w_{n,t} \ell_{n,t} / \sum_t w_{n,t}` over the rows of one physical batch.
+
+    Rows are contiguous segments, so the per-row sums are plain reductions of slices: deterministic
+    on every device (a scatter/``index_add`` would add in a nondeterministic order on CUDA).
+    """
     if values.shape != weights.shape:
         raise ValueError(f"token weights {tuple(weights.shape)} must match the values {tuple(values.shape)}")
-    repeats = to_device(torch.tensor(list(counts), dtype=torch.long), values.device)
-    segment = torch.repeat_interleave(  # output_size given: no device -> host sync
-        torch.arange(len(counts), device=values.device), repeats, output_size=sum(counts)
-    )
     w = weights.to(values.dtype)
-    num = torch.zeros(len(counts), dtype=values.dtype, device=values.device).index_add(0, segment, w * values)
-    den = torch.zeros(len(counts), dtype=values.dtype, device=values.device).index_add(0, segment, w)
-    has = den > 0
-    return torch.where(has, num / torch.where(has, den, torch.ones_like(den)), torch.zeros_like(num)).sum()
+    total = values.new_zeros(())
+    for v, wr in zip(values.split(list(counts)), w.split(list(counts)), strict=True):
+        den = wr.sum()
+        if v.numel():
+            total = total + torch.where(den > 0, (wr * v).sum() / torch.where(den > 0, den, 1.0), 0.0)
+    return total
 
 
 @dataclass(frozen=True)
