@@ -20,7 +20,8 @@ from harness.candidate import MANIFEST, SUMS, check_candidate, replace_dir
 from harness.errors import AssetsError, UsageError
 from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, Member, write_archive
 from harness.jsonio import atomic_write_bytes, fsync_tree, sha256_file
-from harness.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification, load_record, record_bytes
+from harness.recordio import load_record, record_bytes
+from harness.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
 
 
 def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path) -> EvidenceManifest:

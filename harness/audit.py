@@ -14,6 +14,7 @@ from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_ex
 from harness.jsonio import sha256_bytes, sha256_file
 from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
+from harness.recordio import load_record
 from harness.records import (
     CandidateManifest,
     EvidenceManifest,
@@ -22,7 +23,6 @@ from harness.records import (
     ReleaseVerification,
     VerificationCheck,
     WorkloadRecord,
-    load_record,
 )
 
 _SCRUB = Redactor({})

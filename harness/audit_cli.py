@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.audit import AuditRequest, audit
 from harness.errors import HarnessError
-from harness.records import record_bytes, write_record
+from harness.recordio import record_bytes, write_record
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

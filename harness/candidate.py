@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.errors import BuildError, CandidateError, RecordError, SourceError, ToolchainError, UsageError
 from harness.jsonio import atomic_write_bytes, fsync_tree, sha256_bytes, sha256_file
 from harness.proc import HARNESS_DIR, clean_env, git, last_line, run, utc_now
+from harness.recordio import parse_record, record_bytes
 from harness.records import (
     BuildEnvironment,
     CandidateManifest,
@@ -21,8 +22,6 @@ from harness.records import (
     GithubActionsBinding,
     LocalBinding,
     Toolchain,
-    parse_record,
-    record_bytes,
 )
 
 MANIFEST = "candidate-manifest.json"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from harness.errors import UsageError
 from harness.jsonio import sha256_bytes
-from harness.records import Profile, Thresholds, record_bytes
+from harness.recordio import record_bytes
+from harness.records import Profile, Thresholds
 
 GIB = 1 << 30
 MIB = 1 << 20

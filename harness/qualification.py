@@ -14,6 +14,7 @@ from harness import registry
 from harness.candidate import replace_dir
 from harness.checkbook import CheckBook
 from harness.jsonio import fsync_tree, sha256_file
+from harness.recordio import record_bytes
 from harness.records import (
     Artifact,
     CandidateManifest,
@@ -31,7 +32,6 @@ from harness.records import (
     WorkloadRecord,
     WorkloadResult,
     Worktree,
-    record_bytes,
 )
 from harness.steps import StepFacts, portable
 

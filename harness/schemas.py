@@ -8,7 +8,8 @@ from pathlib import Path
 from harness.jsonio import atomic_write_bytes
 from harness.proc import REPO_ROOT
 from harness.profiles import PROFILES
-from harness.records import SCHEMA_MODELS, json_schema
+from harness.recordio import json_schema
+from harness.records import SCHEMA_MODELS
 from harness.registry import REGISTRY
 
 MANIFESTS = REPO_ROOT / "manifests" / "harness"

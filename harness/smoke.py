@@ -20,7 +20,8 @@ from harness.origin import prove_origin
 from harness.proc import REPO_ROOT, Redactor, git, utc_now
 from harness.profiles import profile_sha256
 from harness.qualification import QualificationInputs, write_qualification
-from harness.records import Profile, Worktree, record_bytes
+from harness.recordio import record_bytes
+from harness.records import Profile, Worktree
 from harness.stacks import (
     KNOWN_GOOD_DIR,
     descriptor_paths,

@@ -11,7 +11,8 @@ from harness.candidate import normalize, read_pins
 from harness.errors import StackError, ToolchainError
 from harness.jsonio import atomic_write_bytes, sha256_bytes, sha256_file
 from harness.proc import REPO_ROOT, clean_env, last_line, run
-from harness.records import GpuFacts, KnownGoodDescriptor, Profile, load_record, record_bytes
+from harness.recordio import load_record, record_bytes
+from harness.records import GpuFacts, KnownGoodDescriptor, Profile
 
 KNOWN_GOOD_DIR = REPO_ROOT / "known-good"
 

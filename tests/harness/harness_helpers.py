@@ -105,7 +105,8 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     Only for exercising the release-asset builder and the auditor; the harness itself never writes this.
     """
     from harness.jsonio import canonical_bytes, sha256_file
-    from harness.records import Qualification, WorkloadRecord, load_record, record_bytes
+    from harness.recordio import load_record, record_bytes
+    from harness.records import Qualification, WorkloadRecord
 
     copy_tree(smoke_qual, dest)
     q = load_record(Qualification, dest / "qualification.json")

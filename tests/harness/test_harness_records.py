@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from harness import schemas
 from harness.errors import RecordError
 from harness.jsonio import canonical_bytes, looks_like_local_path
-from harness.records import Artifact, CheckResult, Checks, NotRun, Qualification, load_record, parse_record
+from harness.recordio import load_record, parse_record
+from harness.records import Artifact, CheckResult, Checks, NotRun, Qualification
 
 
 def test_committed_schemas_match_the_models() -> None:

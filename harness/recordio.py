@@ -1,0 +1,48 @@
+"""Reading and writing records: strict parse (one-line errors), canonical bytes, atomic writes, schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from harness.errors import RecordError
+from harness.jsonio import atomic_write_json, canonical_bytes, loads_strict
+from harness.records import Record
+
+M = TypeVar("M", bound=Record)
+
+
+def parse_record(model: type[M], data: bytes, what: str) -> M:
+    """Validate JSON bytes against ``model``; one-line ``RecordError`` naming the first problem."""
+    raw = loads_strict(data, what)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"]) or "$"
+        check = "no_local_paths" if "local path" in first["msg"] else "record_schema"
+        raise RecordError(f"{what} fails its schema at {loc}: {first['msg']}", check=check) from None
+
+
+def load_record(model: type[M], path: Path, what: str | None = None) -> M:
+    label = what or path.name
+    if path.is_symlink() or not path.is_file():
+        raise RecordError(f"{label} is missing or not a regular file", check="record_schema")
+    return parse_record(model, path.read_bytes(), label)
+
+
+def record_bytes(record: Record) -> bytes:
+    return canonical_bytes(record.model_dump(mode="json")) + b"\n"
+
+
+def write_record(path: Path, record: Record) -> bytes:
+    """Atomically write ``record`` as canonical JSON; returns the bytes (hash them for bindings)."""
+    return atomic_write_json(path, record.model_dump(mode="json"))
+
+
+def json_schema(model: type[Record]) -> dict[str, Any]:
+    schema = model.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
