@@ -297,6 +297,12 @@ class Controller:
         text = "".join(canonical_json(m.model_dump(mode="json")) + "\n" for m in self.state.metrics)
         atomic_write_text(self.run_dir / "metrics.jsonl", text)
 
+    def release(self) -> None:
+        """Drop the optimizer state and the runtime reference so teardown can free device memory."""
+        self.optimizer.state.clear()
+        self.optimizer.param_groups.clear()
+        del self.runtime
+
     def run(self) -> None:
         while self.state.step < self.plan.updates:
             line = self.run_cycle()

@@ -101,6 +101,7 @@ def _train(
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
         runtime = build_runtime(config.models, device=device)
+        controller = None
         try:
             if fresh:
                 atomic_write_bytes(run_dir / "plan.json", plan_path.read_bytes())
@@ -127,11 +128,15 @@ def _train(
             if cuda:
                 peak_reserved = torch.cuda.max_memory_reserved(device)
                 peak_allocated = torch.cuda.max_memory_allocated(device)
+            if controller is not None:
+                controller.release()
             runtime.close()
             del runtime
             gc.collect()
             if cuda:
                 torch.cuda.synchronize(device)
+                # cuBLAS workspaces live in the caching allocator: part of what a teardown must give back
+                torch._C._cuda_clearCublasWorkspaces()
                 torch.cuda.empty_cache()
         wall = time.perf_counter() - started
         teardown = None
