@@ -52,7 +52,7 @@ class BenchOptions:
     trajectories: int = 8
     warmup: int = 1
     repeats: int = 3
-    chunk_size: int = 128
+    chunk_size: int = 64
     activation_checkpointing: int = 1
     auto_overhead_tokens: int | None = None
     auto_max_tokens: int | None = None
@@ -293,6 +293,7 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "trajectories": {
             "count": len(work.rows.input_ids),
             "lengths": work.lengths,
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trajectories", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--chunk-size", type=int, default=128, help="rows per [chunk, V] projection")
+    parser.add_argument("--chunk-size", type=int, default=64, help="rows per [chunk, V] projection")
     parser.add_argument("--activation-checkpointing", type=int, default=1, help="every n-th layer; 0 = off")
     parser.add_argument("--auto-overhead-tokens", type=int, default=None)
     parser.add_argument("--auto-max-tokens", type=int, default=None)
