@@ -35,12 +35,12 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
         profile=get_profile(args.profile),
         out=Path(args.out),
         level=level,
-        candidate=Path(args.candidate) if args.candidate else None,
+        candidate=Path(args.candidate).resolve() if args.candidate else None,
         repo=Path(args.repo),
         base_python=Path(args.base_python),
         system_site_packages=args.system_site_packages,
         offline_wheels=_dir(args.offline_wheels, "--offline-wheels"),
-        known_good_dir=Path(args.known_good_dir),
+        known_good_dir=Path(args.known_good_dir).resolve(),
         work=Path(args.work) if args.work else None,
         keep_work=args.keep_work,
         model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
@@ -83,7 +83,7 @@ def _stack(args: argparse.Namespace) -> int:
         descriptor, digest = load_known_good(profile, Path(args.known_good_dir))
         print(f"{descriptor.name}: {descriptor.status}, {len(descriptor.packages)} pins, sha256 {digest}")
         return 0
-    candidate = Path(args.candidate)
+    candidate = Path(args.candidate).resolve()
     manifest = check_candidate(candidate)
     with tempfile.TemporaryDirectory(prefix="miniverl-stack-") as tmp:
         work = Path(tmp)
