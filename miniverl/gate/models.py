@@ -14,6 +14,7 @@ untouched student).
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class RandomModelLoader:
         self.seed = seed
         self.config = qwen3_config(name)
         self._nf4_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._templates: dict[str, Any] = {}  # attention implementation -> fp32 CPU model, built once
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -96,8 +98,11 @@ class RandomModelLoader:
         if spec.quantization == "nf4":
             model = self._load_nf4(settings)
         else:
-            model = _build_random(qwen3_config(self.name), self.seed, settings.attn_implementation)
-            model = model.to(device=settings.device, dtype=settings.dtype)
+            template = self._templates.get(settings.attn_implementation)
+            if template is None:  # random init of 0.6B parameters takes seconds: do it once, copy after
+                template = _build_random(qwen3_config(self.name), self.seed, settings.attn_implementation)
+                self._templates[settings.attn_implementation] = template
+            model = copy.deepcopy(template).to(device=settings.device, dtype=settings.dtype)
         model.eval()
         return LoadedBase(model=model, tokenizer=None, identity={**self.identity, "quantization": spec.quantization})
 
@@ -125,6 +130,7 @@ class RandomModelLoader:
         )
 
     def close(self) -> None:
+        self._templates.clear()
         if self._nf4_dir is not None:
             self._nf4_dir.cleanup()
             self._nf4_dir = None
