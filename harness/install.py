@@ -45,7 +45,43 @@ def fresh_venv(venv: Path, options: InstallOptions, *, work: Path) -> Path:
     done = run(argv, cwd=work, env=clean_env(), timeout=600)
     if done.returncode != 0 or not venv_python(venv).exists():
         raise InstallError(f"python -m venv failed: {last_line(done.stderr)}", check="fresh_venv")
+    if options.system_site_packages:
+        _inherit_parent_venv(venv, options.base_python, work)
     return venv_python(venv)
+
+
+PARENT_SITE_PTH = "miniverl-qualification-parent-site.pth"
+_PARENT_SITE_PROBE = (
+    "import json, sys, sysconfig; "
+    "paths = {sysconfig.get_path('purelib'), sysconfig.get_path('platlib')}; "
+    "paths = paths if sys.prefix != sys.base_prefix else set(); "
+    "print(json.dumps(sorted(paths)))"
+)
+
+
+def _inherit_parent_venv(venv: Path, base_python: Path, work: Path) -> None:
+    """``--system-site-packages`` over a base python that is itself a venv (e.g. /opt/torch/.venv).
+
+    ``venv`` only exposes the *base interpreter's* site-packages, so the parent venv's packages (the
+    machine's torch) would be invisible. A ``.pth`` file appends the parent venv's site directories
+    after the new venv's own, so miniverl still resolves from the qualification venv first.
+    """
+    import json
+
+    probe = run([base_python, "-c", _PARENT_SITE_PROBE], cwd=work, env=clean_env(), timeout=60)
+    if probe.returncode != 0:
+        raise InstallError(f"cannot inspect the base python: {last_line(probe.stderr)}", check="fresh_venv")
+    parents = [p for p in json.loads(probe.stdout.decode()) if p]
+    if not parents:
+        return
+    purelib = run(
+        [venv_python(venv), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        cwd=work,
+        env=clean_env(),
+        timeout=60,
+    )
+    target = Path(purelib.stdout.decode().strip()) / PARENT_SITE_PTH
+    target.write_text("".join(f"{p}\n" for p in parents), encoding="utf-8")
 
 
 def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str | Path]:
