@@ -332,12 +332,17 @@ def _grpo(cli: CliDriver, book: CheckBook, overrides: list[str], facts: StepFact
         summary.get("status") == "completed"
         and summary.get("algorithm") == "grpo"
         and int(summary.get("updates") or 0) >= 1
+        and float(summary.get("reward_std_within_group_max") or 0.0) > 0.0
+        and int(summary.get("nonzero_advantages") or 0) > 0
+        and summary.get("adapter_changed_each_update") is True
     )
     book.record(
         "grpo_cycle",
         ok,
         f"status {summary.get('status')!r}, updates {summary.get('updates')}, "
-        f"reward_mean {summary.get('reward_mean')}, nonzero advantages {summary.get('nonzero_advantages')}",
+        f"reward_mean {summary.get('reward_mean')}, reward std within a group "
+        f"{summary.get('reward_std_within_group_max')}, nonzero advantages {summary.get('nonzero_advantages')}, "
+        f"adapter changed {summary.get('adapter_changed_each_update')}",
     )
     facts.evidence["grpo_summary"] = cli.work / "runs" / "smoke-grpo" / "summary.json"
     facts.metrics["grpo_reward_mean"] = (

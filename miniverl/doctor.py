@@ -37,7 +37,7 @@ def collect() -> dict[str, Any]:
     if versions["torch"] is not None:
         import torch
 
-        report["cuda_runtime"] = torch.version.cuda
+        report["cuda_runtime"] = versions["cuda"] = torch.version.cuda
         cuda_ok = bool(torch.cuda.is_available())
         if cuda_ok:
             for index in range(torch.cuda.device_count()):

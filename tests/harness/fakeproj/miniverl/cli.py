@@ -90,6 +90,7 @@ def main(argv=None):
             "reward_mean": 0.25,
             "adapter_changed_each_update": True,
             "nonzero_advantages": 2,
+            "reward_std_within_group_max": 0.25,
             "wall_seconds": 1.5,
             "seconds_per_cycle": 1.5,
             "cuda": None,
