@@ -18,8 +18,9 @@ def install_project(session: nox.Session, extras: str = "train,cuda,dev") -> Non
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The whole test suite on CPU (GPU tests skip without CUDA)."""
+    """The whole test suite on CPU (GPU tests skip without CUDA), harness tests included."""
     install_project(session)
+    session.install("-r", "harness/constraints-build.txt")
     session.run("python", "-m", "pytest", "-q", *session.posargs, env={"MINIVERL_CACHE": ".cache/miniverl"})
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if torch.cuda.is_available():
         for index, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{index}"] = state
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()  # type: ignore[misc]
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_state, py_gauss = random.getstate()
     json_part = {
         "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
@@ -96,7 +97,7 @@ def optimizer_from_tensors(
 def write_checkpoint(
     checkpoints_root: Path,
     state: TrainingState,
-    student_params: dict[str, torch.Tensor],
+    student_params: Mapping[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
     save_adapter: Any,
 ) -> Path:

@@ -59,7 +59,7 @@ def latest_checkpoint(checkpoints_root: Path) -> tuple[Path, CheckpointRecord] |
 
 def checkpoint_status(checkpoints_root: Path) -> list[dict[str, Any]]:
     """Every ``step-*`` directory with its state (complete / partial / corrupt) and the reason."""
-    report = []
+    report: list[dict[str, Any]] = []
     for directory in list_checkpoints(checkpoints_root):
         try:
             record = verify_checkpoint(directory)

@@ -18,7 +18,9 @@ PLUGIN = [{"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0}]
     ("dtype", "quantization", "algorithm"),
     [("bfloat16", "none", "grpo"), ("float32", "nf4", "grpo"), ("bfloat16", "nf4", "opd")],
 )
-def test_cuda_training_and_teardown(cli, write_config, tiny_model_dir, prompts, workdir: Path, dtype, quantization, algorithm):
+def test_cuda_training_and_teardown(
+    cli, write_config, tiny_model_dir, prompts, workdir: Path, dtype, quantization, algorithm
+):
     config = tiny_config(tiny_model_dir, algorithm=algorithm)
     config["run"]["deterministic"] = False
     config["models"].update({"device": "cuda", "dtype": dtype})

@@ -38,7 +38,7 @@ def test_override_creates_missing_sections() -> None:
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a..b=1", "train.cycles"])
 def test_malformed_override(bad: str) -> None:
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         parse_override(bad)
 
 
