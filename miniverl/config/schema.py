@@ -186,6 +186,7 @@ class TrainSection(Strict):
     adam_eps: Annotated[float, Field(gt=0)] = 1e-8
     max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     logprob_chunk_size: Annotated[int, Field(ge=1)] = 1024
+    activation_checkpointing: Annotated[int, Field(ge=0)] = 0
 
 
 class CheckpointSection(Strict):

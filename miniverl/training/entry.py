@@ -100,7 +100,12 @@ def _train(
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
-        runtime = build_runtime(config.models, device=device)
+        runtime = build_runtime(
+            config.models,
+            device=device,
+            placement=config.memory.placement,
+            activation_checkpointing=config.train.activation_checkpointing,
+        )
         controller = None
         try:
             if fresh:

@@ -54,10 +54,12 @@ class UpdateStats:
     tokens: int
 
 
-def physical_batches(sequences: Sequence[UpdateSequence], batch_size: BatchSize) -> list[list[int]]:
-    from miniverl.runtime.batching import plan_physical_batches
-
-    return plan_physical_batches([len(s.student_ids) for s in sequences], batch_size)
+def physical_batches(
+    runtime: RoleRuntime, sequences: Sequence[UpdateSequence], batch_size: BatchSize
+) -> list[list[int]]:
+    """The student's physical batches (the runtime's own length bucketing and ``auto`` policy)."""
+    with runtime.use("student") as student:
+        return student.plan(_rows(sequences, teacher=False), batch_size)
 
 
 def _rows(sequences: Sequence[UpdateSequence], teacher: bool) -> SequenceRows:
@@ -87,7 +89,7 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
     chunk = config.train.logprob_chunk_size
     batch_size = config.train.trajectory_batch_size
     total_tokens = sum(s.response_len for s in sequences)
-    batches = physical_batches(sequences, batch_size)
+    batches = physical_batches(runtime, sequences, batch_size)
     loss_sum = 0.0
     kl_sum = 0.0
     use_kl = grpo.kl_coef > 0
@@ -131,7 +133,7 @@ def opd_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config
     """
     distill = config.algorithm.distill
     chunk = config.train.logprob_chunk_size
-    batches = physical_batches(sequences, config.train.trajectory_batch_size)
+    batches = physical_batches(runtime, sequences, config.train.trajectory_batch_size)
     n = len(sequences)
     loss_sum = 0.0
     div_sum = 0.0
