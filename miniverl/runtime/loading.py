@@ -18,7 +18,7 @@ import torch
 
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.schema import AdapterSpec, LoraConfig, ModelSpec
-from miniverl.errors import ConfigError, ModelSourceError
+from miniverl.errors import ModelSourceError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -90,21 +90,9 @@ def disable_cpu_nf4_repack(model: Any) -> int:
 
 def attach_student_lora(model: Any, lora: LoraConfig, *, adapter_name: str = "student") -> Any:
     """Wrap ``model`` in a ``PeftModel`` with one trainable LoRA; everything else frozen."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
+    from miniverl.models.loading import attach_lora
 
-    if not lora.enabled:
-        raise ConfigError("models.student.lora.enabled is false: the student needs a trainable LoRA adapter")
-    freeze(model)
-    config = PeftLoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,  # type: ignore[arg-type]
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config, adapter_name=adapter_name)
+    return attach_lora(model, lora, adapter_name=adapter_name)
 
 
 @dataclass(frozen=True)
