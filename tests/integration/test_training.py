@@ -140,3 +140,53 @@ def test_physical_batching_does_not_change_the_objective(
         assert seen[batch][2] == seen[1][2]
         assert seen[batch][0] == pytest.approx(seen[1][0], rel=1e-5, abs=1e-7), batch
         assert seen[batch][1] == pytest.approx(seen[1][1], rel=1e-4), batch
+
+
+def test_shared_backbone_opd_through_the_cli(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    """The seed's shared-backbone shape: one base, a trainable student, a pinned frozen teacher adapter."""
+    from transformers import AutoConfig
+
+    from miniverl.gate.models import write_random_adapter
+
+    sha = write_random_adapter(AutoConfig.from_pretrained(tiny_model_dir), workdir / "teacher-adapter", seed=3, r=4)
+    config = tiny_config(tiny_model_dir, algorithm="opd")
+    config["models"]["runtime"] = "shared_backbone"
+    config["models"]["teacher"] = {
+        "source": "student",
+        "adapter": {"source": "local", "path": "teacher-adapter", "sha256": sha},
+    }
+    config["train"]["trajectory_batch_size"] = "auto"
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "shared", "--json")
+    assert result.code == 0, result.err
+    assert result.json()["summary"]["runtime"] == "shared_backbone"
+    assert result.json()["summary"]["adapter_changed_each_update"] is True
+    run_json = json.loads((workdir / "runs/shared/run.json").read_text())
+    assert sha in json.dumps(run_json["roles"])
+    assert str(workdir) not in json.dumps(run_json)
+    exported = cli("export", str(workdir / "runs/shared"), "--out", "adapter", "--json")
+    assert exported.code == 0, exported.err
+    assert exported.json()["reload"]["passed"]
+
+
+def test_shared_backbone_refuses_a_teacher_adapter_whose_pin_changed(
+    cli, write_config, tiny_model_dir, prompts, workdir
+):
+    from transformers import AutoConfig
+
+    from miniverl.gate.models import write_random_adapter
+
+    write_random_adapter(AutoConfig.from_pretrained(tiny_model_dir), workdir / "teacher-adapter", seed=3, r=4)
+    config = tiny_config(tiny_model_dir, algorithm="opd")
+    config["models"]["runtime"] = "shared_backbone"
+    pin = "0" * 64
+    config["models"]["teacher"] = {
+        "source": "student",
+        "adapter": {"source": "local", "path": "teacher-adapter", "sha256": pin},
+    }
+    write_config(config)
+    result = cli("plan", "config.yaml", "--out", "plan.json")
+    if result.code == 0:
+        result = cli("run", "--plan", "plan.json", "--run-id", "bad")
+    assert result.code != 0
+    assert result.err.count("\n") == 1 and "sha256" in result.err and "Traceback" not in result.err
