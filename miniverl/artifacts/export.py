@@ -139,5 +139,6 @@ def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int
     del reloaded, base
     gc.collect()
     if device.type == "cuda":
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
     return float((trained - again).abs().max())

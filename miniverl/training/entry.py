@@ -16,6 +16,9 @@ from miniverl.config.schema import MiniverlConfig
 from miniverl.errors import CheckpointError, DependencyError, UsageError
 from miniverl.records import CudaTeardown, PlanRecord, RunManifest, RunSummary
 
+# Teardown passes when allocated memory is back within max(2 MiB, 2 % of the baseline) of the baseline.
+TEARDOWN_TOLERANCE_MIN_BYTES = 2 * 1024 * 1024
+TEARDOWN_TOLERANCE_FRACTION = 0.02
 RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -97,6 +100,7 @@ def _train(
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(device)
+            _release_library_caches(torch)
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
@@ -140,21 +144,19 @@ def _train(
             gc.collect()
             if cuda:
                 torch.cuda.synchronize(device)
-                # cuBLAS workspaces live in the caching allocator: part of what a teardown must give back
-                torch._C._cuda_clearCublasWorkspaces()
-                torch.cuda.empty_cache()
+                _release_library_caches(torch)
         wall = time.perf_counter() - started
         teardown = None
         if cuda:
             final = torch.cuda.memory_allocated(device)
-            tolerance = max(2 * 1024 * 1024, int(0.02 * peak_allocated))
+            tolerance = max(TEARDOWN_TOLERANCE_MIN_BYTES, int(TEARDOWN_TOLERANCE_FRACTION * baseline))
             teardown = CudaTeardown(
                 baseline_allocated_bytes=baseline,
                 final_allocated_bytes=final,
                 peak_reserved_bytes=peak_reserved,
                 peak_allocated_bytes=peak_allocated,
                 teardown_tolerance_bytes=tolerance,
-                teardown_returned_to_baseline=abs(final - baseline) <= tolerance,
+                teardown_returned_to_baseline=final - baseline <= tolerance,
             )
         metrics = controller.state.metrics
         cycles_here = len(metrics) - (resumed_from or 0)
@@ -238,3 +240,9 @@ def _progress_reporter(total: int) -> Any:
         )
 
     return report
+
+
+def _release_library_caches(torch: Any) -> None:
+    """cuBLAS workspaces live in the caching allocator: free them (and cached blocks) around a run."""
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
