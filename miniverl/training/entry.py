@@ -111,6 +111,9 @@ def _train(
             activation_checkpointing=config.train.activation_checkpointing,
         )
         controller = None
+        load_peaks = (
+            (torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)) if cuda else (0, 0)
+        )
         try:
             if fresh:
                 atomic_write_bytes(run_dir / "plan.json", plan_path.read_bytes())
@@ -135,8 +138,12 @@ def _train(
             controller.run()
         finally:
             if cuda:
-                peak_reserved = torch.cuda.max_memory_reserved(device)
-                peak_allocated = torch.cuda.max_memory_allocated(device)
+                # the controller resets the peak counters each cycle: take the largest of them all
+                cycle_lines = controller.state.metrics if controller is not None else []
+                reserved = [m.peak_reserved_bytes or 0 for m in cycle_lines]
+                allocated = [m.peak_allocated_bytes or 0 for m in cycle_lines]
+                peak_reserved = max([load_peaks[0], torch.cuda.max_memory_reserved(device), *reserved])
+                peak_allocated = max([load_peaks[1], torch.cuda.max_memory_allocated(device), *allocated])
             if controller is not None:
                 controller.release()
             runtime.close()
