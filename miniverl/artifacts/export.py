@@ -79,7 +79,9 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
                 "algorithm": config.algorithm.name,
             },
             files=files,
-            reload=ExportReload(max_abs_logit_diff=max_diff, tolerance=tolerance, passed=True, probe_tokens=len(probe)),
+            reload=ExportReload(
+                max_abs_logit_diff=max_diff, tolerance=tolerance, passed=max_diff <= tolerance, probe_tokens=len(probe)
+            ),
         )
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
