@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -14,8 +15,10 @@ from typing import Any
 import torch
 
 from miniverl.algorithms import grpo_advantages
+from miniverl.canonical import atomic_write_text, canonical_json
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
+from miniverl.errors import CheckpointError
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import CompositeReward, RewardScore, reward_meta
 from miniverl.rollout.hf import Trajectory
@@ -86,8 +89,6 @@ class Controller:
         params, opt_tensors, state = ckpt.read_checkpoint(directory)
         named = dict(self.runtime.named_trainable_parameters())
         if set(named) != set(params):
-            from miniverl.errors import CheckpointError
-
             raise CheckpointError(f"checkpoint {directory.name} does not match this plan's adapter")
         with torch.no_grad():
             for name, tensor in params.items():
@@ -124,8 +125,6 @@ class Controller:
         root = self.run_dir / "checkpoints"
         ckpt.write_checkpoint(root, state, params, self.optimizer, self.runtime.save_student_adapter)
         for old in list_checkpoints(root)[: -self.config.checkpoint.keep_last]:
-            import shutil
-
             shutil.rmtree(old)
 
     # -- one cycle ----------------------------------------------------------------------------
@@ -292,8 +291,6 @@ class Controller:
         write_trajectories_jsonl(path, records)
 
     def _write_metrics(self) -> None:
-        from miniverl.canonical import atomic_write_text, canonical_json
-
         text = "".join(canonical_json(m.model_dump(mode="json")) + "\n" for m in self.state.metrics)
         atomic_write_text(self.run_dir / "metrics.jsonl", text)
 
