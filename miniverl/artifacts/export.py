@@ -106,12 +106,12 @@ def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int
     import torch
     from peft import PeftModel
 
+    from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
     from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
     from miniverl.training.checkpoint import read_checkpoint
-    from miniverl.training.entry import _device
 
-    device = _device(config)
+    device = resolve_device(config.models.device)
     student_only = config.models.model_copy(update={"runtime": "dual_model", "teacher": None, "reference": None})
     runtime = build_runtime(student_only, device=device)
     try:

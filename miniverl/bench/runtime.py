@@ -29,8 +29,9 @@ import torch
 
 from miniverl.bench.render import evaluate_goals, render_markdown, render_pareto_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
-from miniverl.gate.models import MODEL_CHOICES, PreparedModel, prepare_model, resolve_device
+from miniverl.gate.models import MODEL_CHOICES, PreparedModel, prepare_model
 from miniverl.gate.workload import Workload, models_section, set_student_init, synthetic_workload
+from miniverl.models.loading import resolve_device
 from miniverl.runtime import AutoPolicy, build_runtime
 from miniverl.runtime.base import BatchSize, RoleRuntime
 from miniverl.runtime.handles import release_device_memory

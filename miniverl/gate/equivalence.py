@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from miniverl.canonical import atomic_write_json
-from miniverl.gate.models import prepare_model, resolve_device
+from miniverl.gate.models import prepare_model
 from miniverl.gate.workload import Workload, deterministic_torch, models_section, set_student_init, synthetic_workload
+from miniverl.models.loading import resolve_device
 from miniverl.runtime import AutoPolicy, build_runtime
 from miniverl.runtime.base import BatchSize, RoleRuntime, SequenceRows
 from miniverl.runtime.objectives import ObjectiveSpec, accumulate_objective, score_teacher

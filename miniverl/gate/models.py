@@ -31,13 +31,6 @@ MODEL_CHOICES = ("tiny", "smollm2", "qwen3-0.6b-shape")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def qwen3_config(name: str) -> Any:
     from transformers import Qwen3Config
 

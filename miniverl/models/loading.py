@@ -325,10 +325,17 @@ def load_frozen_adapter(model: PreTrainedModel | PeftModel, adapter: AdapterSpec
     If ``model`` is already a ``PeftModel`` the adapter is added beside the existing ones (the
     active adapter does not change); otherwise a new ``PeftModel`` is returned with it active.
     """
+    folder, _identity = resolve_adapter(adapter)
+    return attach_frozen_adapter(model, folder, adapter_name=adapter_name, label=adapter.path)
+
+
+def attach_frozen_adapter(
+    model: PreTrainedModel | PeftModel, folder: Path, *, adapter_name: str, label: str
+) -> PeftModel:
+    """Attach an already resolved (pin-checked) adapter directory as ``adapter_name``, frozen."""
     with _quiet_bitsandbytes_import():
         from peft import PeftModel
 
-    folder, _identity = resolve_adapter(adapter)
     try:
         if isinstance(model, PeftModel):
             model.load_adapter(str(folder), adapter_name=adapter_name, is_trainable=False)
@@ -338,9 +345,7 @@ def load_frozen_adapter(model: PreTrainedModel | PeftModel, adapter: AdapterSpec
             peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=adapter_name, is_trainable=False)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         lines = str(exc).strip().splitlines()
-        raise ModelSourceError(
-            f"cannot load adapter {adapter.path}: {lines[0] if lines else type(exc).__name__}"
-        ) from None
+        raise ModelSourceError(f"cannot load adapter {label}: {lines[0] if lines else type(exc).__name__}") from None
     for name, param in peft_model.named_parameters():
         if f".{adapter_name}." in name:
             param.requires_grad_(False)

@@ -20,6 +20,7 @@ import torch
 
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import ModelSpec, ModelsSection
+from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
@@ -30,9 +31,7 @@ from miniverl.runtime.loading import (
     attach_student_lora,
     base_spec_for,
     default_loader,
-    disable_cpu_nf4_repack,
     enable_activation_checkpointing,
-    freeze,
     load_frozen_adapter,
     resolve_adapter,
 )
@@ -59,7 +58,7 @@ class DualModelRuntime:
         self.auto = auto or AutoPolicy.for_device(self._device, dtype)
         settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
         student_base = load(models.student, settings)
-        disable_cpu_nf4_repack(student_base.model)
+        disable_cpu_weight_repack(student_base.model)
         assert models.student.lora is not None  # the schema fills the default
         self._student = attach_student_lora(student_base.model, models.student.lora, adapter_name=STUDENT_ADAPTER)
         if activation_checkpointing:
@@ -100,8 +99,8 @@ class DualModelRuntime:
         role: RoleName, spec: ModelSpec, student: ModelSpec, load: BaseLoader, settings: LoadSettings
     ) -> tuple[Any, dict[str, Any]]:
         loaded = load(base_spec_for(spec, student), settings)
-        disable_cpu_nf4_repack(loaded.model)
-        model = freeze(loaded.model)
+        disable_cpu_weight_repack(loaded.model)
+        model = loaded.model.requires_grad_(False)
         info: dict[str, Any] = {
             "base": loaded.identity,
             "base_is_student_base": spec.source == "student",

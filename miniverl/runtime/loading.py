@@ -8,7 +8,6 @@ the equivalence gate inject their own (tiny in-memory models, random-init shapes
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ import torch
 
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.schema import AdapterSpec, LoraConfig, ModelSpec
-from miniverl.errors import ModelSourceError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -71,23 +69,6 @@ def base_spec_for(role_spec: ModelSpec, student: ModelSpec) -> ModelSpec:
     )
 
 
-def freeze(model: Any) -> Any:
-    for param in model.parameters():
-        param.requires_grad_(False)
-    return model
-
-
-def disable_cpu_nf4_repack(model: Any) -> int:
-    """bitsandbytes 0.50 CPU hazard: stop ``Linear4bit`` repacking weights after a no-grad forward.
-
-    The repacked AVX512-BF16 layout has no autograd, so later LoRA gradients come out wrong.
-    Idempotent; applied to every model a runtime holds, whoever loaded it. Returns the count.
-    """
-    from miniverl.models.loading import disable_cpu_weight_repack
-
-    return disable_cpu_weight_repack(model)
-
-
 def attach_student_lora(model: Any, lora: LoraConfig, *, adapter_name: str = "student") -> Any:
     """Wrap ``model`` in a ``PeftModel`` with one trainable LoRA; everything else frozen."""
     from miniverl.models.loading import attach_lora
@@ -102,65 +83,27 @@ class ResolvedAdapter:
 
 
 def resolve_adapter(spec: AdapterSpec) -> ResolvedAdapter:
-    """Find a frozen adapter's directory and check its pin (sha256 of the weights when given)."""
-    directory = Path(spec.path) if spec.source == "local" else _hub_adapter_dir(spec)
-    weights, config = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
-    if not weights.is_file() or not config.is_file():
-        raise ModelSourceError(
-            f"adapter {spec.path!r} is not a PEFT adapter directory: it needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}"
-        )
-    digest = sha256_file(weights)
-    if spec.sha256 is not None and digest != spec.sha256:
-        raise ModelSourceError(
-            f"adapter {spec.path!r}: {ADAPTER_WEIGHTS} has sha256 {digest}, but the config pins {spec.sha256}; "
-            "point at the pinned adapter or update adapter.sha256"
-        )
-    with open(config, encoding="utf-8") as handle:
-        adapter_config = json.load(handle)
+    """Find a frozen adapter's directory (pin checked by ``miniverl.models``) and its provenance."""
+    from miniverl.models.sources import resolve_adapter as resolve_adapter_source
+
+    directory, identity = resolve_adapter_source(spec)
+    adapter_config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     adapter_config.pop("base_model_name_or_path", None)  # may be a local path
     provenance: dict[str, Any] = {
         "source": spec.source,
-        "adapter_model_sha256": digest,
+        "adapter_model_sha256": identity.get("sha256") or sha256_file(directory / ADAPTER_WEIGHTS),
         "adapter_config_sha256": sha256_json(adapter_config),
     }
     if spec.source == "hub":
-        provenance.update({"repo_id": spec.path, "revision": spec.revision})
+        provenance.update({"repo_id": identity["repo_id"], "revision": identity["revision"]})
     return ResolvedAdapter(directory=directory, provenance=provenance)
-
-
-def _hub_adapter_dir(spec: AdapterSpec) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:  # pragma: no cover
-        raise ModelSourceError("huggingface_hub is needed for hub adapters") from exc
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    try:
-        path = snapshot_download(
-            repo_id=spec.path,
-            revision=spec.revision,
-            allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS],
-            local_files_only=offline,
-        )
-    except Exception as exc:
-        raise ModelSourceError(f"cannot fetch adapter {spec.path}@{spec.revision}: {exc}") from exc
-    return Path(path)
 
 
 def load_frozen_adapter(model: Any, resolved: ResolvedAdapter, *, adapter_name: str) -> Any:
     """Load a frozen adapter onto ``model`` (wrapping it in a ``PeftModel`` when it is not one)."""
-    from peft import PeftModel
+    from miniverl.models.loading import attach_frozen_adapter
 
-    if isinstance(model, PeftModel):
-        model.load_adapter(str(resolved.directory), adapter_name=adapter_name, is_trainable=False)
-        wrapped = model
-    else:
-        wrapped = PeftModel.from_pretrained(
-            model, str(resolved.directory), adapter_name=adapter_name, is_trainable=False
-        )
-    for name, param in wrapped.named_parameters():
-        if f".{adapter_name}." in name:
-            param.requires_grad_(False)
-    return wrapped
+    return attach_frozen_adapter(model, resolved.directory, adapter_name=adapter_name, label=resolved.directory.name)
 
 
 def inner_causal_lm(model: Any) -> Any:

@@ -26,6 +26,7 @@ import torch
 
 from miniverl.config.schema import ModelSpec, ModelsSection
 from miniverl.errors import ConfigError
+from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
@@ -35,7 +36,6 @@ from miniverl.runtime.loading import (
     LoadSettings,
     attach_student_lora,
     default_loader,
-    disable_cpu_nf4_repack,
     enable_activation_checkpointing,
     load_frozen_adapter,
     resolve_adapter,
@@ -92,7 +92,7 @@ class SharedBackboneRuntime:
         self.auto = auto or AutoPolicy.for_device(self._device, dtype)
         settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
         base = load(models.student, settings)
-        disable_cpu_nf4_repack(base.model)
+        disable_cpu_weight_repack(base.model)
         assert models.student.lora is not None
         self._model = attach_student_lora(base.model, models.student.lora, adapter_name="student")
         if activation_checkpointing:

@@ -79,10 +79,6 @@ class Controller:
             weight_decay=train.weight_decay,
         )
         self.state = Progress()
-        self.adapter_changed: list[bool] = []
-        self.group_std_max: list[float] = []
-        self.nonzero_advantages = 0
-        self.rewards_seen: list[float] = []
 
     # -- checkpoint I/O ---------------------------------------------------------------------
     def restore(self, directory: Path, record: Any) -> None:
@@ -98,10 +94,6 @@ class Controller:
         extra = state["extra"]
         self.state = Progress(step=record.step, data_cursor=record.data_cursor)
         self.state.metrics = [MetricsLine.model_validate(m) for m in extra["metrics"]]
-        self.adapter_changed = list(extra["adapter_changed"])
-        self.group_std_max = list(extra["group_std_max"])
-        self.nonzero_advantages = int(extra["nonzero_advantages"])
-        self.rewards_seen = list(extra["rewards_seen"])
 
     def _checkpoint(self) -> None:
         if self.state.step % self.config.checkpoint.every_updates and self.state.step != self.plan.updates:
@@ -115,10 +107,6 @@ class Controller:
             config_digest=self.plan.config_digest,
             extra={
                 "metrics": [m.model_dump(mode="json") for m in self.state.metrics],
-                "adapter_changed": self.adapter_changed,
-                "group_std_max": self.group_std_max,
-                "nonzero_advantages": self.nonzero_advantages,
-                "rewards_seen": self.rewards_seen,
             },
         )
         params = dict(self.runtime.named_trainable_parameters())
@@ -232,7 +220,6 @@ class Controller:
         advantages = None
         if cfg.algorithm.name == "grpo":
             advantages = self._advantages(trajectories, rewards)
-            self.nonzero_advantages += sum(abs(a) > 0 for a in advantages)
         sequences = self._update_sequences(prompts, trajectories, advantages)
         update_start = time.perf_counter()
         stats: UpdateStats = (
@@ -244,9 +231,6 @@ class Controller:
         update_seconds = time.perf_counter() - update_start
         self.state.step += 1
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
-        self.adapter_changed.append(delta > 0)
-        self.group_std_max.append(group_std)
-        self.rewards_seen.extend(rewards)
         self._write_trajectories(trajectories, scores, advantages)
         cuda = self.runtime.device.type == "cuda"
         line = MetricsLine(

@@ -14,7 +14,7 @@ from miniverl.canonical import atomic_write_bytes, atomic_write_json
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
 from miniverl.errors import CheckpointError, DependencyError, UsageError
-from miniverl.records import CudaTeardown, PlanRecord, RunManifest, RunSummary
+from miniverl.records import CudaTeardown, MetricsLine, PlanRecord, RunManifest, RunSummary
 
 # Teardown passes when allocated memory is back within max(2 MiB, 2 % of the baseline) of the baseline.
 TEARDOWN_TOLERANCE_MIN_BYTES = 2 * 1024 * 1024
@@ -88,6 +88,7 @@ def _train(
 ) -> dict[str, Any]:
     import torch
 
+    from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
     from miniverl.training.controller import Controller
 
@@ -96,7 +97,7 @@ def _train(
         run_dir.mkdir(parents=True)
     try:
         _seed_everything(config)
-        device = _device(config)
+        device = resolve_device(config.models.device)
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(device)
@@ -178,12 +179,12 @@ def _train(
             cycles=len(metrics),
             updates=controller.state.step,
             resumed_from_step=resumed_from,
-            reward_mean=(sum(controller.rewards_seen) / len(controller.rewards_seen))
-            if controller.rewards_seen
+            reward_mean=_reward_mean(metrics),
+            reward_std_within_group_max=max((m.reward_std_within_group_max or 0.0 for m in metrics), default=None),
+            nonzero_advantages=sum(m.nonzero_advantages or 0 for m in metrics)
+            if config.algorithm.name == "grpo"
             else None,
-            reward_std_within_group_max=max(controller.group_std_max, default=None),
-            nonzero_advantages=controller.nonzero_advantages if config.algorithm.name == "grpo" else None,
-            adapter_changed_each_update=bool(controller.adapter_changed) and all(controller.adapter_changed),
+            adapter_changed_each_update=bool(metrics) and all(m.adapter_delta_norm > 0 for m in metrics),
             wall_seconds=wall,
             seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
             cuda=teardown,
@@ -224,17 +225,6 @@ def _seed_everything(config: MiniverlConfig) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def _device(config: MiniverlConfig) -> Any:
-    import torch
-
-    wanted = config.models.device
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise UsageError("models.device is cuda but no CUDA device is visible; use device: auto or cpu")
-    if wanted == "auto":
-        wanted = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(wanted)
-
-
 def _progress_reporter(total: int) -> Any:
     from rich.console import Console
 
@@ -253,3 +243,11 @@ def _release_library_caches(torch: Any) -> None:
     """cuBLAS workspaces live in the caching allocator: free them (and cached blocks) around a run."""
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
+
+
+def _reward_mean(metrics: list[MetricsLine]) -> float | None:
+    """Mean reward over every trajectory of the run (each update's mean weighted by its trajectories)."""
+    total = sum(m.trajectories for m in metrics)
+    if total == 0:
+        return None
+    return sum((m.reward_mean or 0.0) * m.trajectories for m in metrics) / total

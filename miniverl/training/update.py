@@ -82,8 +82,10 @@ def _targets(sequences: Sequence[UpdateSequence], device: torch.device) -> torch
 def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config: MiniverlConfig) -> UpdateStats:
     """GRPO: token-mean PPO-clip loss over the group (+ optional k3 KL to the reference), backpropagated.
 
-    ``old_logp`` is recomputed with the same physical batches under ``no_grad`` before any update,
-    so the importance ratio is exactly 1 for strictly on-policy data (verl recomputes it the same way).
+    Strict on-policy: the group was sampled by the current weights and no optimizer step happens
+    before this backward, so ``old_logp`` is the current log-prob detached (ratio exactly 1; the
+    clip only matters for later epochs, which strict on-policy training never runs). This saves a
+    second student forward per physical batch.
     """
     grpo = config.algorithm.grpo
     chunk = config.train.logprob_chunk_size
@@ -103,11 +105,9 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
                 hidden = ref.selected_hidden(rows, trajectory_batch_size=len(part))
                 ref_logp, _ = chunked_token_logprobs(hidden, ref.head_weight, targets, chunk_size=chunk)
         with runtime.use("student") as student:
-            with torch.no_grad():
-                hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
-                old_logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
             hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
             logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
+        old_logp = logp.detach()
         advantages = torch.tensor(
             [s.advantage for s in part for _ in range(s.response_len)], dtype=logp.dtype, device=logp.device
         )
