@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,3 +112,14 @@ def prompts(workdir: Path) -> Path:
 
     sample_dataset("calculator", 8, 0, workdir / "prompts.parquet")
     return workdir / "prompts.parquet"
+
+
+@pytest.fixture()
+def one_torch_thread() -> Iterator[None]:
+    """Run a test on one torch thread (timing-sensitive CPU tests on a shared 2-core machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,7 @@ from miniverl.bench.render import evaluate_goals, render_pareto_svg
 from miniverl.bench.runtime import BenchOptions, calibrate_overhead_tokens, main, run_runtime_bench
 from miniverl.canonical import sha256_file, sha256_json
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,7 @@ from miniverl.runtime.dual import DualModelRuntime
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: thread hand-off costs more than it saves
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matmuls: threads cost more than they save
 
 
 @pytest.fixture(scope="module")
