@@ -2,6 +2,9 @@
 PYTHON ?= python3
 TOOLS := .venv-tools
 NOX := $(TOOLS)/bin/nox
+# The profile and level an audit expects come from the command, never from the files it audits.
+PROFILE ?= cpu-reference
+LEVEL ?= release_smoke
 
 .PHONY: test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
@@ -28,10 +31,10 @@ full: $(NOX)
 	$(NOX) -s full
 
 release-assets: $(NOX)
-	$(NOX) -s release_assets
+	$(NOX) -s release_assets -- --profile $(PROFILE)
 
 verify: $(NOX)
-	$(NOX) -s verify
+	$(NOX) -s verify -- --profile $(PROFILE) --level $(LEVEL)
 
 harness-tests: $(NOX)
 	$(NOX) -s harness_tests

@@ -53,6 +53,10 @@ def build(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "build", *session.posargs)
 
 
+def _option(args: list[str], flag: str, default: str) -> str:
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else default
+
+
 def _qualify(session: nox.Session, command: str) -> None:
     session.install(*HARNESS, *BUILD_TOOLCHAIN)
     import time
@@ -64,30 +68,15 @@ def _qualify(session: nox.Session, command: str) -> None:
     record = Path("out/qualification/qualification.json")
     if not record.is_file() or record.stat().st_mtime < started:
         session.error("no new out/qualification/qualification.json was written (see the harness error above)")
-    _audit(session, assets=False)
+    level = "release_smoke" if command == "smoke" else "full_qualification"
+    _audit(session, profile=_option(args, "--profile", "cpu-reference"), level=level, assets=False)
 
 
-def _audit(session: nox.Session, *, assets: bool) -> None:
-    """Run the torch-free auditor over out/candidate + out/qualification (+ out/release-assets)."""
-    import json
-    from pathlib import Path
-
-    qualification = json.loads(Path("out/qualification/qualification.json").read_text())
-    profile = json.loads(Path(f"manifests/harness/profiles/{qualification['profile']['name']}.json").read_text())
-    manifest = json.loads(Path("out/candidate/candidate-manifest.json").read_text())
-    args = [
-        "--candidate-dir", "out/candidate",
-        "--candidate-manifest", "out/candidate/candidate-manifest.json",
-        "--qualification", "out/qualification/qualification.json",
-        "--commit", manifest["source_commit"],
-        "--known-good-sha256", qualification["profile"]["known_good_sha256"],
-        "--required-gpu-name", profile["required_gpu_name"] or "none",
-        "--level", qualification["level"],
-        "--out", "out/release-verification.json",
-    ]  # fmt: skip
-    if assets and Path("out/release-assets").is_dir():
-        args += ["--assets-dir", "out/release-assets"]
-    session.run("python", "scripts/validate_release_chain.py", *args)
+def _audit(session: nox.Session, *, profile: str, level: str, assets: bool) -> None:
+    """The torch-free auditor over out/. The commit, the known-good hash and the GPU come from this checkout
+    and the profile (`python -m harness verify-checkout`), never from the files being verified."""
+    args = ["--profile", profile, "--level", level] + (["--assets"] if assets else [])
+    session.run("python", "-m", "harness", "verify-checkout", *args)
 
 
 @nox.session(python=PYTHON)
@@ -104,16 +93,25 @@ def full(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def release_assets(session: nox.Session) -> None:
-    """The canonical release-asset directory from out/candidate + out/qualification."""
+    """The canonical release-asset directory from out/candidate + out/qualification (`-- --profile P`)."""
     session.install(*HARNESS)
-    session.run("python", "-m", "harness", "release-assets", "--replace", *session.posargs)
+    args = session.posargs or ["--profile", "cpu-reference"]
+    session.run("python", "-m", "harness", "release-assets", "--replace", *args)
 
 
 @nox.session(python=PYTHON)
 def verify(session: nox.Session) -> None:
-    """The torch-free auditor over out/ (candidate, qualification and, when present, release assets)."""
+    """The torch-free auditor over out/ (`-- --profile P --level L`; release assets too when present)."""
+    from pathlib import Path
+
     session.install(*HARNESS)
-    _audit(session, assets=True)
+    args = session.posargs
+    _audit(
+        session,
+        profile=_option(args, "--profile", "cpu-reference"),
+        level=_option(args, "--level", "release_smoke"),
+        assets=Path("out/release-assets").is_dir(),
+    )
 
 
 @nox.session(python=PYTHON)

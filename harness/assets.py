@@ -5,26 +5,23 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from harness.audit import (
-    PRINCIPAL,
-    PRINCIPAL_ROLE_PREFIX,
-    QUAL_SUMS,
-    QUALIFICATION_ASSETS,
-    RELEASE_VERIFICATION,
-    AuditRequest,
-    audit,
-)
+from harness.audit import AuditRequest, audit, verify_chain
 from harness.candidate import MANIFEST, SUMS, check_candidate, replace_dir
 from harness.errors import AssetsError, UsageError
 from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, Member, write_archive
 from harness.jsonio import atomic_write_bytes, fsync_tree, sha256_file
+from harness.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION
+from harness.policy import PRINCIPAL_FILES
 from harness.recordio import load_record, record_bytes
 from harness.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
 
+PRINCIPAL_ROLE_PREFIX = "principal_"
 
-def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path) -> EvidenceManifest:
+
+def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path, *, mtime: int) -> EvidenceManifest:
     """Write the archive + its manifest into ``out_dir`` from the qualification's subordinate artifacts."""
     members: list[Member] = []
     entries: list[EvidenceMember] = []
@@ -40,7 +37,7 @@ def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path) -> Evidenc
         members.append(Member(name=name, role=art.role, source=source))
         entries.append(EvidenceMember(name=name, role=art.role, bytes=art.bytes, sha256=art.sha256))
     archive = out_dir / ARCHIVE
-    write_archive(members, archive)
+    write_archive(members, archive, mtime=mtime)
     manifest = EvidenceManifest(
         kind="miniverl.evidence-manifest",
         schema_version=1,
@@ -58,17 +55,19 @@ def build_release_assets(
     qual_dir: Path,
     out: Path,
     *,
-    known_good_sha256: str | None = None,
-    replace: bool = False,
+    known_good_sha256: str,
+    required_gpu_name: str | None,
+    known_good: Path | None = None,
+    replace_existing: bool = False,
 ) -> Path:
     """Build the asset dir (all-or-nothing). Fails naming any principal record that does not exist yet."""
-    if out.exists() and not replace:
+    if out.exists() and not replace_existing:
         raise UsageError(f"{out.name} exists; pass --replace to rebuild it", check="output")
     manifest = check_candidate(candidate_dir)
     qual_path = qual_dir / "qualification.json"
     qual = load_record(Qualification, qual_path, "qualification.json")
     bound = {a.path for a in qual.artifacts if a.role.startswith(PRINCIPAL_ROLE_PREFIX)}
-    missing = [name for name in PRINCIPAL if name not in bound or not (qual_dir / name).is_file()]
+    missing = [name for name in PRINCIPAL_FILES if name not in bound or not (qual_dir / name).is_file()]
     if missing:
         raise AssetsError(
             f"principal workload records do not exist yet: {', '.join(missing)}", check="principal_records"
@@ -86,22 +85,21 @@ def build_release_assets(
         _copy(candidate_dir / SUMS, staging / SUMS)
         _copy(candidate_dir / MANIFEST, staging / "candidate-manifest.json")
         _copy(qual_path, staging / "qualification.json")
-        for name in PRINCIPAL:
+        for name in PRINCIPAL_FILES:
             _copy(qual_dir / name, staging / name)
-        pack_evidence(qual_dir, qual, staging)
-        request = AuditRequest(
+        pack_evidence(qual_dir, qual, staging, mtime=manifest.source_date_epoch)
+        chain = AuditRequest(
             candidate_dir=candidate_dir,
             candidate_manifest=candidate_dir / MANIFEST,
             qualification=qual_path,
             commit=manifest.source_commit,
-            known_good_sha256=known_good_sha256 or qual.profile.known_good_sha256,
-            required_gpu_name=qual.environment.gpu.name if qual.environment.gpu else None,
+            known_good_sha256=known_good_sha256,
+            required_gpu_name=required_gpu_name,
             level=qual.level,
-            assets_dir=staging,
+            known_good=known_good,
             profile=qual.profile.name,
-            expect_release_verification=False,
         )
-        verification = audit(request)
+        verification = verify_chain(chain)
         if verification.status != "passed":
             raise AssetsError(
                 f"the auditor refused the chain: {', '.join(verification.failed_checks)}",
@@ -110,6 +108,11 @@ def build_release_assets(
         atomic_write_bytes(staging / RELEASE_VERIFICATION, record_bytes(verification))
         sums = "".join(f"{sha256_file(staging / n)}  {n}\n" for n in QUALIFICATION_ASSETS)
         atomic_write_bytes(staging / QUAL_SUMS, sums.encode())
+        final = audit(replace(chain, assets_dir=staging))
+        if final.status != "passed":
+            raise AssetsError(
+                f"the auditor refused the assets: {', '.join(final.failed_checks)}", check=final.failed_checks[0]
+            )
         os.chmod(staging, 0o755)
         fsync_tree(staging)
         replace_dir(staging, out)

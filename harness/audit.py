@@ -1,53 +1,48 @@
-"""The torch-free auditor: re-verify a candidate, a qualification and (optionally) a release-asset dir."""
+"""The torch-free auditor: re-verify a candidate, a qualification and (optionally) a release-asset dir.
+
+The policy (required checks, principal records, thresholds, release authority) comes from ``harness.policy``;
+the records under audit only supply evidence. The published ``release-verification.json`` is the chain
+verification (everything but the asset layout), so the auditor recomputes it and demands identical bytes.
+"""
 
 from __future__ import annotations
 
-import tempfile
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from harness.candidate import SUMS, check_candidate, sums_text
+from harness import policy
+from harness.candidate import check_candidate
 from harness.errors import HarnessError, VerificationError
-from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract
+from harness.evidence import ARCHIVE_MEMBERS
 from harness.jsonio import sha256_bytes, sha256_file
+from harness.known_good import read_known_good
 from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
-from harness.recordio import load_record
+from harness.qualification import EVIDENCE_PATHS
+from harness.recordio import load_record, parse_record
 from harness.records import (
+    Artifact,
     CandidateManifest,
-    EvidenceManifest,
     GithubActionsBinding,
+    KnownGoodDescriptor,
+    Profile,
     Qualification,
     ReleaseVerification,
     VerificationCheck,
     WorkloadRecord,
 )
+from harness.safeio import MANIFEST_MAX_BYTES, RECORD_MAX_BYTES, read_regular, regular_file_size
 
 _SCRUB = Redactor({})
-RELEASE_VERIFICATION = "release-verification.json"
-QUAL_SUMS = "qualification-SHA256SUMS"
-PRINCIPAL = [
-    "qualification-release-smoke.json",
-    "qualification-direct-gkd.json",
-    "qualification-pg-k1.json",
-    "qualification-smollm2.json",
-]
-# The nine provenance and evidence assets, in the seed's canonical order.
-QUALIFICATION_ASSETS = [
-    "candidate-manifest.json",
-    RELEASE_VERIFICATION,
-    "qualification.json",
-    *PRINCIPAL,
-    ARCHIVE,
-    ARCHIVE_MANIFEST,
-]
-TOP_LEVEL = {"dist", SUMS, QUAL_SUMS, *QUALIFICATION_ASSETS}
-PRINCIPAL_ROLE_PREFIX = "principal_"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+GPU_NAME = re.compile(r"^[A-Za-z0-9 ._()+-]{1,100}$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AuditRequest:
     candidate_dir: Path
     candidate_manifest: Path
@@ -56,9 +51,23 @@ class AuditRequest:
     known_good_sha256: str
     required_gpu_name: str | None
     level: str = "full_qualification"
+    known_good: Path | None = None  # the descriptor; None reads known-good/<name>.json from the candidate's sdist
     assets_dir: Path | None = None
     profile: str | None = None
-    expect_release_verification: bool = True
+
+
+def validate_request(req: AuditRequest) -> None:
+    """Arguments the auditor can refuse before reading anything (exit 1, one named line)."""
+    if not COMMIT.match(req.commit):
+        raise VerificationError(f"--commit {req.commit[:50]!r} is not a full 40-hex lower-case sha", check="commit")
+    if not SHA256.match(req.known_good_sha256):
+        raise VerificationError("--known-good-sha256 is not 64 lower-case hex digits", check="known_good_sha256")
+    if req.level not in policy.LEVELS:
+        raise VerificationError(f"--level {req.level[:40]!r} is not one of {list(policy.LEVELS)}", check="level")
+    if req.required_gpu_name is not None and not GPU_NAME.match(req.required_gpu_name):
+        raise VerificationError("--required-gpu-name is not a plain GPU name", check="gpu_name")
+    if req.profile is not None and req.profile not in PROFILES:
+        raise VerificationError(f"--profile {req.profile[:40]!r} is not a harness profile", check="profile")
 
 
 @dataclass
@@ -66,7 +75,12 @@ class Auditor:
     req: AuditRequest
     checks: list[VerificationCheck] = field(default_factory=list)
     manifest: CandidateManifest | None = None
+    manifest_bytes: bytes | None = None
     qual: Qualification | None = None
+    qual_bytes: bytes | None = None
+    profile_def: Profile | None = None
+    descriptor: KnownGoodDescriptor | None = None
+    locate: Callable[[Artifact], Path] | None = None
 
     def check(self, name: str, fn: Callable[[], str]) -> bool:
         try:
@@ -79,29 +93,34 @@ class Auditor:
         self.checks.append(VerificationCheck(name=name, passed=True, detail=detail[:500]))
         return True
 
-    # -- candidate and qualification ---------------------------------------------------------------
+    # -- the chain -------------------------------------------------------------------------------------
     def candidate(self) -> str:
         self.manifest = check_candidate(self.req.candidate_dir, self.req.candidate_manifest)
+        self.manifest_bytes = read_regular(
+            self.req.candidate_manifest, "--candidate-manifest", max_bytes=MANIFEST_MAX_BYTES, check="candidate"
+        )
         return f"exact file set; {self.manifest.wheel.filename} and {self.manifest.sdist.filename} match their hashes"
 
     def commit(self) -> str:
-        assert self.manifest is not None
+        m = self._m()
         _require(
-            self.manifest.source_commit == self.req.commit,
+            m.source_commit == self.req.commit,
             "source_commit",
-            f"candidate was built from {self.manifest.source_commit}, not {self.req.commit}",
+            f"candidate was built from {m.source_commit}, not {self.req.commit}",
         )
         return "candidate source commit equals --commit"
 
     def qualification(self) -> str:
-        self.qual = load_record(Qualification, self.req.qualification, "qualification.json")
+        self.qual_bytes = read_regular(
+            self.req.qualification, "qualification.json", max_bytes=RECORD_MAX_BYTES, check="qualification_schema"
+        )
+        self.qual = parse_record(Qualification, self.qual_bytes, "qualification.json")
         return "qualification.json validates against its schema"
 
     def binding(self) -> str:
         q, m = self._q(), self._m()
-        data = self.req.candidate_manifest.read_bytes()
         _require(
-            q.candidate.manifest_sha256 == sha256_bytes(data),
+            q.candidate.manifest_sha256 == sha256_bytes(self.manifest_bytes or b""),
             "candidate_binding",
             "qualification was made from a different candidate manifest",
         )
@@ -111,9 +130,12 @@ class Auditor:
             f"qualification binds commit {q.candidate.source_commit}, not {self.req.commit}",
         )
         _require(
-            q.candidate.wheel == m.wheel and q.candidate.sdist == m.sdist and q.candidate.workflow == m.workflow,
+            q.candidate.wheel == m.wheel
+            and q.candidate.sdist == m.sdist
+            and q.candidate.workflow == m.workflow
+            and q.candidate.version == m.version,
             "candidate_binding",
-            "qualification binds another wheel, sdist or build run",
+            "qualification binds another wheel, sdist, version or build run",
         )
         return "qualification binds this candidate manifest, wheel and sdist"
 
@@ -129,7 +151,8 @@ class Auditor:
                 )
         if isinstance(built, GithubActionsBinding) or isinstance(ran, GithubActionsBinding):
             _require(built == ran, "same_run", "candidate and qualification are not from the same workflow run")
-            return f"same run {built.run_id if isinstance(built, GithubActionsBinding) else ''} attempt 1"
+            assert isinstance(built, GithubActionsBinding)
+            return f"same run {built.run_id} attempt 1"
         return "local build and local qualification (cannot authorize a release)"
 
     def level(self) -> str:
@@ -142,18 +165,21 @@ class Auditor:
     def profile(self) -> str:
         q = self._q()
         known = PROFILES.get(q.profile.name)
-        _require(
-            known is not None and profile_sha256(known) == q.profile.sha256,
-            "profile",
-            f"profile {q.profile.name!r} is unknown or its definition differs from the harness's",
-        )
+        _require(known is not None, "profile", f"profile {q.profile.name!r} is not a harness profile")
         assert known is not None
+        _require(
+            profile_sha256(known) == q.profile.sha256
+            and known.can_authorize_release == q.profile.can_authorize_release
+            and known.known_good == q.profile.known_good,
+            "profile",
+            f"profile {q.profile.name!r} in the record differs from the harness's definition",
+        )
         _require(
             self.req.profile in (None, q.profile.name),
             "profile",
             f"qualification used profile {q.profile.name}, expected {self.req.profile}",
         )
-        _require(known.can_authorize_release == q.profile.can_authorize_release, "profile", "release authority differs")
+        _require(known.device == q.environment.device, "profile", f"profile runs on {known.device}")
         want = self.req.required_gpu_name
         have = q.environment.gpu.name if q.environment.gpu else None
         _require(
@@ -161,159 +187,102 @@ class Auditor:
             "gpu_name",
             f"measured GPU {have!r}, profile {known.required_gpu_name!r}, required {want!r}",
         )
+        self.profile_def = known
         return f"profile {q.profile.name}, GPU {have!r}"
 
     def known_good(self) -> str:
-        q = self._q()
-        _require(
-            q.profile.known_good_sha256 == self.req.known_good_sha256 == q.environment.known_good_sha256,
-            "known_good_sha256",
-            "qualification's known-good sha256 differs from --known-good-sha256",
+        q, m, profile = self._q(), self._m(), self._profile()
+        data, source = read_known_good(
+            self.req.known_good, self.req.candidate_dir / m.sdist.filename, m.version, profile.known_good
         )
-        return f"known-good {q.profile.known_good} ({q.profile.known_good_status})"
+        digest = sha256_bytes(data)
+        _require(
+            digest == self.req.known_good_sha256,
+            "known_good_sha256",
+            f"known-good/{profile.known_good}.json ({source}) hashes to {digest}, not --known-good-sha256",
+        )
+        _require(
+            q.profile.known_good_sha256 == digest == q.environment.known_good_sha256,
+            "known_good_sha256",
+            "the qualification was made against another known-good stack",
+        )
+        descriptor = parse_record(KnownGoodDescriptor, data, f"known-good/{profile.known_good}.json")
+        _require(
+            descriptor.name == profile.known_good and descriptor.required_gpu_name == profile.required_gpu_name,
+            "known_good",
+            f"the known-good descriptor names {descriptor.name!r} for GPU {descriptor.required_gpu_name!r}",
+        )
+        _require(
+            q.profile.known_good_status == descriptor.status,
+            "known_good",
+            f"the record says the stack is {q.profile.known_good_status}, the descriptor says {descriptor.status}",
+        )
+        self.descriptor = descriptor
+        return f"known-good {descriptor.name} ({descriptor.status}) from {source}"
 
     def status(self) -> str:
-        q = self._q()
-        _require(
-            q.status == "passed",
-            "qualification_status",
-            f"qualification status is {q.status}: " + "; ".join(q.reasons[:3]),
-        )
-        return "qualification passed every required check"
+        q, profile = self._q(), self._profile()
+        problems = policy.derived_status(q, profile)
+        _require(not problems, "qualification_status", "; ".join(problems[:3]))
+        _require(q.status == "passed", "qualification_status", f"qualification status is {q.status}")
+        return f"re-derived from the harness policy: {len(q.checks.executed)} checks executed, all required passed"
 
-    def qualification_dir(self) -> str:
-        q, root = self._q(), self.req.qualification.parent
-        for art in q.artifacts:
-            _verify_file(root, art.path, art.bytes, art.sha256)
-        self._principal(lambda name: root / name)
-        return f"{len(q.artifacts)} artifacts re-verified (regular files, bytes, sha256)"
-
-    def _principal(self, locate: Callable[[str], Path]) -> None:
-        q = self._q()
-        bound = {a.path: a for a in q.artifacts if a.role.startswith(PRINCIPAL_ROLE_PREFIX)}
-        needed = PRINCIPAL if q.level == "full_qualification" else PRINCIPAL[:1]
-        missing = [n for n in needed if n not in bound]
-        _require(not missing, "principal_records", f"principal records not bound by qualification.json: {missing}")
-        for name in needed:
-            record = load_record(WorkloadRecord, locate(name), name)
+    def principal_records(self) -> str:
+        q, profile, locate = self._q(), self._profile(), self._locate()
+        wanted = policy.principals(q.level)
+        bound = {a.role: a for a in q.artifacts if a.role.startswith("principal_")}
+        extra = sorted(set(bound) - {p.artifact_role for p in wanted})
+        _require(not extra, "principal_records", f"principal roles not used by level {q.level}: {extra}")
+        for role in wanted:
+            art = bound.get(role.artifact_role)
             _require(
-                record.status == "passed" or q.status == "failed", "principal_records", f"{name} is {record.status}"
+                art is not None and art.path == role.filename,
+                "principal_records",
+                f"{role.filename} is not bound by qualification.json as {role.artifact_role}",
+            )
+            assert art is not None
+            path = locate(art)
+            _verify_file(path, art)
+            record = load_record(WorkloadRecord, path, role.filename, check="principal_records")
+            _require(
+                (record.name, record.level, record.profile) == (role.workload, role.level, q.profile.name),
+                "principal_records",
+                f"{role.filename} is named {record.name!r} at level {record.level} on {record.profile}; "
+                f"its role needs {role.workload!r} at {role.level} on {q.profile.name}",
             )
             _require(
                 record.source_commit == q.candidate.source_commit and record.wheel_sha256 == q.candidate.wheel.sha256,
                 "principal_records",
-                f"{name} binds another commit or wheel",
+                f"{role.filename} binds another commit or wheel",
             )
-
-    # -- release assets ----------------------------------------------------------------------------
-    def assets(self) -> str:
-        root, q, m = self._assets(), self._q(), self._m()
-        entries = {p.name: p for p in root.iterdir()}
-        expected = (
-            set(TOP_LEVEL) if self.req.expect_release_verification else TOP_LEVEL - {RELEASE_VERIFICATION, QUAL_SUMS}
-        )
-        _require(
-            set(entries) == expected,
-            "assets_layout",
-            f"top level must be exactly {sorted(expected)}; "
-            f"extra {sorted(set(entries) - expected)}, missing {sorted(expected - set(entries))}",
-        )
-        dist = root / "dist"
-        _require(dist.is_dir() and not dist.is_symlink(), "assets_layout", "dist/ is not a directory")
-        _require(
-            sorted(p.name for p in dist.iterdir()) == sorted([m.wheel.filename, m.sdist.filename]),
-            "assets_dist",
-            "dist/ must hold exactly the candidate wheel and sdist",
-        )
-        for digest in (m.wheel, m.sdist):
-            _verify_file(dist, digest.filename, digest.bytes, digest.sha256)
-        _require(
-            _bytes(root, SUMS) == sums_text([m.wheel, m.sdist]).encode(),
-            "assets_sha256sums",
-            "SHA256SUMS must list exactly the wheel then the sdist",
-        )
-        _require(
-            _bytes(root, "candidate-manifest.json") == self.req.candidate_manifest.read_bytes(),
-            "assets_candidate_manifest",
-            "candidate-manifest.json differs from the candidate's",
-        )
-        _require(
-            _bytes(root, "qualification.json") == self.req.qualification.read_bytes(),
-            "assets_qualification",
-            "qualification.json differs from the one given",
-        )
-        by_path = {a.path: a for a in q.artifacts}
-        for name in PRINCIPAL:
-            art = by_path.get(name)
-            _require(art is not None, "principal_records", f"{name} is not bound by qualification.json")
-            assert art is not None
-            _verify_file(root, name, art.bytes, art.sha256)
-        self._principal(lambda name: root / name)
-        self._archive(root)
-        if self.req.expect_release_verification:
-            self._sums_and_verification(root)
-        return "release assets: exact layout, every hash, byte count and file type re-verified"
-
-    def _archive(self, root: Path) -> None:
-        q = self._q()
-        manifest = load_record(EvidenceManifest, root / ARCHIVE_MANIFEST, ARCHIVE_MANIFEST)
-        size, digest = (root / ARCHIVE).stat().st_size, sha256_file(root / ARCHIVE)
-        _require(
-            manifest.archive.filename == ARCHIVE
-            and manifest.archive.bytes == size
-            and manifest.archive.sha256 == digest,
-            "evidence_archive",
-            "archive bytes differ from its manifest",
-        )
-        _require(
-            manifest.source_commit == q.candidate.source_commit, "evidence_archive", "archive binds another commit"
-        )
-        _require(
-            manifest.qualification_sha256 == sha256_file(self.req.qualification),
-            "evidence_archive",
-            "archive binds another qualification.json",
-        )
-        expected = {ARCHIVE_MEMBERS[a.role]: a for a in q.artifacts if not a.role.startswith(PRINCIPAL_ROLE_PREFIX)}
-        with tempfile.TemporaryDirectory(prefix="miniverl-audit-") as tmp:
-            files = safe_extract(root / ARCHIVE, Path(tmp))
-            listed = {mem.name: mem for mem in manifest.members}
+            problems = policy.check_problems(record.checks, policy.required_checks(profile, role.workload))
             _require(
-                set(files) == set(listed) == set(expected),
-                "evidence_archive",
-                "archive members, manifest members and qualification artifacts differ",
+                not problems and record.status == "passed",
+                "principal_records",
+                f"{role.filename}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
             )
-            for name, path in files.items():
-                mem, art = listed[name], expected[name]
-                actual = (path.stat().st_size, sha256_file(path))
-                _require(
-                    actual == (mem.bytes, mem.sha256) == (art.bytes, art.sha256) and mem.role == art.role,
-                    "evidence_archive",
-                    f"member {name} differs from its manifest entry or qualification artifact",
-                )
+        return f"{len(wanted)} principal records: names, levels, profile, bindings and checks match the policy"
 
-    def _sums_and_verification(self, root: Path) -> None:
-        want = "".join(f"{sha256_file(root / n)}  {n}\n" for n in QUALIFICATION_ASSETS).encode()
-        _require(
-            _bytes(root, QUAL_SUMS) == want,
-            "qualification_sha256sums",
-            "qualification-SHA256SUMS must cover the nine assets in canonical order with their hashes",
-        )
-        rv = load_record(ReleaseVerification, root / RELEASE_VERIFICATION, RELEASE_VERIFICATION)
-        _require(
-            rv.status == "passed"
-            and rv.source_commit == self.req.commit
-            and rv.candidate_manifest_sha256 == sha256_file(self.req.candidate_manifest)
-            and rv.qualification_sha256 == sha256_file(self.req.qualification)
-            and rv.known_good_sha256 == self.req.known_good_sha256
-            and rv.level == self.req.level,
-            "release_verification",
-            "release-verification.json does not bind this passed chain",
-        )
+    def evidence(self) -> str:
+        q, locate = self._q(), self._locate()
+        subordinate = [a for a in q.artifacts if not a.role.startswith("principal_")]
+        for art in subordinate:
+            _require(
+                art.role in ARCHIVE_MEMBERS and EVIDENCE_PATHS.get(art.role) == art.path,
+                "evidence_roles",
+                f"artifact {art.path} has role {art.role!r}, which the harness does not map to that path",
+            )
+        if q.level in policy.LEVELS:
+            missing = [r for r in policy.SMOKE_EVIDENCE_ROLES if r not in {a.role for a in subordinate}]
+            _require(not missing, "evidence_roles", f"required evidence is not bound: {missing}")
+        for art in subordinate:
+            _verify_file(locate(art), art)
+        return f"{len(subordinate)} evidence files re-verified (regular files, bytes, sha256)"
 
-    # -- helpers -----------------------------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------------------------
     def _q(self) -> Qualification:
         if self.qual is None:
-            raise VerificationError("qualification.json could not be read", check="record_schema")
+            raise VerificationError("qualification.json could not be read", check="qualification_schema")
         return self.qual
 
     def _m(self) -> CandidateManifest:
@@ -321,32 +290,45 @@ class Auditor:
             raise VerificationError("the candidate could not be validated", check="candidate")
         return self.manifest
 
-    def _assets(self) -> Path:
-        assert self.req.assets_dir is not None
-        return self.req.assets_dir
+    def _profile(self) -> Profile:
+        if self.profile_def is None:
+            raise VerificationError("the profile could not be established", check="profile")
+        return self.profile_def
 
-    def authorization(self) -> list[str]:
-        reasons: list[str] = []
+    def _locate(self) -> Callable[[Artifact], Path]:
+        if self.locate is not None:
+            return self.locate
+        root = self.req.qualification.parent
+        return lambda art: root.joinpath(*art.path.split("/"))
+
+    def verification(self, checks: list[VerificationCheck]) -> ReleaseVerification:
+        failed = [c.name for c in checks if not c.passed]
+        status: Literal["passed", "failed"] = "failed" if failed else "passed"
         q, m = self.qual, self.manifest
-        if q is None or m is None:
-            return ["the chain could not be read"]
-        if q.level != "full_qualification":
-            reasons.append(f"level {q.level} is diagnostic; a release needs full_qualification")
-        if not q.profile.can_authorize_release:
-            reasons.append(f"profile {q.profile.name} can never authorize a release")
-        if q.profile.known_good_status != "measured":
-            reasons.append(f"known-good stack {q.profile.known_good} is declared, not measured")
-        if not isinstance(m.workflow, GithubActionsBinding):
-            reasons.append("the candidate was not built by the gpu.yml workflow (local binding)")
-        elif m.workflow.workflow_path != ".github/workflows/gpu.yml":
-            reasons.append(f"candidate came from {m.workflow.workflow_path}, not .github/workflows/gpu.yml")
-        if q.execution.worktree.state != "clean":
-            reasons.append(f"qualification ran from a {q.execution.worktree.state} checkout")
-        return reasons
+        if status == "passed" and q is not None and m is not None and self.profile_def is not None:
+            reasons = policy.authorization_reasons(
+                q.level, self.profile_def, self.descriptor, m.workflow, q.execution.worktree
+            )
+        else:
+            reasons = ["verification failed"]
+        return ReleaseVerification(
+            kind="miniverl.release-verification",
+            schema_version=1,
+            status=status,
+            level=self.req.level,  # type: ignore[arg-type]
+            source_commit=self.req.commit,
+            candidate_manifest_sha256=sha256_bytes(self.manifest_bytes) if self.manifest_bytes else None,
+            qualification_sha256=sha256_bytes(self.qual_bytes) if self.qual_bytes else None,
+            known_good_sha256=self.req.known_good_sha256,
+            required_gpu_name=self.req.required_gpu_name,
+            checks=checks,
+            failed_checks=failed,
+            release_authorized=status == "passed" and not reasons,
+            authorization_reasons=reasons,
+        )
 
 
-def audit(req: AuditRequest) -> ReleaseVerification:
-    a = Auditor(req)
+def _chain(a: Auditor) -> list[VerificationCheck]:
     if a.check("candidate", a.candidate):
         a.check("source_commit", a.commit)
     if a.check("qualification_schema", a.qualification) and a.manifest is not None:
@@ -355,33 +337,31 @@ def audit(req: AuditRequest) -> ReleaseVerification:
             ("workflow_run", a.workflow),
             ("level", a.level),
             ("profile", a.profile),
-            ("known_good_sha256", a.known_good),
-            ("qualification_status", a.status),
         ):
             a.check(name, fn)
-        if req.assets_dir is not None:
-            a.check("release_assets", a.assets)
-        else:
-            a.check("qualification_artifacts", a.qualification_dir)
-    failed = [c.name for c in a.checks if not c.passed]
-    status: Literal["passed", "failed"] = "failed" if failed else "passed"
-    reasons = a.authorization() if status == "passed" else ["verification failed"]
-    m, q = a.manifest, a.qual
-    return ReleaseVerification(
-        kind="miniverl.release-verification",
-        schema_version=1,
-        status=status,
-        level=req.level if req.level in ("release_smoke", "full_qualification") else "full_qualification",  # type: ignore[arg-type]
-        source_commit=req.commit,
-        candidate_manifest_sha256=sha256_file(req.candidate_manifest) if m is not None else None,
-        qualification_sha256=sha256_file(req.qualification) if q is not None else None,
-        known_good_sha256=req.known_good_sha256,
-        required_gpu_name=req.required_gpu_name,
-        checks=a.checks,
-        failed_checks=failed,
-        release_authorized=status == "passed" and not reasons,
-        authorization_reasons=reasons,
-    )
+        if a.profile_def is not None:
+            a.check("known_good_sha256", a.known_good)
+            a.check("qualification_status", a.status)
+            a.check("principal_records", a.principal_records)
+            a.check("evidence_files", a.evidence)
+    return list(a.checks)
+
+
+def verify_chain(req: AuditRequest, locate: Callable[[Artifact], Path] | None = None) -> ReleaseVerification:
+    """The chain verification: what ``release-verification.json`` publishes (no asset-layout checks)."""
+    validate_request(req)
+    a = Auditor(replace(req, assets_dir=None), locate=locate)
+    return a.verification(_chain(a))
+
+
+def audit(req: AuditRequest) -> ReleaseVerification:
+    """The chain verification, plus every release-asset check when ``assets_dir`` is given."""
+    if req.assets_dir is None:
+        return verify_chain(req)
+    from harness.audit_assets import audit_assets
+
+    validate_request(req)
+    return audit_assets(req)
 
 
 def _require(condition: bool, check: str, message: str) -> None:
@@ -389,22 +369,9 @@ def _require(condition: bool, check: str, message: str) -> None:
         raise VerificationError(message, check=check)
 
 
-def _bytes(root: Path, name: str) -> bytes:
-    path = root / name
-    if path.is_symlink() or not path.is_file():
-        raise VerificationError(f"{name} is missing or not a regular file", check="artifact_file_type")
-    return path.read_bytes()
-
-
-def _verify_file(root: Path, rel: str, size: int, sha256: str) -> None:
-    path = root
-    for part in rel.split("/"):
-        path = path / part
-        if path.is_symlink():
-            raise VerificationError(f"{rel} passes through a symlink", check="artifact_file_type")
-    if not path.is_file():
-        raise VerificationError(f"{rel} is missing or not a regular file", check="artifact_file_type")
-    if path.stat().st_size != size:
-        raise VerificationError(f"{rel}: {path.stat().st_size} bytes, record says {size}", check="artifact_bytes")
-    if sha256_file(path) != sha256:
-        raise VerificationError(f"{rel}: sha256 differs from the record", check="artifact_sha256")
+def _verify_file(path: Path, art: Artifact) -> None:
+    size = regular_file_size(path, art.path, check="artifact_file_type")
+    if size != art.bytes:
+        raise VerificationError(f"{art.path}: {size} bytes, record says {art.bytes}", check="artifact_bytes")
+    if sha256_file(path) != art.sha256:
+        raise VerificationError(f"{art.path}: sha256 differs from the record", check="artifact_sha256")

@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.audit import AuditRequest, audit
 from harness.errors import HarnessError
 from harness.recordio import record_bytes, write_record
+from harness.records import ReleaseVerification
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,16 +17,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate-manifest", required=True)
     p.add_argument("--qualification", required=True)
     p.add_argument("--commit", required=True)
-    p.add_argument("--known-good-sha256", required=True)
+    p.add_argument("--known-good-sha256", required=True, help="sha256 of known-good/<profile>.json you trust")
+    p.add_argument(
+        "--known-good",
+        help="the known-good descriptor file (default: known-good/<profile>.json inside the candidate's sdist)",
+    )
     p.add_argument("--required-gpu-name", required=True, help='the GPU the profile requires ("none" for cpu-reference)')
     p.add_argument("--assets-dir", help="also re-verify a release-asset directory")
-    p.add_argument("--level", default="full_qualification", choices=["release_smoke", "full_qualification"])
+    p.add_argument("--level", default="full_qualification", help="release_smoke or full_qualification")
     p.add_argument("--profile", help="the profile the qualification must have used")
     p.add_argument("--out", help="write release-verification.json here (default: print it)")
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    gpu = None if args.required_gpu_name.strip().lower() in ("none", "") else args.required_gpu_name
+    gpu = None if args.required_gpu_name == "none" else args.required_gpu_name
     req = AuditRequest(
         candidate_dir=Path(args.candidate_dir),
         candidate_manifest=Path(args.candidate_manifest),
@@ -34,12 +39,43 @@ def run_audit(args: argparse.Namespace) -> int:
         known_good_sha256=args.known_good_sha256,
         required_gpu_name=gpu,
         level=args.level,
+        known_good=Path(args.known_good) if args.known_good else None,
         assets_dir=Path(args.assets_dir) if args.assets_dir else None,
         profile=args.profile,
     )
-    result = audit(req)
-    if args.out:
-        write_record(Path(args.out), result)
+    return report(audit(req), args.out)
+
+
+def checkout_request(profile_name: str, level: str, *, assets: bool) -> AuditRequest:
+    """The audit of ``out/`` in this checkout. Nothing is taken from the files being verified: the commit is
+    ``git rev-parse HEAD``, the known-good sha256 is the hash of ``known-good/<profile>.json`` as committed,
+    the GPU name comes from the harness profile and the level from the command."""
+    from harness.jsonio import sha256_bytes
+    from harness.proc import REPO_ROOT, git
+    from harness.profiles import get_profile
+    from harness.safeio import MANIFEST_MAX_BYTES, read_regular
+
+    profile = get_profile(profile_name)
+    known_good = REPO_ROOT / "known-good" / f"{profile.known_good}.json"
+    data = read_regular(known_good, f"known-good/{known_good.name}", max_bytes=MANIFEST_MAX_BYTES, check="known_good")
+    out = REPO_ROOT / "out"
+    return AuditRequest(
+        candidate_dir=out / "candidate",
+        candidate_manifest=out / "candidate" / "candidate-manifest.json",
+        qualification=out / "qualification" / "qualification.json",
+        commit=git(REPO_ROOT, "rev-parse", "HEAD"),
+        known_good_sha256=sha256_bytes(data),
+        required_gpu_name=profile.required_gpu_name,
+        level=level,
+        known_good=known_good,
+        assets_dir=out / "release-assets" if assets else None,
+        profile=profile.name,
+    )
+
+
+def report(result: ReleaseVerification, out: str | None) -> int:
+    if out:
+        write_record(Path(out), result)
     else:
         sys.stdout.write(record_bytes(result).decode())
     if result.status != "passed":

@@ -8,12 +8,13 @@ import shutil
 import sys
 import tarfile
 import tempfile
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
 from harness.errors import BuildError, CandidateError, RecordError, SourceError, ToolchainError, UsageError
 from harness.jsonio import atomic_write_bytes, fsync_tree, sha256_bytes, sha256_file
-from harness.proc import HARNESS_DIR, clean_env, git, last_line, run, utc_now
+from harness.proc import HARNESS_DIR, clean_env, git, last_line, run
 from harness.recordio import parse_record, record_bytes
 from harness.records import (
     BuildEnvironment,
@@ -23,11 +24,13 @@ from harness.records import (
     LocalBinding,
     Toolchain,
 )
+from harness.safeio import MANIFEST_MAX_BYTES, SUMS_MAX_BYTES, read_regular, regular_file_size, require_directory
 
 MANIFEST = "candidate-manifest.json"
 SUMS = "SHA256SUMS"
 BUILD_CONSTRAINTS = HARNESS_DIR / "constraints-build.txt"
 TOOLCHAIN = ("build", "hatchling", "twine")
+MAX_CANDIDATE_ENTRIES = 16
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -115,8 +118,15 @@ def _export_head(repo: Path, dest: Path) -> None:
     tar_path.unlink()
 
 
-def build_candidate(repo: Path, out_dir: Path, *, env: dict[str, str] | None = None) -> CandidateManifest:
-    """Build HEAD of ``repo`` into ``out_dir`` (replaced only after everything succeeded)."""
+def epoch_timestamp(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_candidate(
+    repo: Path, out_dir: Path, *, env: dict[str, str] | None = None, force: bool = False
+) -> CandidateManifest:
+    """Build HEAD of ``repo`` into ``out_dir``; every manifest field derives from the commit, so a rebuild is
+    byte-identical. An existing ``out_dir`` with other bytes is kept unless ``force`` (qualifications bind it)."""
     tools = toolchain()
     binding = workflow_binding(env)
     commit = git(repo, "rev-parse", "HEAD")
@@ -147,7 +157,7 @@ def build_candidate(repo: Path, out_dir: Path, *, env: dict[str, str] | None = N
             schema_version=1,
             source_commit=commit,
             version=version,
-            created_at=utc_now(),
+            created_at=epoch_timestamp(epoch),
             source_date_epoch=epoch,
             source_tree="git-archive",
             worktree_clean=clean,
@@ -171,6 +181,15 @@ def build_candidate(repo: Path, out_dir: Path, *, env: dict[str, str] | None = N
             os.chmod(staging, 0o755)
             fsync_tree(staging)
             check_candidate(staging)
+            if _same_files(staging, out_dir):
+                shutil.rmtree(staging)
+                return manifest
+            if out_dir.exists() and not force:
+                raise CandidateError(
+                    f"{out_dir.name}/ already holds other bytes (qualifications may bind it); "
+                    "remove it or pass --force to replace it",
+                    check="candidate_overwrite",
+                )
             replace_dir(staging, out_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -191,6 +210,18 @@ def replace_dir(staging: Path, target: Path) -> None:
         shutil.rmtree(old)
 
 
+def _same_files(new: Path, old: Path) -> bool:
+    if old.is_symlink() or not old.is_dir():
+        return False
+    names = sorted(p.name for p in new.iterdir())
+    if sorted(p.name for p in old.iterdir()) != names:
+        return False
+    return all(
+        (old / n).is_file() and not (old / n).is_symlink() and sha256_file(old / n) == sha256_file(new / n)
+        for n in names
+    )
+
+
 def _digest(path: Path) -> FileDigest:
     return FileDigest(filename=path.name, bytes=path.stat().st_size, sha256=sha256_file(path))
 
@@ -201,23 +232,34 @@ def sums_text(files: list[FileDigest]) -> str:
 
 def check_candidate(directory: Path, manifest_path: Path | None = None) -> CandidateManifest:
     """Re-validate a candidate directory; raises ``CandidateError`` naming the failed check."""
-    if directory.is_symlink() or not directory.is_dir():
-        raise CandidateError(
-            f"candidate directory {directory.name!r} is missing or not a directory", check="candidate_dir"
-        )
-    entries = {p.name: p for p in directory.iterdir()}
+    require_directory(directory, f"candidate directory {directory.name!r}", check="candidate_dir", error=CandidateError)
+    entries: dict[str, Path] = {}
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            if len(entries) >= MAX_CANDIDATE_ENTRIES:
+                raise CandidateError(
+                    f"candidate dir holds more than {MAX_CANDIDATE_ENTRIES} entries", check="candidate_file_set"
+                )
+            entries[entry.name] = Path(entry.path)
     for name, path in sorted(entries.items()):
-        if path.is_symlink() or not path.is_file():
-            raise CandidateError(
-                f"{name} is not a regular file (symlinks and directories are refused)", check="candidate_file_type"
-            )
+        regular_file_size(path, name, check="candidate_file_type", error=CandidateError)
     if MANIFEST not in entries:
         raise CandidateError(f"{MANIFEST} is missing", check="candidate_file_set")
-    data = entries[MANIFEST].read_bytes()
-    if manifest_path is not None and (manifest_path.is_symlink() or manifest_path.read_bytes() != data):
-        raise CandidateError(
-            "the given candidate manifest differs from the one in the candidate dir", check="candidate_manifest"
+    data = read_regular(
+        entries[MANIFEST], MANIFEST, max_bytes=MANIFEST_MAX_BYTES, check="candidate_manifest", error=CandidateError
+    )
+    if manifest_path is not None:
+        given = read_regular(
+            manifest_path,
+            "--candidate-manifest",
+            max_bytes=MANIFEST_MAX_BYTES,
+            check="candidate_manifest",
+            error=CandidateError,
         )
+        if given != data:
+            raise CandidateError(
+                "the given candidate manifest differs from the one in the candidate dir", check="candidate_manifest"
+            )
     manifest = _parse_manifest(data)
     expected = {MANIFEST, SUMS, manifest.wheel.filename, manifest.sdist.filename}
     if set(entries) != expected:
@@ -228,15 +270,17 @@ def check_candidate(directory: Path, manifest_path: Path | None = None) -> Candi
         )
     if data != record_bytes(manifest):
         raise CandidateError(f"{MANIFEST} is not canonical JSON", check="candidate_manifest")
-    if entries[SUMS].read_bytes() != sums_text([manifest.wheel, manifest.sdist]).encode():
+    sums = read_regular(entries[SUMS], SUMS, max_bytes=SUMS_MAX_BYTES, check="sha256sums", error=CandidateError)
+    if sums != sums_text([manifest.wheel, manifest.sdist]).encode():
         raise CandidateError(
             "SHA256SUMS is not the canonical wheel-then-sdist listing of the manifest's hashes", check="sha256sums"
         )
     for role, digest in (("wheel", manifest.wheel), ("sdist", manifest.sdist)):
         path = entries[digest.filename]
-        if path.stat().st_size != digest.bytes:
+        size = regular_file_size(path, digest.filename, check="candidate_file_type", error=CandidateError)
+        if size != digest.bytes:
             raise CandidateError(
-                f"{digest.filename}: {path.stat().st_size} bytes, manifest says {digest.bytes}", check=f"{role}_bytes"
+                f"{digest.filename}: {size} bytes, manifest says {digest.bytes}", check=f"{role}_bytes"
             )
         if sha256_file(path) != digest.sha256:
             raise CandidateError(f"{digest.filename}: sha256 differs from the manifest", check=f"{role}_sha256")

@@ -22,7 +22,7 @@ def _build(args: argparse.Namespace) -> int:
         manifest = check_candidate(out)
         print(f"candidate ok: {manifest.wheel.filename} {manifest.sdist.filename} ({manifest.source_commit[:12]})")
         return 0
-    manifest = build_candidate(Path(args.repo), out)
+    manifest = build_candidate(Path(args.repo), out, force=args.force)
     print(f"candidate built: {manifest.wheel.filename} {manifest.wheel.sha256}")
     return 0
 
@@ -122,13 +122,18 @@ def _stack(args: argparse.Namespace) -> int:
 
 def _assets(args: argparse.Namespace) -> int:
     from harness.assets import build_release_assets
+    from harness.audit_cli import checkout_request
 
+    # The bindings to trust come from this checkout and the profile, never from the records being packed.
+    req = checkout_request(args.profile, "full_qualification", assets=False)
     out = build_release_assets(
         Path(args.candidate),
         Path(args.qualification_dir),
         Path(args.out),
-        known_good_sha256=args.known_good_sha256,
-        replace=args.replace,
+        known_good_sha256=req.known_good_sha256,
+        required_gpu_name=req.required_gpu_name,
+        known_good=req.known_good,
+        replace_existing=args.replace,
     )
     print(f"release assets written to {out.name}/")
     return 0
@@ -156,6 +161,13 @@ def _verify(args: argparse.Namespace) -> int:
     return run_audit(args)
 
 
+def _verify_checkout(args: argparse.Namespace) -> int:
+    from harness.audit import audit
+    from harness.audit_cli import checkout_request, report
+
+    return report(audit(checkout_request(args.profile, args.level, assets=args.assets)), args.out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -163,6 +175,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=str(DEFAULT_CANDIDATE))
     b.add_argument("--repo", default=str(REPO_ROOT))
     b.add_argument("--check", action="store_true", help="re-validate an existing candidate dir instead")
+    b.add_argument("--force", action="store_true", help="replace an existing candidate dir that holds other bytes")
     for name in ("smoke", "full"):
         s = sub.add_parser(
             name, help=f"{'release smoke' if name == 'smoke' else 'full qualification'} on the installed CLI"
@@ -197,13 +210,20 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--candidate", default=str(DEFAULT_CANDIDATE))
     a.add_argument("--qualification-dir", default=str(REPO_ROOT / "out" / "qualification"))
     a.add_argument("--out", default=str(REPO_ROOT / "out" / "release-assets"))
-    a.add_argument("--known-good-sha256")
+    a.add_argument("--profile", required=True, help="the profile the qualification must have used")
     a.add_argument("--replace", action="store_true")
     sc = sub.add_parser("schemas", help="regenerate manifests/harness (or --check for drift)")
     sc.add_argument("--check", action="store_true")
     from harness.audit_cli import add_arguments
 
     add_arguments(sub.add_parser("verify", help="the torch-free auditor (scripts/validate_release_chain.py)"))
+    vc = sub.add_parser(
+        "verify-checkout", help="audit out/ with the commit, known-good hash and GPU taken from this checkout"
+    )
+    vc.add_argument("--profile", required=True)
+    vc.add_argument("--level", required=True, choices=["release_smoke", "full_qualification"])
+    vc.add_argument("--assets", action="store_true", help="also audit out/release-assets")
+    vc.add_argument("--out", default=str(REPO_ROOT / "out" / "release-verification.json"))
     return p
 
 
@@ -220,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return _assets(args)
         if args.command == "schemas":
             return _schemas(args)
+        if args.command == "verify-checkout":
+            return _verify_checkout(args)
         return _verify(args)
     except HarnessError as exc:
         print(f"harness: error: {exc.line()}", file=sys.stderr)

@@ -7,12 +7,14 @@ import io
 import os
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ArchiveError
 from harness.jsonio import fsync_dir, sha256_file
+from harness.safeio import regular_file_size
 
 ARCHIVE = "qualification-evidence.tar.gz"
 ARCHIVE_MANIFEST = "qualification-evidence-manifest.json"
@@ -48,8 +50,15 @@ class Member:
     source: Path
 
 
-def write_archive(members: Iterable[Member], out: Path) -> None:
-    """Sorted members, mtime 0, uid/gid 0, empty owner names, mode 0644; gzip mtime 0 and no filename."""
+MEMBER_MODE = 0o644
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00"  # magic, deflate, no flags (no name), mtime 0
+
+
+def write_archive(members: Iterable[Member], out: Path, *, mtime: int) -> None:
+    """Sorted members with the candidate's SOURCE_DATE_EPOCH as mtime, uid/gid 0, empty owner names, mode 0644.
+
+    The gzip header carries mtime 0 and no filename.
+    """
     ordered = sorted(members, key=lambda m: m.name)
     names = [m.name for m in ordered]
     if len(names) != len(set(names)):
@@ -66,7 +75,7 @@ def write_archive(members: Iterable[Member], out: Path) -> None:
                 for member in ordered:
                     data = member.source.read_bytes()
                     info = tarfile.TarInfo(member.name)
-                    info.size, info.mtime, info.mode = len(data), 0, 0o644
+                    info.size, info.mtime, info.mode = len(data), mtime, MEMBER_MODE
                     info.uid = info.gid = 0
                     info.uname = info.gname = ""
                     info.type = tarfile.REGTYPE
@@ -89,6 +98,59 @@ def _check_name(name: str) -> None:
         raise ArchiveError(f"member {name[:80]!r} holds '..', '.' or an empty segment", check="archive_member_name")
 
 
+def verify_headers(archive: Path, expected: list[tuple[str, int]], *, mtime: int) -> None:
+    """Before any member's bytes are extracted: the gzip header and every tar header, in order.
+
+    ``expected`` is the manifest's ``(name, bytes)`` list in archive order. Each header must name the next
+    expected member, be a regular file of exactly that size, mode 0644 (no setuid/setgid/sticky, no group or
+    world write), uid/gid 0 with empty owner names, mtime ``mtime`` (the candidate's SOURCE_DATE_EPOCH) and no
+    PAX extensions. Reading stops at the first unexpected header, so a hostile size is never skipped over.
+    """
+    regular_file_size(archive, archive.name, check="archive_file_type", error=ArchiveError)
+    with open(archive, "rb") as raw:
+        if raw.read(len(GZIP_HEADER)) != GZIP_HEADER:
+            raise ArchiveError(
+                "gzip header is not the deterministic one (mtime 0, no filename)", check="archive_metadata"
+            )
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            index = 0
+            while (info := tar.next()) is not None:
+                if index >= len(expected):
+                    raise ArchiveError(f"member {info.name[:80]!r} is not in the manifest", check="archive_members")
+                name, size = expected[index]
+                _check_name(info.name)
+                if info.name != name:
+                    raise ArchiveError(
+                        f"member {index} is {info.name[:80]!r}, the manifest lists {name!r} there",
+                        check="archive_members",
+                    )
+                if not info.isreg():
+                    raise ArchiveError(f"member {name!r} is not a regular file", check="archive_member_type")
+                if info.size != size:
+                    raise ArchiveError(
+                        f"member {name!r} is {info.size} bytes, manifest says {size}", check="archive_size"
+                    )
+                facts = (info.mode, info.uid, info.gid, info.uname, info.gname, info.mtime, dict(info.pax_headers))
+                want: tuple[object, ...] = (MEMBER_MODE, 0, 0, "", "", mtime, {})
+                if facts != want:
+                    raise ArchiveError(
+                        f"member {name!r} has mode {info.mode:o}, owner {info.uid}:{info.gid} "
+                        f"{info.uname!r}:{info.gname!r}, mtime {info.mtime}; the deterministic archive has "
+                        f"{MEMBER_MODE:o}, 0:0 '':'', mtime {mtime} and no PAX headers",
+                        check="archive_metadata",
+                    )
+                index += 1
+            if index != len(expected):
+                raise ArchiveError(
+                    f"archive has {index} members, the manifest lists {len(expected)}", check="archive_members"
+                )
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ArchiveError(
+            f"{archive.name} is not a readable tar.gz: {exc.__class__.__name__}", check="archive_format"
+        ) from None
+
+
 def safe_extract(
     archive: Path,
     dest: Path,
@@ -98,8 +160,7 @@ def safe_extract(
     max_members: int = MAX_MEMBERS,
 ) -> dict[str, Path]:
     """Extract regular files only into the empty dir ``dest``; refuse links, devices, ``..``, dupes, bombs."""
-    if archive.is_symlink() or not archive.is_file():
-        raise ArchiveError(f"{archive.name} is missing or not a regular file", check="archive_file_type")
+    regular_file_size(archive, archive.name, check="archive_file_type", error=ArchiveError)
     out: dict[str, Path] = {}
     total = 0
     try:
@@ -134,7 +195,7 @@ def safe_extract(
                             raise ArchiveError(f"member {info.name!r} is longer than its header", check="archive_size")
                         handle.write(block)
                 out[info.name] = target
-    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile, zlib.error) as exc:
         raise ArchiveError(
             f"{archive.name} is not a readable tar.gz: {exc.__class__.__name__}", check="archive_format"
         ) from None

@@ -66,24 +66,65 @@ def canonical_bytes(value: Any) -> bytes:
     return text.encode("utf-8")
 
 
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 40
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
 def _reject_constant(name: str) -> Any:
     raise RecordError(f"JSON holds {name}; records hold finite numbers only", check="finite_numbers")
 
 
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise RecordError(
+            f"JSON holds an integer of {len(text)} digits; the limit is {MAX_INT_DIGITS}", check="json_limits"
+        )
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise RecordError(f"JSON number {text[:20]} overflows to {value}", check="finite_numbers")
+    return value
+
+
+def _depth(data: bytes) -> int:
+    """Nesting depth of JSON bytes, measured before parsing so that deep input cannot exhaust the stack."""
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def loads_strict(data: bytes, what: str) -> Any:
-    """Parse JSON bytes, refusing NaN/Infinity literals and duplicate keys."""
+    """Parse JSON bytes with limits: depth, integer digits; NaN/Infinity, overflow and duplicate keys refused."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, item in items:
             if key in out:
-                raise RecordError(f"{what}: duplicate key {key!r}", check="record_schema")
+                raise RecordError(f"duplicate key {key[:40]!r}", check="record_schema")
             out[key] = item
         return out
 
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise RecordError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels", check="json_limits")
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=pairs)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = data.decode("utf-8")
+        return json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            object_pairs_hook=pairs,
+        )
+    except RecordError as exc:
+        raise RecordError(f"{what}: {exc}", check=exc.check) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RecordError(f"{what} is not valid UTF-8 JSON: {exc.__class__.__name__}", check="record_schema") from None
 
 

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from harness.errors import RecordError
 from harness.jsonio import atomic_write_json, canonical_bytes, loads_strict
 from harness.records import Record
+from harness.safeio import RECORD_MAX_BYTES, read_regular
 
 M = TypeVar("M", bound=Record)
 
@@ -26,11 +27,11 @@ def parse_record(model: type[M], data: bytes, what: str) -> M:
         raise RecordError(f"{what} fails its schema at {loc}: {first['msg']}", check=check) from None
 
 
-def load_record(model: type[M], path: Path, what: str | None = None) -> M:
+def load_record(model: type[M], path: Path, what: str | None = None, *, check: str = "record_schema") -> M:
+    """Parse a record file: a regular file (never a link, FIFO or directory) of bounded size, strict JSON."""
     label = what or path.name
-    if path.is_symlink() or not path.is_file():
-        raise RecordError(f"{label} is missing or not a regular file", check="record_schema")
-    return parse_record(model, path.read_bytes(), label)
+    data = read_regular(path, label, max_bytes=RECORD_MAX_BYTES, check=check, error=RecordError)
+    return parse_record(model, data, label)
 
 
 def record_bytes(record: Record) -> bytes:

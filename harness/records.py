@@ -347,6 +347,15 @@ class WorkloadRecord(Record):
     metrics: dict[str, int | float | bool | str | None]
     artifacts: list[Artifact]
 
+    @model_validator(mode="after")
+    def _honest_status(self) -> WorkloadRecord:
+        problems = self.checks.failures()
+        if self.status == "passed" and (problems or self.reasons):
+            raise ValueError(f"status passed with unmet checks: {problems or self.reasons}")
+        if self.status == "failed" and not self.reasons:
+            raise ValueError("status failed needs at least one reason")
+        return self
+
 
 class WorkloadSpec(Record):
     name: Name

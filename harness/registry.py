@@ -40,7 +40,11 @@ SMOKE_CHECKS = [
     "grpo_cycle",
     "teardown",
     "peak_reserved",
+    "evidence_portable",
+    "evidence_bounded",
 ]
+# Recorded while the qualification directory is written, after every CLI step.
+EVIDENCE_CHECKS = ("evidence_portable", "evidence_bounded")
 CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved"}
 
 # `--set` overrides for the harness workload YAMLs, by profile device.

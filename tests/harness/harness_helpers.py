@@ -69,6 +69,7 @@ def audit_args(candidate: Path, qual: Path, known_good: Path, **over: str) -> li
         "--qualification": str(qual / "qualification.json"),
         "--commit": manifest["source_commit"],
         "--known-good-sha256": kg_sha(known_good),
+        "--known-good": str(known_good / "cpu-reference.json"),
         "--required-gpu-name": "none",
         "--level": "release_smoke",
     }
@@ -102,30 +103,58 @@ def copy_tree(src: Path, dest: Path) -> Path:
 def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     """A full_qualification dir: the real smoke plus stand-in principal records of the missing workloads.
 
-    Only for exercising the release-asset builder and the auditor; the harness itself never writes this.
+    The stand-ins satisfy the harness policy (their required checks executed and passed), so the auditor and the
+    release-asset builder can be exercised; the harness itself never writes this.
     """
+    from harness import policy
     from harness.jsonio import canonical_bytes, sha256_file
+    from harness.profiles import PROFILES
     from harness.recordio import load_record, record_bytes
-    from harness.records import Qualification, WorkloadRecord
+    from harness.records import CheckResult, Checks, Qualification, WorkloadRecord, WorkloadResult
 
     copy_tree(smoke_qual, dest)
     q = load_record(Qualification, dest / "qualification.json")
     smoke = load_record(WorkloadRecord, dest / "qualification-release-smoke.json")
+    profile = PROFILES[q.profile.name]
     value = q.model_dump(mode="json")
-    for name, role in (
-        ("direct-gkd", "principal_direct_gkd"),
-        ("pg-k1", "principal_pg_k1"),
-        ("smollm2", "principal_smollm2"),
-    ):
-        record = smoke.model_copy(update={"name": name, "level": "full_qualification", "artifacts": []})
-        path = dest / f"qualification-{name}.json"
+    for role in policy.PRINCIPALS[1:]:
+        required = policy.required_checks(profile, role.workload)
+        checks = Checks(
+            required=required,
+            executed=[CheckResult(name=c, passed=True, detail="stand-in") for c in required],
+            skipped=[],
+            not_applicable=[],
+        )
+        record = smoke.model_copy(
+            update={"name": role.workload, "level": role.level, "artifacts": [], "checks": checks, "metrics": {}}
+        )
+        path = dest / role.filename
         path.write_bytes(record_bytes(record))
         value["artifacts"].append(
-            {"path": path.name, "role": role, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            {"path": path.name, "role": role.artifact_role, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         )
-        value["workloads"].append({"name": name, "principal_record": path.name, "status": "passed", "reasons": []})
+    value["workloads"] = [
+        WorkloadResult(
+            name=name, principal_record=f"qualification-{name}.json", status="passed", reasons=[]
+        ).model_dump(mode="json")
+        for name in policy.required_workloads("full_qualification")
+    ]
     value["artifacts"].sort(key=lambda a: a["path"])
     value["level"] = "full_qualification"
     Qualification.model_validate(value)
     (dest / "qualification.json").write_bytes(canonical_bytes(value) + b"\n")
     return dest
+
+
+def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw: Any) -> Path:
+    from harness.assets import build_release_assets
+
+    return build_release_assets(
+        candidate,
+        qual,
+        out,
+        known_good_sha256=kg_sha(known_good),
+        required_gpu_name=None,
+        known_good=known_good / "cpu-reference.json",
+        **kw,
+    )

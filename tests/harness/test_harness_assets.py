@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from harness_helpers import audit, audit_args, copy_tree, fabricate_full, run_cli
+from harness_helpers import audit, audit_args, build_assets, copy_tree, fabricate_full, run_cli
 
-from harness.assets import build_release_assets
-from harness.audit import QUALIFICATION_ASSETS, TOP_LEVEL
+from harness.layout import QUALIFICATION_ASSETS, TOP_LEVEL
 from harness.errors import AssetsError, UsageError
 from harness.jsonio import sha256_file
 
@@ -20,13 +19,15 @@ def full_qual(smoke_qual: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def assets(candidate: Path, full_qual: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_release_assets(candidate, full_qual, tmp_path_factory.mktemp("assets") / "release")
+def assets(candidate: Path, full_qual: Path, known_good: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_assets(candidate, full_qual, tmp_path_factory.mktemp("assets") / "release", known_good)
 
 
-def test_missing_principal_records_fail_the_build_by_name(candidate: Path, smoke_qual: Path, tmp_path: Path) -> None:
+def test_missing_principal_records_fail_the_build_by_name(
+    candidate: Path, smoke_qual: Path, known_good: Path, tmp_path: Path
+) -> None:
     with pytest.raises(AssetsError) as info:
-        build_release_assets(candidate, smoke_qual, tmp_path / "out")
+        build_assets(candidate, smoke_qual, tmp_path / "out", known_good)
     assert info.value.check == "principal_records"
     for name in ("qualification-direct-gkd.json", "qualification-pg-k1.json", "qualification-smollm2.json"):
         assert name in str(info.value)
@@ -41,7 +42,7 @@ def test_the_layout_is_exactly_the_seeds(assets: Path, candidate: Path) -> None:
     )
     assert (assets / "SHA256SUMS").read_bytes() == (candidate / "SHA256SUMS").read_bytes()
     lines = (assets / "qualification-SHA256SUMS").read_text().splitlines()
-    assert [ln.split("  ")[1] for ln in lines] == QUALIFICATION_ASSETS and len(lines) == 9
+    assert [ln.split("  ")[1] for ln in lines] == list(QUALIFICATION_ASSETS) and len(lines) == 9
     assert all(ln.split("  ")[0] == sha256_file(assets / ln.split("  ")[1]) for ln in lines)
     evidence = json.loads((assets / "qualification-evidence-manifest.json").read_bytes())
     roles = {m["role"] for m in evidence["members"]}
@@ -57,8 +58,10 @@ def test_the_layout_is_exactly_the_seeds(assets: Path, candidate: Path) -> None:
     assert rv["status"] == "passed" and rv["release_authorized"] is False
 
 
-def test_the_archive_is_reproducible(candidate: Path, full_qual: Path, assets: Path, tmp_path: Path) -> None:
-    again = build_release_assets(candidate, full_qual, tmp_path / "again")
+def test_the_archive_is_reproducible(
+    candidate: Path, full_qual: Path, assets: Path, known_good: Path, tmp_path: Path
+) -> None:
+    again = build_assets(candidate, full_qual, tmp_path / "again", known_good)
     for name in ("qualification-evidence.tar.gz", "qualification-evidence-manifest.json"):
         assert (again / name).read_bytes() == (assets / name).read_bytes()
 
@@ -69,7 +72,8 @@ def test_the_auditor_verifies_the_asset_dir(candidate: Path, full_qual: Path, as
     )
     code, rv, err = audit(args)
     assert code == 0, err
-    assert "release_assets" in [c["name"] for c in rv["checks"]]
+    names = [c["name"] for c in rv["checks"]]
+    assert {"assets_layout", "evidence_archive", "release_verification", "principal_records"} <= set(names)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +83,7 @@ def test_the_auditor_verifies_the_asset_dir(candidate: Path, full_qual: Path, as
         ("principal_flip", "artifact_sha256"),
         ("archive_flip", "evidence_archive"),
         ("sums_order", "qualification_sha256sums"),
-        ("dist_symlink", "artifact_file_type"),
+        ("dist_symlink", "assets_dist"),
     ],
 )
 def test_tampered_assets(
@@ -108,15 +112,19 @@ def test_tampered_assets(
     assert code == 1 and check in rv["failed_checks"], (rv.get("failed_checks"), err)
 
 
-def test_existing_output_is_never_lost(candidate: Path, full_qual: Path, assets: Path, tmp_path: Path) -> None:
+def test_existing_output_is_never_lost(
+    candidate: Path, full_qual: Path, assets: Path, known_good: Path, tmp_path: Path
+) -> None:
     out = copy_tree(assets, tmp_path / "release")
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(UsageError):
-        build_release_assets(candidate, full_qual, out)
+        build_assets(candidate, full_qual, out, known_good)
     done = run_cli(
         "-m",
         "harness",
         "release-assets",
+        "--profile",
+        "cpu-reference",
         "--candidate",
         str(candidate),
         "--qualification-dir",

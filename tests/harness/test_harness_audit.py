@@ -18,7 +18,7 @@ def test_the_untampered_chain_passes(candidate: Path, smoke_qual: Path, known_go
     assert rv["release_authorized"] is False
     assert any("can never authorize" in r for r in rv["authorization_reasons"])
     names = [c["name"] for c in rv["checks"]]
-    assert names[:2] == ["candidate", "source_commit"] and "qualification_artifacts" in names
+    assert names[:2] == ["candidate", "source_commit"] and "evidence_files" in names
 
 
 def _fails(args: list[str], check: str) -> dict:  # type: ignore[type-arg]

@@ -1,0 +1,204 @@
+"""The auditor over a release-asset directory: exact layout, every byte, the archive's metadata, and a
+``release-verification.json`` that must equal, byte for byte, the chain verification recomputed here."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from harness.audit import Auditor, AuditRequest, _chain, _require
+from harness.candidate import SUMS, sums_text
+from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract, verify_headers
+from harness.jsonio import sha256_bytes, sha256_file
+from harness.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION, TOP_LEVEL
+from harness.recordio import load_record, parse_record, record_bytes
+from harness.records import Artifact, CandidateManifest, EvidenceManifest, Qualification, ReleaseVerification
+from harness.safeio import (
+    MANIFEST_MAX_BYTES,
+    RECORD_MAX_BYTES,
+    SUMS_MAX_BYTES,
+    read_regular,
+    regular_file_size,
+    require_directory,
+)
+
+
+class AssetChecks:
+    def __init__(self, req: AuditRequest, scratch: Path) -> None:
+        assert req.assets_dir is not None
+        self.req, self.root, self.scratch = req, req.assets_dir, scratch
+        self.manifest: CandidateManifest | None = None
+        self.qual: Qualification | None = None
+        self.qual_bytes = b""
+        self.extracted: dict[str, Path] = {}
+
+    def layout(self) -> str:
+        require_directory(self.root, "--assets-dir", check="assets_layout")
+        entries: dict[str, Path] = {}
+        for path in self.root.iterdir():
+            if len(entries) > len(TOP_LEVEL):
+                break
+            entries[path.name] = path
+        _require(
+            set(entries) == TOP_LEVEL,
+            "assets_layout",
+            f"top level must be exactly the canonical names; extra {sorted(set(entries) - TOP_LEVEL)[:5]}, "
+            f"missing {sorted(TOP_LEVEL - set(entries))}",
+        )
+        for name in sorted(TOP_LEVEL - {"dist"}):
+            regular_file_size(self.root / name, name, check="assets_layout")
+        require_directory(self.root / "dist", "dist/", check="assets_layout")
+        return "exactly the canonical top-level names, each a regular file (dist/ a directory)"
+
+    def candidate(self) -> str:
+        given = read_regular(
+            self.req.candidate_manifest, "--candidate-manifest", max_bytes=MANIFEST_MAX_BYTES, check="assets_candidate"
+        )
+        published = read_regular(
+            self.root / "candidate-manifest.json",
+            "candidate-manifest.json",
+            max_bytes=MANIFEST_MAX_BYTES,
+            check="assets_candidate",
+        )
+        _require(published == given, "assets_candidate", "candidate-manifest.json differs from the candidate's")
+        m = self.manifest = parse_record(CandidateManifest, published, "candidate-manifest.json")
+        dist = self.root / "dist"
+        names = sorted(p.name for p in list(dist.iterdir())[:3])
+        _require(
+            names == sorted([m.wheel.filename, m.sdist.filename]),
+            "assets_dist",
+            "dist/ must hold exactly the candidate wheel and sdist",
+        )
+        for digest in (m.wheel, m.sdist):
+            path = dist / digest.filename
+            size = regular_file_size(path, f"dist/{digest.filename}", check="assets_dist")
+            _require(
+                size == digest.bytes and sha256_file(path) == digest.sha256,
+                "assets_dist",
+                f"dist/{digest.filename} differs from the candidate manifest",
+            )
+        sums = read_regular(self.root / SUMS, SUMS, max_bytes=SUMS_MAX_BYTES, check="assets_sha256sums")
+        _require(
+            sums == sums_text([m.wheel, m.sdist]).encode(),
+            "assets_sha256sums",
+            "SHA256SUMS must list exactly the wheel then the sdist",
+        )
+        return "dist/, SHA256SUMS and candidate-manifest.json equal the candidate"
+
+    def qualification(self) -> str:
+        given = read_regular(
+            self.req.qualification, "--qualification", max_bytes=RECORD_MAX_BYTES, check="assets_qualification"
+        )
+        published = read_regular(
+            self.root / "qualification.json",
+            "qualification.json",
+            max_bytes=RECORD_MAX_BYTES,
+            check="assets_qualification",
+        )
+        _require(published == given, "assets_qualification", "qualification.json differs from the one given")
+        self.qual, self.qual_bytes = parse_record(Qualification, published, "qualification.json"), published
+        return "qualification.json equals the one given"
+
+    def archive(self) -> str:
+        q, m = self.qual, self.manifest
+        _require(q is not None and m is not None, "evidence_archive", "the candidate or qualification is unreadable")
+        assert q is not None and m is not None
+        manifest = load_record(
+            EvidenceManifest, self.root / ARCHIVE_MANIFEST, ARCHIVE_MANIFEST, check="evidence_archive"
+        )
+        archive = self.root / ARCHIVE
+        size = regular_file_size(archive, ARCHIVE, check="evidence_archive")
+        _require(
+            manifest.archive.filename == ARCHIVE
+            and manifest.archive.bytes == size
+            and manifest.archive.sha256 == sha256_file(archive),
+            "evidence_archive",
+            "archive bytes differ from its manifest",
+        )
+        _require(
+            manifest.source_commit == q.candidate.source_commit, "evidence_archive", "archive binds another commit"
+        )
+        _require(
+            manifest.qualification_sha256 == sha256_bytes(self.qual_bytes),
+            "evidence_archive",
+            "archive binds another qualification.json",
+        )
+        expected = {
+            ARCHIVE_MEMBERS.get(a.role, f"<unmapped role {a.role}>"): a
+            for a in q.artifacts
+            if not a.role.startswith("principal_")
+        }
+        listed = {mem.name: mem for mem in manifest.members}
+        _require(
+            set(listed) == set(expected),
+            "evidence_archive",
+            "the archive manifest's members differ from the qualification's evidence",
+        )
+        for name, mem in listed.items():
+            art = expected[name]
+            _require(
+                (mem.bytes, mem.sha256, mem.role) == (art.bytes, art.sha256, art.role),
+                "evidence_archive",
+                f"member {name} differs from its qualification artifact",
+            )
+        order = [(mem.name, mem.bytes) for mem in manifest.members]
+        verify_headers(archive, order, mtime=m.source_date_epoch)
+        total = sum(b for _, b in order)
+        files = safe_extract(archive, self.scratch, max_member=max((b for _, b in order), default=0), max_total=total)
+        for name, path in files.items():
+            _require(
+                (path.stat().st_size, sha256_file(path)) == (listed[name].bytes, listed[name].sha256),
+                "evidence_archive",
+                f"member {name} differs from its manifest entry",
+            )
+        self.extracted = {listed[name].role: path for name, path in files.items()}
+        return f"{len(files)} members: order, metadata (mode 0644, 0:0, mtime {m.source_date_epoch}), bytes, sha256"
+
+    def locate(self) -> Callable[[Artifact], Path]:
+        def where(art: Artifact) -> Path:
+            if art.role.startswith("principal_"):
+                return self.root / art.path
+            return self.extracted.get(art.role, self.scratch / "<not in the archive>")
+
+        return where
+
+    def sums(self) -> str:
+        want = "".join(f"{sha256_file(self.root / n)}  {n}\n" for n in QUALIFICATION_ASSETS).encode()
+        got = read_regular(self.root / QUAL_SUMS, QUAL_SUMS, max_bytes=SUMS_MAX_BYTES, check="qualification_sha256sums")
+        _require(
+            got == want,
+            "qualification_sha256sums",
+            "qualification-SHA256SUMS must cover the nine assets in canonical order with their hashes",
+        )
+        return "qualification-SHA256SUMS covers the nine assets in canonical order"
+
+
+def audit_assets(req: AuditRequest) -> ReleaseVerification:
+    with tempfile.TemporaryDirectory(prefix="miniverl-audit-") as tmp:
+        checks = AssetChecks(req, Path(tmp))
+        outer = Auditor(req)
+        if outer.check("assets_layout", checks.layout):
+            outer.check("assets_candidate", checks.candidate)
+            outer.check("assets_qualification", checks.qualification)
+            outer.check("evidence_archive", checks.archive)
+        chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
+        chain_checks = _chain(chain)
+        published = chain.verification(chain_checks)
+        if outer.checks and outer.checks[0].passed:
+            outer.check("qualification_sha256sums", checks.sums)
+            outer.check("release_verification", lambda: _same_verification(req, published))
+        return chain.verification(chain_checks + outer.checks)
+
+
+def _same_verification(req: AuditRequest, recomputed: ReleaseVerification) -> str:
+    assert req.assets_dir is not None
+    path = req.assets_dir / RELEASE_VERIFICATION
+    data = read_regular(path, RELEASE_VERIFICATION, max_bytes=RECORD_MAX_BYTES, check="release_verification")
+    _require(
+        data == record_bytes(recomputed),
+        "release_verification",
+        "release-verification.json is not byte-equal to the verification recomputed from the chain",
+    )
+    return "release-verification.json equals the recomputed chain verification, byte for byte"

@@ -1,0 +1,147 @@
+"""The auditor's policy, in code: what each level, profile and workload requires, and what may authorize a release.
+
+A record carries evidence only. Which checks are required, which principal records a level needs, which
+thresholds apply and which stacks and profiles can authorize a release are decided here, from the workload
+registry and the profiles of the harness at the audited commit, never from the file being audited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness import registry
+from harness.profiles import PROFILES
+from harness.records import (
+    Checks,
+    GithubActionsBinding,
+    KnownGoodDescriptor,
+    LocalBinding,
+    Profile,
+    Qualification,
+    Worktree,
+)
+
+RELEASE_WORKFLOW = ".github/workflows/gpu.yml"
+LEVELS = ("release_smoke", "full_qualification")
+
+
+@dataclass(frozen=True)
+class PrincipalRole:
+    filename: str
+    workload: str
+    artifact_role: str
+    level: str
+
+
+PRINCIPALS = (
+    PrincipalRole("qualification-release-smoke.json", "release-smoke", "principal_release_smoke", "release_smoke"),
+    PrincipalRole("qualification-direct-gkd.json", "direct-gkd", "principal_direct_gkd", "full_qualification"),
+    PrincipalRole("qualification-pg-k1.json", "pg-k1", "principal_pg_k1", "full_qualification"),
+    PrincipalRole("qualification-smollm2.json", "smollm2", "principal_smollm2", "full_qualification"),
+)
+PRINCIPAL_FILES = tuple(p.filename for p in PRINCIPALS)
+
+# Evidence every release smoke must bind (role -> why it is needed to re-check the run).
+SMOKE_EVIDENCE_ROLES = (
+    "transcript",
+    "run_manifest",
+    "run_summary",
+    "metrics",
+    "adapter_config",
+    "adapter_weights",
+    "adapter_manifest",
+    "grpo_summary",
+)
+
+
+def principals(level: str) -> tuple[PrincipalRole, ...]:
+    return PRINCIPALS if level == "full_qualification" else PRINCIPALS[:1]
+
+
+def required_workloads(level: str) -> list[str]:
+    if level == "full_qualification":
+        return [w.name for w in registry.REGISTRY.workloads]
+    return ["release-smoke"]
+
+
+def required_checks(profile: Profile, workload: str) -> list[str]:
+    """The checks a workload must execute and pass on ``profile`` (CUDA-only checks are not required on CPU)."""
+    if workload == "release-smoke":
+        return registry.required_smoke_checks(profile.device)
+    names = registry.workload(workload).required_checks
+    return [c for c in names if profile.device == "cuda" or c not in registry.CUDA_ONLY]
+
+
+def check_problems(checks: Checks, required: list[str]) -> list[str]:
+    """Why ``checks`` does not support ``passed`` under ``required``, re-derived without trusting the record."""
+    problems: list[str] = []
+    if list(checks.required) != required:
+        dropped = [c for c in required if c not in checks.required]
+        added = [c for c in checks.required if c not in required]
+        problems.append(f"its required list differs from the harness policy (dropped {dropped}, added {added})")
+    passed = {c.name for c in checks.executed if c.passed}
+    problems += [f"check {c.name} failed" for c in checks.executed if not c.passed]
+    problems += [f"required check {name} did not pass" for name in required if name not in passed]
+    return problems
+
+
+def threshold_problems(profile: Profile, metrics: dict[str, int | float | bool | str | None]) -> list[str]:
+    """Re-derive the CUDA memory checks from the measured figures with the profile's thresholds (from code)."""
+    if profile.device != "cuda":
+        return []
+    t = profile.thresholds
+    base, final, peak = (
+        metrics.get(k)
+        for k in ("cuda_baseline_allocated_bytes", "cuda_final_allocated_bytes", "cuda_peak_reserved_bytes")
+    )
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (base, final, peak)):
+        return ["the CUDA baseline/final/peak byte counts are missing from the metrics"]
+    assert isinstance(base, int) and isinstance(final, int) and isinstance(peak, int)
+    problems = []
+    tolerance = max(t.teardown_tolerance_bytes_min, int(t.teardown_tolerance_fraction * base))
+    if final - base > tolerance:
+        problems.append(f"teardown left {final - base} B above baseline (tolerance {tolerance} B)")
+    if t.peak_reserved_bytes_max is None or peak > t.peak_reserved_bytes_max:
+        problems.append(f"peak reserved {peak} B exceeds the profile limit {t.peak_reserved_bytes_max} B")
+    return problems
+
+
+def derived_status(q: Qualification, profile: Profile) -> list[str]:
+    """Every reason the qualification cannot be ``passed`` under the harness policy (empty: it passed)."""
+    problems = [f"qualification.json: {p}" for p in check_problems(q.checks, required_checks(profile, "release-smoke"))]
+    by_name = {w.name: w for w in q.workloads}
+    wanted = required_workloads(q.level)
+    if [w.name for w in q.workloads] != wanted:
+        problems.append(f"workloads listed {[w.name for w in q.workloads]}, the level needs {wanted}")
+    problems += [
+        f"workload {n} is {by_name[n].status}" for n in wanted if n in by_name and by_name[n].status != "passed"
+    ]
+    problems += threshold_problems(profile, q.metrics)
+    return problems
+
+
+def authorization_reasons(
+    level: str,
+    profile: Profile,
+    descriptor: KnownGoodDescriptor | None,
+    built: LocalBinding | GithubActionsBinding,
+    tree: Worktree,
+) -> list[str]:
+    """Why this (verified) chain cannot authorize a release; empty means it may."""
+    reasons: list[str] = []
+    if level != "full_qualification":
+        reasons.append(f"level {level} is diagnostic; a release needs full_qualification")
+    known = PROFILES.get(profile.name)
+    if known is None or not known.can_authorize_release:
+        reasons.append(f"profile {profile.name} can never authorize a release")
+    if descriptor is None:
+        reasons.append("the known-good stack could not be read")
+    elif descriptor.status != "measured":
+        reasons.append(f"known-good stack {descriptor.name} is {descriptor.status}, not measured")
+    if not isinstance(built, GithubActionsBinding):
+        reasons.append("the candidate was not built by the gpu.yml workflow (local binding)")
+    elif built.workflow_path != RELEASE_WORKFLOW:
+        reasons.append(f"candidate came from {built.workflow_path}, not {RELEASE_WORKFLOW}")
+    if tree.state != "clean":
+        reasons.append(f"qualification ran from a {tree.state} checkout")
+    return reasons
