@@ -114,7 +114,7 @@ class Auditor:
         self.qual_bytes = read_regular(
             self.req.qualification, "qualification.json", max_bytes=RECORD_MAX_BYTES, check="qualification_schema"
         )
-        self.qual = parse_record(Qualification, self.qual_bytes, "qualification.json")
+        self.qual = parse_record(Qualification, self.qual_bytes, "qualification.json", check="qualification_schema")
         return "qualification.json validates against its schema"
 
     def binding(self) -> str:
@@ -206,7 +206,9 @@ class Auditor:
             "known_good_sha256",
             "the qualification was made against another known-good stack",
         )
-        descriptor = parse_record(KnownGoodDescriptor, data, f"known-good/{profile.known_good}.json")
+        descriptor = parse_record(
+            KnownGoodDescriptor, data, f"known-good/{profile.known_good}.json", check="known_good"
+        )
         _require(
             descriptor.name == profile.known_good and descriptor.required_gpu_name == profile.required_gpu_name,
             "known_good",

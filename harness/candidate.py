@@ -118,10 +118,6 @@ def _export_head(repo: Path, dest: Path) -> None:
     tar_path.unlink()
 
 
-def epoch_timestamp(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def build_candidate(
     repo: Path, out_dir: Path, *, env: dict[str, str] | None = None, force: bool = False
 ) -> CandidateManifest:
@@ -157,7 +153,7 @@ def build_candidate(
             schema_version=1,
             source_commit=commit,
             version=version,
-            created_at=epoch_timestamp(epoch),
+            created_at=datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             source_date_epoch=epoch,
             source_tree="git-archive",
             worktree_clean=clean,

@@ -7,6 +7,7 @@ registry and the profiles of the harness at the audited commit, never from the f
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from harness import registry
@@ -76,9 +77,11 @@ def check_problems(checks: Checks, required: list[str]) -> list[str]:
     """Why ``checks`` does not support ``passed`` under ``required``, re-derived without trusting the record."""
     problems: list[str] = []
     if list(checks.required) != required:
-        dropped = [c for c in required if c not in checks.required]
-        added = [c for c in checks.required if c not in required]
-        problems.append(f"its required list differs from the harness policy (dropped {dropped}, added {added})")
+        listed, wanted = Counter(checks.required), Counter(required)
+        problems.append(
+            f"its required list differs from the harness policy (dropped {sorted(wanted - listed)}, "
+            f"added or repeated {sorted(listed - wanted)})"
+        )
     passed = {c.name for c in checks.executed if c.passed}
     problems += [f"check {c.name} failed" for c in checks.executed if not c.passed]
     problems += [f"required check {name} did not pass" for name in required if name not in passed]

@@ -15,23 +15,26 @@ from harness.safeio import RECORD_MAX_BYTES, read_regular
 M = TypeVar("M", bound=Record)
 
 
-def parse_record(model: type[M], data: bytes, what: str) -> M:
-    """Validate JSON bytes against ``model``; one-line ``RecordError`` naming the first problem."""
+def parse_record(model: type[M], data: bytes, what: str, *, check: str = "record_schema") -> M:
+    """Validate JSON bytes against ``model``; one-line ``RecordError`` naming the first problem.
+
+    Malformed JSON fails ``record_schema``/``json_limits``/``finite_numbers``; a well-formed record that does
+    not validate fails ``check`` (so an auditor can say which record was refused)."""
     raw = loads_strict(data, what)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(part) for part in first["loc"]) or "$"
-        check = "no_local_paths" if "local path" in first["msg"] else "record_schema"
-        raise RecordError(f"{what} fails its schema at {loc}: {first['msg']}", check=check) from None
+        failed = "no_local_paths" if "local path" in first["msg"] else check
+        raise RecordError(f"{what} fails its schema at {loc}: {first['msg']}", check=failed) from None
 
 
 def load_record(model: type[M], path: Path, what: str | None = None, *, check: str = "record_schema") -> M:
     """Parse a record file: a regular file (never a link, FIFO or directory) of bounded size, strict JSON."""
     label = what or path.name
     data = read_regular(path, label, max_bytes=RECORD_MAX_BYTES, check=check, error=RecordError)
-    return parse_record(model, data, label)
+    return parse_record(model, data, label, check=check)
 
 
 def record_bytes(record: Record) -> bytes:

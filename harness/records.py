@@ -6,6 +6,7 @@ a test fails when the committed schemas drift from the models.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -97,6 +98,9 @@ class CandidateManifest(Record):
 
     @model_validator(mode="after")
     def _distribution_names(self) -> CandidateManifest:
+        derived = datetime.fromtimestamp(self.source_date_epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.created_at != derived:
+            raise ValueError(f"created_at must be the commit time {derived} (SOURCE_DATE_EPOCH), not a wall clock")
         if not (self.wheel.filename.endswith(".whl") and f"-{self.version}-" in self.wheel.filename):
             raise ValueError("wheel.filename must be a .whl of the manifest's version")
         if self.sdist.filename != f"miniverl-{self.version}.tar.gz":

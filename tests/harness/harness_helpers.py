@@ -62,12 +62,12 @@ def kg_sha(known_good: Path) -> str:
 
 
 def audit_args(candidate: Path, qual: Path, known_good: Path, **over: str) -> list[str]:
-    manifest = json.loads((candidate / "candidate-manifest.json").read_bytes())
+    commit = over.get("--commit") or json.loads((candidate / "candidate-manifest.json").read_bytes())["source_commit"]
     args = {
         "--candidate-dir": str(candidate),
         "--candidate-manifest": str(candidate / "candidate-manifest.json"),
         "--qualification": str(qual / "qualification.json"),
-        "--commit": manifest["source_commit"],
+        "--commit": commit,
         "--known-good-sha256": kg_sha(known_good),
         "--known-good": str(known_good / "cpu-reference.json"),
         "--required-gpu-name": "none",

@@ -30,10 +30,37 @@ def test_candidate_has_exactly_four_regular_files(candidate: Path) -> None:
 
 
 def test_rebuild_of_the_same_commit_is_byte_identical(fake_repo: Path, candidate: Path, tmp_path: Path) -> None:
-    again = build_candidate(fake_repo, tmp_path / "again", env={})
-    first = check_candidate(candidate)
-    assert (again.wheel.sha256, again.sdist.sha256) == (first.wheel.sha256, first.sdist.sha256)
-    assert (tmp_path / "again" / SUMS).read_bytes() == (candidate / SUMS).read_bytes()
+    build_candidate(fake_repo, tmp_path / "again", env={})
+    names = sorted(p.name for p in candidate.iterdir())
+    assert sorted(p.name for p in (tmp_path / "again").iterdir()) == names and len(names) == 4
+    for name in names:  # the manifest too: every field derives from the commit, none from the clock
+        assert (tmp_path / "again" / name).read_bytes() == (candidate / name).read_bytes(), name
+
+
+def test_a_qualification_made_before_a_rebuild_still_verifies(
+    fake_repo: Path, candidate: Path, smoke_qual: Path, known_good: Path, tmp_path: Path
+) -> None:
+    from harness_helpers import audit, audit_args
+
+    out = shutil.copytree(candidate, tmp_path / "candidate")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    build_candidate(fake_repo, out, env={})  # same bytes: a no-op that keeps the files in place
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    code, rv, err = audit(audit_args(out, smoke_qual, known_good))
+    assert code == 0 and rv["status"] == "passed", err
+
+
+def test_other_bytes_in_the_output_are_never_clobbered(fake_repo: Path, candidate: Path, tmp_path: Path) -> None:
+    out = shutil.copytree(candidate, tmp_path / "candidate")
+    (out / SUMS).write_text("edited\n")
+    with pytest.raises(CandidateError) as info:
+        build_candidate(fake_repo, out, env={})
+    assert info.value.check == "candidate_overwrite"
+    assert (out / SUMS).read_text() == "edited\n"
+    done = run_cli("-m", "harness", "build", "--repo", str(fake_repo), "--out", str(out))
+    assert done.returncode == 1 and "[candidate_overwrite]" in done.stderr and done.stderr.count("\n") == 1
+    build_candidate(fake_repo, out, env={}, force=True)
+    assert (out / SUMS).read_bytes() == (candidate / SUMS).read_bytes()
 
 
 def _copy(candidate: Path, tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ArchiveError
-from harness.evidence import Member, safe_extract, write_archive
+from harness.evidence import Member, safe_extract, verify_headers, write_archive
 
 
 def _members(tmp_path: Path) -> list[Member]:
@@ -34,7 +34,11 @@ def test_building_twice_gives_the_same_bytes(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         infos = tar.getmembers()
     assert [i.name for i in infos] == ["a/plan.json", "b/summary.json", "c.bin"]
-    assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644) for i in infos)
+    assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (1_700_000_000, 0, 0, "", "", 0o644) for i in infos)
+    verify_headers(tmp_path / "one.tar.gz", [(i.name, i.size) for i in infos], mtime=1_700_000_000)
+    with pytest.raises(ArchiveError) as info:
+        verify_headers(tmp_path / "one.tar.gz", [(i.name, i.size) for i in infos], mtime=0)
+    assert info.value.check == "archive_metadata"
     extracted = safe_extract(tmp_path / "one.tar.gz", tmp_path / "out")
     assert extracted["c.bin"].read_bytes() == bytes(range(256))
 

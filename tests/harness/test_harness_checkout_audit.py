@@ -1,0 +1,56 @@
+"""`make verify` (`python -m harness verify-checkout`) takes its trusted inputs from the checkout, never from out/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from harness_helpers import copy_tree
+
+from harness import proc
+from harness.audit import audit
+from harness.audit_cli import checkout_request
+
+
+@pytest.fixture
+def checkout(
+    fake_repo: Path,
+    candidate: Path,
+    smoke_qual: Path,
+    known_good: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """The stand-in repo at the candidate's commit, with out/ from a real smoke and its known-good stack."""
+    repo = copy_tree(fake_repo, tmp_path / "repo")
+    copy_tree(candidate, repo / "out" / "candidate")
+    copy_tree(smoke_qual, repo / "out" / "qualification")
+    (repo / "known-good").mkdir()
+    for name in ("cpu-reference.json", "cpu-reference.txt"):
+        shutil.copyfile(known_good / name, repo / "known-good" / name)
+    monkeypatch.setattr(proc, "REPO_ROOT", repo)
+    return repo
+
+
+def test_the_checkout_audit_passes_on_an_honest_out_dir(checkout: Path) -> None:
+    req = checkout_request("cpu-reference", "release_smoke", assets=False)
+    assert req.commit == json.loads((checkout / "out/candidate/candidate-manifest.json").read_bytes())["source_commit"]
+    assert audit(req).status == "passed"
+
+
+def test_a_known_good_file_edited_after_qualification_fails_by_name(checkout: Path) -> None:
+    path = checkout / "known-good" / "cpu-reference.json"
+    value = json.loads(path.read_bytes())
+    value["notes"] = "edited after the qualification"
+    path.write_text(json.dumps(value, sort_keys=True, separators=(",", ":")) + "\n")
+    result = audit(checkout_request("cpu-reference", "release_smoke", assets=False))
+    assert result.status == "failed" and result.failed_checks == ["known_good_sha256"]
+
+
+def test_the_level_and_gpu_come_from_the_command_and_the_profile(checkout: Path) -> None:
+    assert audit(checkout_request("cpu-reference", "full_qualification", assets=False)).failed_checks[0] == "level"
+    shutil.copyfile(checkout / "known-good" / "cpu-reference.json", checkout / "known-good" / "h200-cu130.json")
+    failed = audit(checkout_request("h200-cu130", "release_smoke", assets=False)).failed_checks
+    assert "gpu_name" in failed or "profile" in failed

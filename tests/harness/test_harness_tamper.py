@@ -1,0 +1,726 @@
+"""The tamper suite: the auditor as an attacker would try it.
+
+Each case changes one thing in an honest chain (candidate dir, qualification, principal records, known-good
+descriptor, evidence archive, release assets, CLI arguments) and expects exit 1, one stderr line naming the
+check that refused it, no traceback, and an answer within 5 s (FIFOs and bombs included). Where a tamper
+would otherwise only break a hash, the attacker re-hashes what they can (qualification.json's artifact entry,
+the archive manifest, qualification-SHA256SUMS), so that the semantic check is the one that must refuse it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness_helpers import audit_args, build_assets, copy_tree, fabricate_full, kg_sha
+
+from harness.audit_cli import main as auditor_main
+from harness.jsonio import canonical_bytes, sha256_file
+
+SECONDS = 5.0
+
+
+@dataclass
+class Chain:
+    """A writable copy of an honest chain: candidate, qualification dir, known-good dir, optional assets."""
+
+    candidate: Path
+    qual: Path
+    known_good: Path
+    assets: Path | None
+    over: dict[str, str | None]
+    commit: str = ""
+
+    def __post_init__(self) -> None:
+        self.commit = _commit(self)
+
+    def args(self) -> list[str]:
+        extra: dict[str, str | None] = {"--commit": self.commit}
+        if self.assets is not None:
+            extra = {"--assets-dir": str(self.assets), "--level": "full_qualification"}
+        return audit_args(self.candidate, self.qual, self.known_good, **{**extra, **self.over})  # type: ignore[arg-type]
+
+
+def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
+    value = json.loads(path.read_bytes())
+    edit(value)
+    path.write_bytes(canonical_bytes(value) + b"\n")
+
+
+def _commit(c: Chain) -> str:
+    return str(json.loads((c.candidate / "candidate-manifest.json").read_bytes())["source_commit"])
+
+
+def _rebind(c: Chain, rel: str) -> None:
+    """Re-hash one artifact entry in qualification.json after the attacker changed its file."""
+    path = c.qual / rel
+
+    def edit(q: Any) -> None:
+        for art in q["artifacts"]:
+            if art["path"] == rel:
+                art["bytes"], art["sha256"] = path.stat().st_size, sha256_file(path)
+
+    _edit_json(c.qual / "qualification.json", edit)
+
+
+def _qual(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
+    return lambda c: _edit_json(c.qual / "qualification.json", edit)
+
+
+def _smoke_record(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        _edit_json(c.qual / "qualification-release-smoke.json", edit)
+        _rebind(c, "qualification-release-smoke.json")
+
+    return tamper
+
+
+def _raw(rel: str, data: bytes) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        root = c.candidate if rel.startswith("cand:") else c.qual
+        (root / rel.removeprefix("cand:")).write_bytes(data)
+
+    return tamper
+
+
+def _fifo(rel: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        root = c.candidate if rel.startswith("cand:") else c.qual
+        path = root / rel.removeprefix("cand:")
+        path.unlink()
+        os.mkfifo(path)
+
+    return tamper
+
+
+def _symlink(rel: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        root = c.candidate if rel.startswith("cand:") else c.qual
+        path = root / rel.removeprefix("cand:")
+        copy = path.with_name(path.name + ".real")
+        path.rename(copy)
+        path.symlink_to(copy.name)
+
+    return tamper
+
+
+def _directory(rel: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        root = c.candidate if rel.startswith("cand:") else c.qual
+        path = root / rel.removeprefix("cand:")
+        path.unlink()
+        path.mkdir()
+
+    return tamper
+
+
+def _flip(rel: str, offset: int = -10) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        root = c.candidate if rel.startswith("cand:") else c.qual
+        path = root / rel.removeprefix("cand:")
+        data = bytearray(path.read_bytes())
+        data[offset] ^= 1
+        path.write_bytes(bytes(data))
+
+    return tamper
+
+
+def _arg(**over: str | None) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        c.over.update({f"--{k.replace('_', '-')}": v for k, v in over.items()})
+
+    return tamper
+
+
+def _candidate_manifest(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
+    return lambda c: _edit_json(c.candidate / "candidate-manifest.json", edit)
+
+
+def _fail_check(name: str) -> Callable[[Any], None]:
+    def edit(record: Any) -> None:
+        for check in record["checks"]["executed"]:
+            if check["name"] == name:
+                check["passed"] = False
+
+    return edit
+
+
+def _drop_required(name: str, *, also_executed: bool) -> Callable[[Any], None]:
+    def edit(record: Any) -> None:
+        record["checks"]["required"].remove(name)
+        if also_executed:
+            record["checks"]["executed"] = [c for c in record["checks"]["executed"] if c["name"] != name]
+
+    return edit
+
+
+def _skip(name: str) -> Callable[[Any], None]:
+    def edit(record: Any) -> None:
+        record["checks"]["executed"] = [c for c in record["checks"]["executed"] if c["name"] != name]
+        record["checks"]["skipped"].append({"name": name, "reason": "attacker"})
+
+    return edit
+
+
+def _github(run_id: int, attempt: int) -> dict[str, Any]:
+    return {
+        "kind": "github_actions",
+        "repository": "o/miniverl",
+        "workflow_path": ".github/workflows/gpu.yml",
+        "run_id": run_id,
+        "run_attempt": attempt,
+    }
+
+
+def _set(path: list[str], value: Any) -> Callable[[Any], None]:
+    def edit(record: Any) -> None:
+        target = record
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return edit
+
+
+def _artifact(of_role: str, **changes: Any) -> Callable[[Any], None]:
+    def edit(q: Any) -> None:
+        for art in q["artifacts"]:
+            if art["role"] == of_role:
+                art.update(changes)
+
+    return edit
+
+
+def _drop_artifact(role: str) -> Callable[[Any], None]:
+    return lambda q: q.update(artifacts=[a for a in q["artifacts"] if a["role"] != role])
+
+
+def _evidence(role: str) -> str:
+    from harness.qualification import EVIDENCE_PATHS
+
+    return EVIDENCE_PATHS[role]
+
+
+def _known_good(edit: Callable[[Any], None], *, trust_new: bool) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        _edit_json(c.known_good / "cpu-reference.json", edit)
+        if trust_new:
+            c.over["--known-good-sha256"] = kg_sha(c.known_good)
+
+    return tamper
+
+
+def _mkfifo_arg(flag: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        path = c.qual.parent / f"fifo-{flag.strip('-')}"
+        os.mkfifo(path)
+        c.over[flag] = str(path)
+
+    return tamper
+
+
+CHAIN_CASES: dict[str, tuple[Callable[[Chain], None], str]] = {
+    # -- CLI arguments -----------------------------------------------------------------------------------
+    "commit_short": (_arg(commit="abc123"), "commit"),
+    "commit_upper": (
+        lambda c: c.over.update({"--commit": audit_args(c.candidate, c.qual, c.known_good)[7].upper()}),
+        "commit",
+    ),
+    "commit_39": (_arg(commit="a" * 39), "commit"),
+    "commit_41": (_arg(commit="a" * 41), "commit"),
+    "commit_nonhex": (_arg(commit="g" * 40), "commit"),
+    "commit_empty": (_arg(commit=""), "commit"),
+    "commit_other": (_arg(commit="f" * 40), "source_commit"),
+    "kg_sha_short": (_arg(known_good_sha256="ab" * 10), "known_good_sha256"),
+    "kg_sha_upper": (
+        lambda c: c.over.update({"--known-good-sha256": kg_sha(c.known_good).upper()}),
+        "known_good_sha256",
+    ),
+    "kg_sha_other": (_arg(known_good_sha256="0" * 64), "known_good_sha256"),
+    "level_bogus": (_arg(level="release"), "level"),
+    "level_full": (_arg(level="full_qualification"), "level"),
+    "gpu_newline": (_arg(required_gpu_name="NVIDIA\nH200"), "gpu_name"),
+    "gpu_other": (_arg(required_gpu_name="NVIDIA GeForce RTX 4080"), "gpu_name"),
+    "profile_unknown": (_arg(profile="mystery"), "profile"),
+    "profile_other": (_arg(profile="h200-cu130"), "profile"),
+    "candidate_dir_missing": (lambda c: c.over.update({"--candidate-dir": str(c.qual / "nope")}), "candidate_dir"),
+    "candidate_dir_is_file": (
+        lambda c: c.over.update({"--candidate-dir": str(c.qual / "qualification.json")}),
+        "candidate_dir",
+    ),
+    "candidate_dir_fifo": (_mkfifo_arg("--candidate-dir"), "candidate_dir"),
+    "qualification_missing": (
+        lambda c: c.over.update({"--qualification": str(c.qual / "nope.json")}),
+        "qualification_schema",
+    ),
+    "qualification_is_dir": (lambda c: c.over.update({"--qualification": str(c.qual)}), "qualification_schema"),
+    "qualification_fifo": (_mkfifo_arg("--qualification"), "qualification_schema"),
+    "manifest_arg_fifo": (_mkfifo_arg("--candidate-manifest"), "candidate_manifest"),
+    "known_good_missing": (lambda c: c.over.update({"--known-good": str(c.known_good / "nope.json")}), "known_good"),
+    "known_good_fifo": (_mkfifo_arg("--known-good"), "known_good"),
+    "known_good_is_dir": (lambda c: c.over.update({"--known-good": str(c.known_good)}), "known_good"),
+    "known_good_from_sdist_absent": (lambda c: c.over.update({"--known-good": None}), "known_good"),
+    # -- candidate directory -----------------------------------------------------------------------------
+    "cand_extra_file": (_raw("cand:notes.txt", b"x"), "candidate_file_set"),
+    "cand_wheel_flip": (lambda c: _flip("cand:" + next(c.candidate.glob("*.whl")).name)(c), "wheel_sha256"),
+    "cand_sdist_truncated": (
+        lambda c: next(c.candidate.glob("*.tar.gz")).write_bytes(next(c.candidate.glob("*.tar.gz")).read_bytes()[:-5]),
+        "sdist_bytes",
+    ),
+    "cand_wheel_fifo": (lambda c: _fifo("cand:" + next(c.candidate.glob("*.whl")).name)(c), "candidate_file_type"),
+    "cand_wheel_symlink": (
+        lambda c: _symlink("cand:" + next(c.candidate.glob("*.whl")).name)(c),
+        "candidate_file_type",
+    ),
+    "cand_sums_reordered": (
+        lambda c: (c.candidate / "SHA256SUMS").write_text(
+            "".join(reversed((c.candidate / "SHA256SUMS").read_text().splitlines(keepends=True)))
+        ),
+        "sha256sums",
+    ),
+    "cand_sums_extra_line": (
+        lambda c: (c.candidate / "SHA256SUMS").write_text(
+            (c.candidate / "SHA256SUMS").read_text() + "0" * 64 + "  x\n"
+        ),
+        "sha256sums",
+    ),
+    "cand_sums_fifo": (_fifo("cand:SHA256SUMS"), "candidate_file_type"),
+    "cand_manifest_extra_key": (_candidate_manifest(lambda m: m.update(extra=1)), "candidate_manifest"),
+    "cand_manifest_whitespace": (
+        lambda c: (c.candidate / "candidate-manifest.json").write_bytes(
+            (c.candidate / "candidate-manifest.json").read_bytes().replace(b",", b", ", 1)
+        ),
+        "candidate_manifest",
+    ),
+    "cand_manifest_dup_key": (
+        lambda c: (c.candidate / "candidate-manifest.json").write_bytes(
+            b'{"kind":"x",' + (c.candidate / "candidate-manifest.json").read_bytes()[1:]
+        ),
+        "candidate_manifest",
+    ),
+    "cand_manifest_huge_int": (
+        lambda c: (c.candidate / "candidate-manifest.json").write_bytes(b'{"source_date_epoch":' + b"9" * 5000 + b"}"),
+        "candidate_manifest",
+    ),
+    "cand_manifest_nan": (_raw("cand:candidate-manifest.json", b'{"source_date_epoch":NaN}'), "candidate_manifest"),
+    "cand_manifest_deep": (_raw("cand:candidate-manifest.json", b"[" * 100_000 + b"]" * 100_000), "candidate_manifest"),
+    "cand_manifest_huge": (_raw("cand:candidate-manifest.json", b" " * (2 << 20)), "candidate_manifest"),
+    "cand_manifest_local_path": (_candidate_manifest(_set(["build", "os"], "/home/me/build")), "candidate_manifest"),
+    "cand_manifest_wheel_sha": (_candidate_manifest(_set(["wheel", "sha256"], "0" * 64)), "sha256sums"),
+    "cand_manifest_symlink": (_symlink("cand:candidate-manifest.json"), "candidate_file_type"),
+    "cand_manifest_created_at": (
+        _candidate_manifest(_set(["created_at"], "2030-01-01T00:00:00Z")),
+        "candidate_manifest",
+    ),
+    # -- qualification.json --------------------------------------------------------------------------------
+    "qual_passed_with_failed_check": (_qual(_fail_check("inspect")), "qualification_schema"),
+    "qual_status_failed": (
+        _qual(lambda q: q.update(status="failed", reasons=["attacker"])),
+        "qualification_status",
+    ),
+    "qual_drops_required_check": (_qual(_drop_required("export_reload", also_executed=True)), "qualification_status"),
+    "qual_drops_required_name_only": (
+        _qual(_drop_required("teacher_scoring", also_executed=False)),
+        "qualification_status",
+    ),
+    "qual_adds_required_check": (
+        _qual(lambda q: q["checks"]["required"].append("candidate_validated") or None),
+        "qualification_status",
+    ),
+    "qual_skips_required_check": (
+        _qual(lambda q: (_skip("grpo_cycle")(q), _drop_required("grpo_cycle", also_executed=False)(q))),
+        "qualification_status",
+    ),
+    "qual_marks_check_not_applicable": (
+        _qual(
+            lambda q: (
+                q["checks"].update(executed=[c for c in q["checks"]["executed"] if c["name"] != "doctor"]),
+                q["checks"]["not_applicable"].append({"name": "doctor", "reason": "attacker"}),
+                q["checks"]["required"].remove("doctor"),
+            )
+        ),
+        "qualification_status",
+    ),
+    "qual_workloads_empty": (_qual(_set(["workloads"], [])), "qualification_status"),
+    "qual_workload_renamed": (_qual(lambda q: q["workloads"][0].update(name="pg-k1")), "qualification_status"),
+    "qual_level_full": (_qual(_set(["level"], "full_qualification")), "level"),
+    "qual_profile_renamed": (_qual(lambda q: q["profile"].update(name="rtx4080-wsl2-cu130")), "profile"),
+    "qual_profile_sha": (_qual(lambda q: q["profile"].update(sha256="0" * 64)), "profile"),
+    "qual_profile_authorizes": (_qual(lambda q: q["profile"].update(can_authorize_release=True)), "profile"),
+    "qual_profile_known_good_name": (_qual(lambda q: q["profile"].update(known_good="h200-cu130")), "profile"),
+    "qual_device_cuda": (_qual(lambda q: q["environment"].update(device="cuda")), "profile"),
+    "qual_gpu_name": (
+        _qual(
+            _set(
+                ["environment", "gpu"],
+                {"name": "NVIDIA H200", "count": 1, "total_memory_bytes": 1, "driver": "1"},
+            )
+        ),
+        "gpu_name",
+    ),
+    "qual_known_good_sha": (_qual(lambda q: q["profile"].update(known_good_sha256="1" * 64)), "known_good_sha256"),
+    "qual_env_known_good_sha": (
+        _qual(lambda q: q["environment"].update(known_good_sha256="1" * 64)),
+        "known_good_sha256",
+    ),
+    "qual_known_good_status": (_qual(lambda q: q["profile"].update(known_good_status="declared")), "known_good"),
+    "qual_wheel_sha": (_qual(lambda q: q["candidate"]["wheel"].update(sha256="0" * 64)), "candidate_binding"),
+    "qual_manifest_sha": (_qual(lambda q: q["candidate"].update(manifest_sha256="0" * 64)), "candidate_binding"),
+    "qual_version": (_qual(lambda q: q["candidate"].update(version="9.9.9")), "candidate_binding"),
+    "qual_commit": (_qual(lambda q: q["candidate"].update(source_commit="e" * 40)), "source_commit"),
+    "qual_attempt_2": (_qual(lambda q: q["execution"].update(workflow=_github(7, 2))), "run_attempt"),
+    "qual_other_run": (_qual(lambda q: q["execution"].update(workflow=_github(7, 1))), "same_run"),
+    "qual_dup_key": (
+        lambda c: (c.qual / "qualification.json").write_bytes(
+            b'{"level":"release_smoke",' + (c.qual / "qualification.json").read_bytes()[1:]
+        ),
+        "record_schema",
+    ),
+    "qual_huge_int": (
+        lambda c: (c.qual / "qualification.json").write_bytes(
+            (c.qual / "qualification.json")
+            .read_bytes()
+            .replace(b'"metrics":{', b'"metrics":{"x":' + b"9" * 5000 + b",")
+        ),
+        "json_limits",
+    ),
+    "qual_big_float": (_raw("qualification.json", b'{"a":1e999}'), "finite_numbers"),
+    "qual_nan": (_raw("qualification.json", b'{"a":NaN}'), "finite_numbers"),
+    "qual_infinity": (_raw("qualification.json", b'{"a":-Infinity}'), "finite_numbers"),
+    "qual_deep": (_raw("qualification.json", b'{"a":' * 50_000 + b"1" + b"}" * 50_000), "json_limits"),
+    "qual_huge_file": (_raw("qualification.json", b" " * (17 << 20)), "qualification_schema"),
+    "qual_not_utf8": (_raw("qualification.json", b'{"a":"\xff"}'), "record_schema"),
+    "qual_not_object": (_raw("qualification.json", b"[]"), "qualification_schema"),
+    "qual_empty": (_raw("qualification.json", b""), "record_schema"),
+    "qual_local_path": (_qual(lambda q: q["execution"]["origin"].update(where="/home/me/venv")), "no_local_paths"),
+    "qual_symlink": (_symlink("qualification.json"), "qualification_schema"),
+    "qual_fifo": (_fifo("qualification.json"), "qualification_schema"),
+    "qual_extra_key": (_qual(lambda q: q.update(release_authorized=True)), "qualification_schema"),
+    # -- evidence files -------------------------------------------------------------------------------------
+    "evidence_flip": (lambda c: _flip(_evidence("run_summary"))(c), "artifact_sha256"),
+    "evidence_truncated": (
+        lambda c: (c.qual / _evidence("metrics")).write_bytes((c.qual / _evidence("metrics")).read_bytes()[:-1]),
+        "artifact_bytes",
+    ),
+    "evidence_deleted": (lambda c: (c.qual / _evidence("doctor")).unlink(), "artifact_file_type"),
+    "evidence_symlink": (lambda c: _symlink(_evidence("transcript"))(c), "artifact_file_type"),
+    "evidence_fifo": (lambda c: _fifo(_evidence("adapter_config"))(c), "artifact_file_type"),
+    "evidence_directory": (lambda c: _directory(_evidence("adapter_manifest"))(c), "artifact_file_type"),
+    "evidence_role_unknown": (_qual(_artifact("doctor", role="mystery")), "evidence_roles"),
+    "evidence_role_swapped": (_qual(_artifact("doctor", role="transcript")), "evidence_roles"),
+    "evidence_path_moved": (_qual(_artifact("doctor", path="evidence/other.json")), "evidence_roles"),
+    "evidence_required_dropped": (_qual(_drop_artifact("run_summary")), "evidence_roles"),
+    "evidence_weights_dropped": (_qual(_drop_artifact("adapter_weights")), "evidence_roles"),
+    # -- the principal smoke record ---------------------------------------------------------------------------
+    "principal_renamed": (_smoke_record(_set(["name"], "pg-k1")), "principal_records"),
+    "principal_level": (_smoke_record(_set(["level"], "full_qualification")), "principal_records"),
+    "principal_profile": (_smoke_record(_set(["profile"], "h200-cu130")), "principal_records"),
+    "principal_commit": (_smoke_record(_set(["source_commit"], "d" * 40)), "principal_records"),
+    "principal_wheel": (_smoke_record(_set(["wheel_sha256"], "d" * 64)), "principal_records"),
+    "principal_passed_with_failure": (_smoke_record(_fail_check("doctor")), "principal_records"),
+    "principal_drops_required": (
+        _smoke_record(_drop_required("grpo_cycle", also_executed=True)),
+        "principal_records",
+    ),
+    "principal_skips_required": (
+        _smoke_record(lambda r: (_skip("model_fetch")(r), _drop_required("model_fetch", also_executed=False)(r))),
+        "principal_records",
+    ),
+    "principal_unbound": (_qual(_drop_artifact("principal_release_smoke")), "principal_records"),
+    "principal_role_renamed": (
+        _qual(_artifact("principal_release_smoke", role="principal_pg_k1")),
+        "principal_records",
+    ),
+    "principal_path_renamed": (
+        _qual(_artifact("principal_release_smoke", path="qualification-pg-k1.json")),
+        "principal_records",
+    ),
+    "principal_flip_unbound": (_flip("qualification-release-smoke.json"), "artifact_sha256"),
+    "principal_fifo": (_fifo("qualification-release-smoke.json"), "artifact_file_type"),
+    # -- the known-good descriptor --------------------------------------------------------------------------
+    "known_good_edited": (_known_good(lambda d: d.update(notes="edited"), trust_new=False), "known_good_sha256"),
+    "known_good_edited_and_trusted": (
+        _known_good(lambda d: d.update(notes="edited"), trust_new=True),
+        "known_good_sha256",
+    ),
+    "known_good_huge": (
+        lambda c: (c.known_good / "cpu-reference.json").write_bytes(b" " * (2 << 20)),
+        "known_good",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def full_chain(
+    candidate: Path, smoke_qual: Path, known_good: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("tamper-full")
+    qual = fabricate_full(smoke_qual, base / "qualification")
+    assets = build_assets(candidate, qual, base / "assets", known_good)
+    return qual, assets
+
+
+def _run(c: Chain, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any], float]:
+    started = time.monotonic()
+    code = auditor_main(c.args())
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    return code, err, json.loads(out) if out.strip() else {}, elapsed
+
+
+def _expect_refusal(c: Chain, check: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err, rv, elapsed = _run(c, capsys)
+    assert code == 1, err
+    assert elapsed < SECONDS, f"took {elapsed:.1f} s"
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("validate_release_chain: error: ["), err
+    named = err.split("[", 1)[1].split("]", 1)[0]
+    assert named == check or check in rv.get("failed_checks", []), (named, rv.get("failed_checks"), err)
+
+
+def _writable(candidate: Path, smoke_qual: Path, known_good: Path, tmp: Path) -> Chain:
+    return Chain(
+        candidate=copy_tree(candidate, tmp / "candidate"),
+        qual=copy_tree(smoke_qual, tmp / "qualification"),
+        known_good=copy_tree(known_good, tmp / "known-good"),
+        assets=None,
+        over={},
+    )
+
+
+def test_the_honest_chain_passes(
+    candidate: Path, smoke_qual: Path, known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err, rv, _ = _run(_writable(candidate, smoke_qual, known_good, tmp_path), capsys)
+    assert code == 0, err
+    assert rv["status"] == "passed" and rv["release_authorized"] is False
+
+
+@pytest.mark.parametrize("case", sorted(CHAIN_CASES))
+def test_a_tampered_chain_is_refused_by_name(
+    case: str,
+    candidate: Path,
+    smoke_qual: Path,
+    known_good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tamper, check = CHAIN_CASES[case]
+    c = _writable(candidate, smoke_qual, known_good, tmp_path)
+    tamper(c)
+    _expect_refusal(c, check, capsys)
+
+
+# -- release assets and the evidence archive --------------------------------------------------------------
+def _repack(assets: Path, change: Callable[[list[tarfile.TarInfo], list[bytes]], None], *, gzip_name: str = "") -> None:
+    """Rewrite the evidence archive with ``change`` applied, then re-hash everything the attacker controls."""
+    archive = assets / "qualification-evidence.tar.gz"
+    infos: list[tarfile.TarInfo] = []
+    datas: list[bytes] = []
+    with tarfile.open(archive, mode="r:gz") as tar:
+        for info in tar:
+            handle = tar.extractfile(info)
+            datas.append(handle.read() if handle else b"")
+            infos.append(info)
+    change(infos, datas)
+    raw = io.BytesIO()
+    with (
+        gzip.GzipFile(filename=gzip_name, mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for info, data in zip(infos, datas, strict=True):
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    archive.write_bytes(raw.getvalue())
+    _rehash_archive(assets)
+
+
+def _rehash_archive(assets: Path) -> None:
+    archive = assets / "qualification-evidence.tar.gz"
+    _edit_json(
+        assets / "qualification-evidence-manifest.json",
+        lambda m: m["archive"].update(bytes=archive.stat().st_size, sha256=sha256_file(archive)),
+    )
+    _rehash_sums(assets)
+
+
+def _rehash_sums(assets: Path) -> None:
+    from harness.layout import QUALIFICATION_ASSETS
+
+    text = "".join(f"{sha256_file(assets / n)}  {n}\n" for n in QUALIFICATION_ASSETS)
+    (assets / "qualification-SHA256SUMS").write_text(text)
+
+
+def _member(index: int, **changes: Any) -> Callable[[list[tarfile.TarInfo], list[bytes]], None]:
+    def change(infos: list[tarfile.TarInfo], datas: list[bytes]) -> None:
+        for key, value in changes.items():
+            setattr(infos[index], key, value)
+
+    return change
+
+
+def _verification(edit: Callable[[Any], None]) -> Callable[[Path], None]:
+    def tamper(assets: Path) -> None:
+        _edit_json(assets / "release-verification.json", edit)
+        _rehash_sums(assets)
+
+    return tamper
+
+
+def _swap_first_two(infos: list[tarfile.TarInfo], datas: list[bytes]) -> None:
+    infos[0], infos[1] = infos[1], infos[0]
+    datas[0], datas[1] = datas[1], datas[0]
+
+
+def _append_member(name: str, kind: bytes = tarfile.REGTYPE) -> Callable[[list[tarfile.TarInfo], list[bytes]], None]:
+    def change(infos: list[tarfile.TarInfo], datas: list[bytes]) -> None:
+        info = tarfile.TarInfo(name)
+        info.mode, info.mtime, info.type = 0o644, infos[0].mtime, kind
+        if kind == tarfile.SYMTYPE:
+            info.linkname = "/etc/passwd"
+        infos.append(info)
+        datas.append(b"x")
+
+    return change
+
+
+def _oversize_member(infos: list[tarfile.TarInfo], datas: list[bytes]) -> None:
+    datas[0] = datas[0] + b"\0" * (4 << 20)
+
+
+ASSET_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "extra_top_level": (lambda a: (a / "notes.txt").write_text("x"), "assets_layout"),
+    "missing_top_level": (lambda a: (a / "qualification-SHA256SUMS").unlink(), "assets_layout"),
+    "top_level_fifo": (lambda a: ((a / "SHA256SUMS").unlink(), os.mkfifo(a / "SHA256SUMS")), "assets_layout"),
+    "top_level_dir": (lambda a: ((a / "SHA256SUMS").unlink(), (a / "SHA256SUMS").mkdir()), "assets_layout"),
+    "dist_extra_file": (lambda a: (a / "dist" / "extra.whl").write_bytes(b"x"), "assets_dist"),
+    "dist_wheel_flip": (lambda a: _flip_file(next((a / "dist").glob("*.whl"))), "assets_dist"),
+    "dist_is_file": (lambda a: (_rmtree(a / "dist"), (a / "dist").write_text("x")), "assets_layout"),
+    "sums_edited": (lambda a: (a / "SHA256SUMS").write_text("0" * 64 + "  x.whl\n"), "assets_sha256sums"),
+    "candidate_manifest_edited": (
+        lambda a: _edit_json(a / "candidate-manifest.json", lambda m: m.update(version="9.9.9")),
+        "assets_candidate",
+    ),
+    "qualification_edited": (
+        lambda a: _edit_json(a / "qualification.json", lambda q: q.update(reasons=["x"])),
+        "assets_qualification",
+    ),
+    "principal_flip": (lambda a: _flip_file(a / "qualification-pg-k1.json"), "artifact_sha256"),
+    "principal_fifo": (
+        lambda a: ((a / "qualification-smollm2.json").unlink(), os.mkfifo(a / "qualification-smollm2.json")),
+        "assets_layout",
+    ),
+    "qual_sums_reordered": (
+        lambda a: (a / "qualification-SHA256SUMS").write_text(
+            "".join(reversed((a / "qualification-SHA256SUMS").read_text().splitlines(keepends=True)))
+        ),
+        "qualification_sha256sums",
+    ),
+    "verification_authorizes": (
+        _verification(lambda v: v.update(release_authorized=True, authorization_reasons=[])),
+        "release_verification",
+    ),
+    "verification_other_gpu": (
+        _verification(lambda v: v.update(required_gpu_name="NVIDIA GeForce RTX 4080")),
+        "release_verification",
+    ),
+    "verification_invented_checks": (
+        _verification(lambda v: v.update(checks=[{"name": "all_good", "passed": True, "detail": "trust me"}])),
+        "release_verification",
+    ),
+    "verification_whitespace": (
+        lambda a: (
+            (a / "release-verification.json").write_bytes((a / "release-verification.json").read_bytes() + b"\n"),
+            _rehash_sums(a),
+        ),
+        "release_verification",
+    ),
+    "verification_deep": (
+        lambda a: ((a / "release-verification.json").write_bytes(b"[" * 10_000 + b"]" * 10_000), _rehash_sums(a)),
+        "release_verification",
+    ),
+    "archive_flip": (lambda a: _flip_file(a / "qualification-evidence.tar.gz"), "evidence_archive"),
+    "archive_truncated": (
+        lambda a: (
+            (a / "qualification-evidence.tar.gz").write_bytes((a / "qualification-evidence.tar.gz").read_bytes()[:200]),
+            _rehash_archive(a),
+        ),
+        "archive_format",
+    ),
+    "archive_gzip_filename": (lambda a: _repack(a, lambda i, d: None, gzip_name="evidence.tar"), "archive_metadata"),
+    "member_mode_0755": (lambda a: _repack(a, _member(0, mode=0o755)), "archive_metadata"),
+    "member_setuid": (lambda a: _repack(a, _member(1, mode=0o4644)), "archive_metadata"),
+    "member_group_write": (lambda a: _repack(a, _member(2, mode=0o664)), "archive_metadata"),
+    "member_uid": (lambda a: _repack(a, _member(0, uid=1000)), "archive_metadata"),
+    "member_uname": (lambda a: _repack(a, _member(0, uname="root")), "archive_metadata"),
+    "member_mtime_zero": (lambda a: _repack(a, _member(0, mtime=0)), "archive_metadata"),
+    "member_order": (lambda a: _repack(a, _swap_first_two), "archive_members"),
+    "member_extra": (lambda a: _repack(a, _append_member("release-smoke/extra.json")), "archive_members"),
+    "member_dotdot": (lambda a: _repack(a, _member(0, name="../escape.json")), "archive_member_name"),
+    "member_absolute": (lambda a: _repack(a, _member(0, name="/etc/cron.d/x")), "archive_member_name"),
+    "member_symlink": (lambda a: _repack(a, _append_member("link", tarfile.SYMTYPE)), "archive_members"),
+    "member_oversize": (lambda a: _repack(a, _oversize_member), "archive_size"),
+    "archive_manifest_extra_member": (
+        lambda a: _edit_json(
+            a / "qualification-evidence-manifest.json",
+            lambda m: m["members"].append({"name": "zz/x.json", "role": "doctor", "bytes": 1, "sha256": "0" * 64}),
+        ),
+        "evidence_archive",
+    ),
+    "archive_manifest_commit": (
+        lambda a: _edit_json(a / "qualification-evidence-manifest.json", lambda m: m.update(source_commit="c" * 40)),
+        "evidence_archive",
+    ),
+}
+
+
+def _flip_file(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def test_the_honest_assets_pass(
+    candidate: Path, known_good: Path, full_chain: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    qual, assets = full_chain
+    c = Chain(candidate, qual, known_good, copy_tree(assets, tmp_path / "assets"), {})
+    code, err, rv, _ = _run(c, capsys)
+    assert code == 0, err
+    assert rv["status"] == "passed" and rv["release_authorized"] is False
+
+
+@pytest.mark.parametrize("case", sorted(ASSET_CASES))
+def test_tampered_assets_are_refused_by_name(
+    case: str,
+    candidate: Path,
+    known_good: Path,
+    full_chain: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tamper, check = ASSET_CASES[case]
+    qual, assets = full_chain
+    c = Chain(candidate, qual, known_good, copy_tree(assets, tmp_path / "assets"), {})
+    assert c.assets is not None
+    tamper(c.assets)
+    _expect_refusal(c, check, capsys)
+
+
+def test_the_suite_is_large_enough() -> None:
+    assert len(CHAIN_CASES) + len(ASSET_CASES) >= 100
