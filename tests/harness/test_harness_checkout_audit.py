@@ -54,3 +54,23 @@ def test_the_level_and_gpu_come_from_the_command_and_the_profile(checkout: Path)
     shutil.copyfile(checkout / "known-good" / "cpu-reference.json", checkout / "known-good" / "h200-cu130.json")
     failed = audit(checkout_request("h200-cu130", "release_smoke", assets=False)).failed_checks
     assert "gpu_name" in failed or "profile" in failed
+
+
+def test_without_a_path_the_descriptor_comes_from_the_candidates_sdist(
+    fake_repo: Path, known_good: Path, tmp_path: Path
+) -> None:
+    from harness_helpers import git
+
+    from harness.candidate import build_candidate
+    from harness.known_good import read_known_good
+
+    repo = copy_tree(fake_repo, tmp_path / "repo")
+    (repo / "known-good").mkdir()
+    shutil.copyfile(known_good / "cpu-reference.json", repo / "known-good" / "cpu-reference.json")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "ship the known-good stack")
+    manifest = build_candidate(repo, tmp_path / "candidate", env={})
+    data, source = read_known_good(
+        None, tmp_path / "candidate" / manifest.sdist.filename, manifest.version, "cpu-reference"
+    )
+    assert data == (known_good / "cpu-reference.json").read_bytes() and source == "the candidate's sdist"
