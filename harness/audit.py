@@ -90,6 +90,10 @@ class Auditor:
             detail = _SCRUB.text(str(exc))[:500]
             self.checks.append(VerificationCheck(name=failed, passed=False, detail=detail))
             return False
+        except OSError as exc:  # e.g. an unreadable directory: a failed check, never a traceback
+            detail = f"{exc.__class__.__name__}: {exc.strerror or 'cannot be read'}"
+            self.checks.append(VerificationCheck(name=name, passed=False, detail=detail))
+            return False
         self.checks.append(VerificationCheck(name=name, passed=True, detail=detail[:500]))
         return True
 
@@ -274,9 +278,8 @@ class Auditor:
                 "evidence_roles",
                 f"artifact {art.path} has role {art.role!r}, which the harness does not map to that path",
             )
-        if q.level in policy.LEVELS:
-            missing = [r for r in policy.SMOKE_EVIDENCE_ROLES if r not in {a.role for a in subordinate}]
-            _require(not missing, "evidence_roles", f"required evidence is not bound: {missing}")
+        missing = [r for r in policy.SMOKE_EVIDENCE_ROLES if r not in {a.role for a in subordinate}]
+        _require(not missing, "evidence_roles", f"required evidence is not bound: {missing}")
         for art in subordinate:
             _verify_file(locate(art), art)
         return f"{len(subordinate)} evidence files re-verified (regular files, bytes, sha256)"

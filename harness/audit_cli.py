@@ -100,3 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"validate_release_chain: error: {exc.line()}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        print(f"validate_release_chain: error: [io] {exc.__class__.__name__}: {exc.strerror}", file=sys.stderr)
+        return 1
