@@ -1,4 +1,4 @@
-"""``python -m harness``: build, smoke, full, stack, release-assets, verify, schemas."""
+"""``python -m harness``: build, smoke, full, stack, release-assets, verify, schemas, release-gate."""
 
 from __future__ import annotations
 
@@ -156,6 +156,12 @@ def _verify(args: argparse.Namespace) -> int:
     return run_audit(args)
 
 
+def _release_gate(args: argparse.Namespace) -> int:
+    from harness.gate.main import gate
+
+    return gate(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -204,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     from harness.audit_cli import add_arguments
 
     add_arguments(sub.add_parser("verify", help="the torch-free auditor (scripts/validate_release_chain.py)"))
+    from harness.gate.main import add_arguments as add_gate_arguments
+
+    add_gate_arguments(sub.add_parser("release-gate", help="verify one gpu.yml run through the GitHub API"))
     return p
 
 
@@ -220,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             return _assets(args)
         if args.command == "schemas":
             return _schemas(args)
+        if args.command == "release-gate":
+            return _release_gate(args)
         return _verify(args)
     except HarnessError as exc:
         print(f"harness: error: {exc.line()}", file=sys.stderr)
