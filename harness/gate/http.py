@@ -74,7 +74,6 @@ class GitHubClient:
         self.session.proxies = {}
         self.session.headers.clear()
         self.session.cookies.set_policy(_NoCookies())
-        self.session.max_redirects = 0
 
     def close(self) -> None:
         self.session.close()
