@@ -204,13 +204,20 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # a client that stops reading (a refused oversize download) is expected, not an error
+
+
 class Servers:
     """The API and blob servers for one test; ``close()`` stops both."""
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.api = ThreadingHTTPServer(("127.0.0.1", 0), _handler(world, "api"))
-        self.blob = ThreadingHTTPServer(("127.0.0.1", 0), _handler(world, "blob"))
+        self.api = _Server(("127.0.0.1", 0), _handler(world, "api"))
+        self.blob = _Server(("127.0.0.1", 0), _handler(world, "blob"))
         world.api_url = f"http://127.0.0.1:{self.api.server_address[1]}"
         world.blob_url = f"http://127.0.0.1:{self.blob.server_address[1]}"
         self.threads = [

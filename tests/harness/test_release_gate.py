@@ -222,3 +222,268 @@ def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, 
     assert rv["level"] == "full_qualification" and rv["status"] == "passed"
     assert "cpu-reference can never authorize" in " ".join(rv["authorization_reasons"])
     assert_no_token(r)
+
+
+# --- rejections of the run itself (in-process: the same `main` the CLI calls) ------------------------------
+
+RUN_FIELD_CASES = {
+    "attempt_2": ({"run_attempt": 2}, "run_attempt"),
+    "fork": ({"head_repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
+    "other_repository": ({"repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
+    "other_workflow_file": ({"path": ".github/workflows/ci.yml"}, "workflow_path"),
+    "event_push": ({"event": "push"}, "event"),
+    "conclusion_failure": ({"conclusion": "failure"}, "conclusion"),
+    "still_running": ({"status": "in_progress", "conclusion": None}, "run_status"),
+    "head_sha_mismatch": ({"head_sha": "f" * 40}, "head_sha"),
+    "bad_shape": ({"run_attempt": "1"}, "api_shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_FIELD_CASES))
+def test_run_fields_are_rechecked(
+    case: str, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over, check = RUN_FIELD_CASES[case]
+    world.runs[0].update(over)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, check)
+    assert r.gate["other_runs"] == [{"id": RUN_ID, "check": check, "reason": r.gate["checks"][-1]["detail"]}]
+    assert world.blob_seen == []  # nothing was downloaded for a run that does not count
+    assert_no_token(r)
+
+
+def test_no_run_listed(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.runs.clear()
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "no_run")
+
+
+# --- rejections of the artifacts ----------------------------------------------------------------------------
+
+
+def _art(world: World, name: str) -> dict[str, Any]:
+    return next(a for a in world.artifacts[RUN_ID] if a["name"] == name)
+
+
+def test_expired_artifact(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, SMOKE)["expired"] = True
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_expired")
+
+
+def test_expires_at_in_the_past(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, CANDIDATE)["expires_at"] = "2026-01-02T00:00:00Z"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_expired")
+    assert "expired at 2026-01-02" in r.err
+
+
+def test_artifact_missing_from_the_run(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_missing")
+    assert SMOKE in r.err
+
+
+def test_artifacts_listed_by_the_run_but_made_by_another_run(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, SMOKE)["workflow_run"]["id"] = RUN_ID + 1
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_same_run")
+
+
+def test_artifacts_whose_records_bind_another_run(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API is consistent (run 5000 lists both), but the files inside were made by run 4242."""
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run(5000)
+    world.artifact(5000, CANDIDATE, chain.candidate_zip)
+    world.artifact(5000, SMOKE, chain.smoke_zip)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "candidate_run")
+    assert "run 4242" in r.err and "run 5000" in r.err
+
+
+def test_candidate_and_qualification_from_two_runs(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 5000's qualification zip holds a qualification.json that names run 5000; its candidate names 4242."""
+    from harness.jsonio import canonical_bytes
+
+    members = []
+    for name, data in unzip(chain.smoke_zip):
+        if name == "qualification.json":
+            value = json.loads(data)
+            value["execution"]["workflow"]["run_id"] = 5000
+            data = canonical_bytes(value) + b"\n"
+        members.append((name, data))
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run(5000)
+    world.artifact(5000, CANDIDATE, chain.candidate_zip)
+    world.artifact(5000, SMOKE, zip_members(members))
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "candidate_run")
+    # and with the candidate taken as the truth, the auditor's own same-run check refuses the pair
+    from harness.audit import AuditRequest, audit
+
+    qual = tmp_path / "q"
+    qual.mkdir()
+    for name, data in members:
+        (qual / name).parent.mkdir(parents=True, exist_ok=True)
+        (qual / name).write_bytes(data)
+    result = audit(
+        AuditRequest(
+            candidate_dir=chain.candidate,
+            candidate_manifest=chain.candidate / "candidate-manifest.json",
+            qualification=qual / "qualification.json",
+            commit=chain.sha,
+            known_good_sha256=json.loads((qual / "qualification.json").read_bytes())["profile"]["known_good_sha256"],
+            required_gpu_name=None,
+            level="release_smoke",
+        )
+    )
+    assert result.failed_checks == ["same_run"]
+
+
+def test_wrong_digest(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, CANDIDATE)["digest"] = "sha256:" + "0" * 64
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_digest")
+    assert len(world.blob_seen) == 1  # refused right after the first download
+
+
+def test_download_larger_than_declared(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    art = _art(world, CANDIDATE)
+    world.blobs[art["id"]] = world.blobs[art["id"]] + b"\0" * (2 << 20)  # past size_in_bytes + 1 MiB
+    del art["digest"]
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_size")
+
+
+def test_newest_qualifying_run_with_both_artifacts_is_chosen_over_two_pages(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.runs.clear()
+    world.run(9000)  # newer, qualifies, but has no artifacts
+    world.run(8000, run_attempt=2)
+    world.run(RUN_ID)
+    world.run(4000)  # older, qualifies, has both
+    world.artifact(4000, CANDIDATE, chain.candidate_zip)
+    world.artifact(4000, SMOKE, chain.smoke_zip)
+    world.page_size = 2
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    assert r.gate["run"]["id"] == RUN_ID
+    assert [(o["id"], o["check"]) for o in r.gate["other_runs"]] == [
+        (9000, "artifact_missing"),
+        (8000, "run_attempt"),
+        (4000, "newer_run_chosen"),
+    ]
+    pages = [path for path, _ in world.api_seen if "/runs?" in path and "/workflows/" in path]
+    assert len(pages) == 2 and "page=2" in pages[1]
+    assert_no_token(r)
+
+
+# --- redirects and headers ----------------------------------------------------------------------------------
+
+
+def test_redirect_loop_is_bounded(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.redirect = "loop"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "redirect_limit")
+    assert len([p for p, _ in world.api_seen if p.endswith("/zip")]) == 4  # the first request + 3 hops
+
+
+def test_same_origin_redirect_keeps_the_token(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.redirect = "same"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    hops = world.headers_at(world.api_seen, "/blob/")
+    assert len(hops) == 2 and all(h["authorization"] == f"Bearer {TOKEN}" for h in hops)
+    assert world.blob_seen == [] and all("cookie" not in h for h in hops)
+
+
+def test_cross_origin_redirect_strips_credentials_even_with_ambient_ones(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proxy and netrc settings in the environment are ignored (trust_env=False); the blob sees no secret."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login x password {TOKEN}\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HTTP_PROXY", "http://user:secret@127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    for headers in world.headers_at(world.blob_seen, "/blob/"):
+        assert not {"authorization", "proxy-authorization", "cookie"} & set(headers)
+        assert headers["accept"] and headers["user-agent"]
+    assert_no_token(r)
+
+
+# --- the zip itself -----------------------------------------------------------------------------------------
+
+ZIP_CASES: dict[str, tuple[list[tuple[str, bytes]], tuple[str, ...], str]] = {
+    "dot_dot": ([("../evil.txt", b"x")], (), "zip_member_name"),
+    "nested_dot_dot": ([("a/../../evil.txt", b"x")], (), "zip_member_name"),
+    "absolute": ([("/tmp/evil.txt", b"x")], (), "zip_member_name"),
+    "drive_letter": ([("C:/evil.txt", b"x")], (), "zip_member_name"),
+    "backslash": ([("a\\evil.txt", b"x")], (), "zip_member_name"),
+    "symlink": ([("link", b"/etc/passwd")], ("link",), "zip_symlink"),
+    "duplicate": ([("candidate-manifest.json", b"{}")], (), "zip_duplicate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ZIP_CASES))
+def test_unsafe_zip_is_refused(
+    case: str,
+    world: World,
+    chain: Chain,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extra, links, check = ZIP_CASES[case]
+    blob = zip_members([*unzip(chain.candidate_zip), *extra], links)
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, check)
+    assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/evil.txt").exists()
+
+
+def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """64 MiB of zeros (about 64 KiB zipped) against a 16 MiB bound; also a lying header, caught while streaming."""
+    from harness.errors import HarnessError
+    from harness.gate.main import gate
+    from harness.gate.safezip import ZipLimits, safe_extract
+
+    bomb = zip_members([*unzip(chain.candidate_zip), ("bomb.bin", b"\0" * (64 << 20))])
+    assert len(bomb) < (1 << 20)
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, bomb)
+    from harness.cli import parser
+
+    out = tmp_path / "out"
+    args = parser().parse_args(["release-gate", *_argv(world, out), "--dry-run"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GITHUB_TOKEN", TOKEN)
+        with pytest.raises(HarnessError) as info:
+            gate(args, limits=ZipLimits(max_member_bytes=16 << 20, max_total_bytes=32 << 20))
+    assert info.value.check == "zip_size"
+    assert _gate_json(out)["failed_check"] == "zip_size"
+    assert sorted(p.name for p in out.iterdir()) == ["gate.json"]
