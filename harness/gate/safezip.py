@@ -45,7 +45,7 @@ def member_kind(info: zipfile.ZipInfo) -> str:
     if info.flag_bits & 0x1:
         raise GateError(f"member {info.filename[:80]!r} is encrypted", check="zip_member_type")
     mode = info.external_attr >> 16
-    if info.create_system == 3 and mode:  # Unix: the high 16 bits are st_mode
+    if info.create_system == 3 and stat.S_IFMT(mode):  # Unix: the high 16 bits are st_mode (type 0: unstated)
         if stat.S_ISLNK(mode):
             raise GateError(f"member {info.filename[:80]!r} is a symbolic link", check="zip_symlink")
         if stat.S_ISDIR(mode):

@@ -72,6 +72,7 @@ class World:
     api_url: str = ""
     blob_url: str = ""
     next_artifact: int = 700
+    link_base: str | None = None  # where Link rel="next" points (default: the API itself)
 
     def run(self, run_id: int = RUN_ID, **over: Any) -> dict[str, Any]:
         value = {
@@ -197,7 +198,8 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             chunk = world.runs[(page - 1) * size : page * size]
             headers = {}
             if page * size < len(world.runs):
-                nxt = f"{world.api_url}{urlsplit(self.path).path}?head_sha={world.sha}&page={page + 1}"
+                base = world.link_base or world.api_url
+                nxt = f"{base}{urlsplit(self.path).path}?head_sha={world.sha}&page={page + 1}"
                 headers["Link"] = f'<{nxt}>; rel="next", <{nxt}>; rel="last"'
             self._json({"total_count": len(world.runs), "workflow_runs": chunk}, headers)
 

@@ -226,7 +226,7 @@ def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, 
 
 # --- rejections of the run itself (in-process: the same `main` the CLI calls) ------------------------------
 
-RUN_FIELD_CASES = {
+RUN_FIELD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "attempt_2": ({"run_attempt": 2}, "run_attempt"),
     "fork": ({"head_repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
     "other_repository": ({"repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
@@ -467,10 +467,10 @@ def test_unsafe_zip_is_refused(
 
 
 def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """64 MiB of zeros (about 64 KiB zipped) against a 16 MiB bound; also a lying header, caught while streaming."""
+    """64 MiB of zeros (about 64 KiB zipped) against a 16 MiB per-member bound."""
     from harness.errors import HarnessError
     from harness.gate.main import gate
-    from harness.gate.safezip import ZipLimits, safe_extract
+    from harness.gate.safezip import ZipLimits
 
     bomb = zip_members([*unzip(chain.candidate_zip), ("bomb.bin", b"\0" * (64 << 20))])
     assert len(bomb) < (1 << 20)
@@ -487,3 +487,88 @@ def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys:
     assert info.value.check == "zip_size"
     assert _gate_json(out)["failed_check"] == "zip_size"
     assert sorted(p.name for p in out.iterdir()) == ["gate.json"]
+
+
+# --- the auditor on the downloaded pair, and the API's own failures -----------------------------------------
+
+
+def _replace_member(blob: bytes, name: str, edit: Any) -> bytes:
+    return zip_members([(n, edit(d) if n == name else d) for n, d in unzip(blob)])
+
+
+def test_tampered_wheel_fails_the_candidate_check(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = json.loads((chain.candidate / "candidate-manifest.json").read_bytes())["wheel"]["filename"]
+    blob = _replace_member(chain.candidate_zip, wheel, lambda d: d[:-1] + bytes([d[-1] ^ 1]))
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, blob)  # the API digest matches the tampered zip: only the manifest can tell
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "wheel_sha256")
+
+
+def test_tampered_evidence_file_fails_the_auditor(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    qual = json.loads((chain.smoke / "qualification.json").read_bytes())
+    evidence = next(a["path"] for a in qual["artifacts"] if not a["role"].startswith("principal_"))
+    blob = _replace_member(chain.smoke_zip, evidence, lambda d: d + b" ")
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_bytes")
+    assert evidence in r.err
+
+
+def test_wrong_token_is_refused_by_the_api(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.token = "another-token"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "api_status")
+    assert "401" in r.err
+    assert_no_token(r)
+
+
+def test_pagination_to_another_origin_is_refused(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.run(4100, head_sha="e" * 40)
+    world.page_size = 1
+    world.link_base = world.blob_url
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "pagination")
+    assert world.blob_seen == []  # the token never went to the other origin
+
+
+USAGE_CASES = {
+    "short_sha": ["--sha", "abc123"],
+    "upper_sha": ["--sha", "A" * 40],
+    "repository": ["--repository", "not a repo"],
+    "workflow": ["--workflow", "../gpu.yml"],
+    "api_query": ["--api-url", "http://127.0.0.1:1/?x=1"],
+    "api_scheme": ["--api-url", "file:///etc"],
+    "api_userinfo": ["--api-url", "http://user:pw@127.0.0.1:1"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_CASES))
+def test_usage_errors_exit_2_and_still_write_gate_json(
+    case: str, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, *USAGE_CASES[case])
+    assert r.rc == 2 and len(r.err.strip().splitlines()) == 1 and "[usage]" in r.err
+    assert r.gate["status"] == "failed" and r.gate["failed_check"] == "usage" and r.gate["query"] is None
+    assert world.api_seen == []
+    assert "pw" not in json.dumps(r.gate)
+
+
+def test_non_empty_out_is_refused_untouched(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gate.json").write_text("previous\n")
+    from harness.cli import main
+
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    assert main(["release-gate", *_argv(world, out), "--dry-run"]) == 2
+    assert "[usage]" in capsys.readouterr().err and (out / "gate.json").read_text() == "previous\n"
