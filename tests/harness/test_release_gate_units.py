@@ -107,3 +107,29 @@ def test_destination_must_be_empty(tmp_path: Path) -> None:
     with pytest.raises(GateError) as info:
         safe_extract(archive, dest, ZipLimits())
     assert info.value.check == "zip_destination"
+
+
+def test_the_gate_imports_neither_torch_nor_miniverl() -> None:
+    import ast
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted((root / "harness" / "gate").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not {n.split(".")[0] for n in names} & {"torch", "miniverl", "transformers", "peft"}, path.name
+    guard = (
+        "import sys\n"
+        "class G:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'miniverl'): raise SystemExit('imported ' + name)\n"
+        "sys.meta_path.insert(0, G())\n"
+        "import harness.gate.main, harness.gate.verify\n"
+        "from harness.cli import main\n"
+        "raise SystemExit(main(['release-gate', '--help']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", guard], cwd=root, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "--api-url" in done.stdout, done.stderr
