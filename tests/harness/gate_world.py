@@ -73,6 +73,7 @@ class World:
     blob_url: str = ""
     next_artifact: int = 700
     link_base: str | None = None  # where Link rel="next" points (default: the API itself)
+    blob_length: bool = True  # False: the blob is sent without Content-Length, until the connection closes
 
     def run(self, run_id: int = RUN_ID, **over: Any) -> dict[str, Any]:
         value = {
@@ -168,7 +169,16 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             if blob is None:
                 self._send(404)
                 return
-            self._send(200, blob, {"Content-Type": "application/zip"})
+            if world.blob_length:
+                self._send(200, blob, {"Content-Type": "application/zip"})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/zip")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            for at in range(0, len(blob), 1 << 16):
+                self.wfile.write(blob[at : at + (1 << 16)])
 
         def _api(self, seg: list[str], query: dict[str, list[str]]) -> None:
             prefix = ["repos", *REPO.split("/"), "actions"]

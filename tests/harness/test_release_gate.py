@@ -371,6 +371,19 @@ def test_download_larger_than_declared(
     assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_size")
 
 
+def test_download_larger_than_declared_without_content_length(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Content-Length to refuse up front: the bound is enforced while the body streams."""
+    art = _art(world, CANDIDATE)
+    world.blobs[art["id"]] = world.blobs[art["id"]] + b"\0" * (2 << 20)
+    del art["digest"]
+    world.blob_length = False
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_size")
+    assert "passed its bound" in r.err
+
+
 def test_newest_qualifying_run_with_both_artifacts_is_chosen_over_two_pages(
     world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -572,3 +585,78 @@ def test_non_empty_out_is_refused_untouched(
     monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
     assert main(["release-gate", *_argv(world, out), "--dry-run"]) == 2
     assert "[usage]" in capsys.readouterr().err and (out / "gate.json").read_text() == "previous\n"
+
+
+def _edit_qualification(chain: Chain, edit: Any) -> bytes:
+    from harness.jsonio import canonical_bytes
+
+    def rewrite(data: bytes) -> bytes:
+        value = json.loads(data)
+        edit(value)
+        return canonical_bytes(value) + b"\n"
+
+    return _replace_member(chain.smoke_zip, "qualification.json", rewrite)
+
+
+QUAL_BINDING_CASES: dict[str, tuple[str, Any]] = {
+    "run_id": ("run_id", RUN_ID + 1),
+    "run_attempt": ("run_attempt", 2),
+    "repository": ("repository", "mallory/miniverl"),
+    "workflow_path": ("workflow_path", ".github/workflows/ci.yml"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUAL_BINDING_CASES))
+def test_qualification_json_must_bind_the_api_run(
+    case: str,
+    world: World,
+    chain: Chain,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key, value = QUAL_BINDING_CASES[case]
+    blob = _edit_qualification(chain, lambda q: q["execution"]["workflow"].update({key: value}))
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "qualification_run")
+    assert f"run {RUN_ID} attempt 1" in r.err
+
+
+def test_qualification_against_another_known_good_stack(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack committed at the release commit (read from the sdist) is not the one the qualification used."""
+
+    def other_stack(q: dict[str, Any]) -> None:
+        q["profile"]["known_good_sha256"] = q["environment"]["known_good_sha256"] = "1" * 64
+
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, _edit_qualification(chain, other_stack))
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "known_good_sha256")
+
+
+def test_sdist_without_its_known_good_stack_is_refused(
+    world: World,
+    chain: Chain,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit that does not ship known-good/<stack>.json gives the gate nothing to hold the record against."""
+    from harness.candidate import build_candidate
+
+    repo = make_repo(tmp_path_factory.mktemp("bare-repo"))
+    candidate = tmp_path / "candidate"
+    build_candidate(repo, candidate, env=GH_ENV)
+    world.sha = git(repo, "rev-parse", "HEAD")
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run()
+    world.artifact(RUN_ID, CANDIDATE, zip_dir(candidate))
+    world.artifact(RUN_ID, SMOKE, chain.smoke_zip)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "known_good_sha256")
+    assert "known-good/cpu-reference.json" in r.err
