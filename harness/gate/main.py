@@ -102,7 +102,10 @@ def _prepare_out(out: Path) -> None:
         raise UsageError(f"--out {out.name!r} is not a directory", check="usage")
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"--out {out.name!r} is not empty; give a new directory", check="usage")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out.name!r} cannot be created: {exc.strerror}", check="usage") from None
 
 
 def gate(args: argparse.Namespace, *, limits: ZipLimits | None = None, now: datetime | None = None) -> int:
@@ -153,26 +156,31 @@ def _run(t: Target, state: GateState, token: str, out: Path, limits: ZipLimits, 
             repository=run.repository.full_name,
             head_sha=run.head_sha,
         )
-        state.passed("run", f"run {run.id}: {t.workflow_path}, workflow_dispatch, completed/success, attempt 1")
-        state.passed("artifacts", "both artifacts listed once, from this run and commit, unexpired")
+        for check, detail in chosen.passed:
+            state.passed(check, detail)
         work = staging / "work"
         work.mkdir()
         dirs: dict[str, Path] = {}
         for name in t.artifact_names:
             ref, dirs[name] = fetch(client, t, chosen.artifacts[name], work, limits)
             state.artifacts.append(ref)
-            state.passed(
-                f"download_{'candidate' if name == t.artifact_names[0] else 'qualification'}",
-                f"{name}: {'digest equal' if ref.api_digest else 'no API digest'}; safely extracted",
-            )
+            digest = "sha256 equals the API digest" if ref.api_digest else "the API gave no digest"
+            role = "candidate" if name == t.artifact_names[0] else "qualification"
+            state.passed(f"download_{role}", f"{name}: {ref.sha256} ({digest}); extracted safely")
         unpacked = unpack(dirs[t.artifact_names[0]], dirs[t.artifact_names[1]], run, t)
-        state.passed("bindings", f"candidate and qualification.json bind run {run.id} attempt 1 of {t.repository}")
+        m = unpacked.manifest
+        state.passed("candidate", f"build --check: exact file set, {m.wheel.filename} and {m.sdist.filename} hashes")
+        state.passed("source_commit", f"candidate source_commit {m.source_commit}")
+        bound = f"{t.repository} {t.workflow_path} run {run.id} attempt 1"
+        state.passed("candidate_run", f"candidate-manifest.json workflow: {bound}")
+        state.passed("qualification_run", f"qualification.json execution.workflow: {bound}")
         known_good = known_good_sha256(unpacked)
+        state.passed("known_good_sha256", f"known-good/{unpacked.qualification.profile.known_good}.json {known_good}")
         gpu = state.query.required_gpu_name if state.query else None
         result_dir = staging / "result"
         result_dir.mkdir()
         verification = write_outputs(unpacked, t, known_good, gpu, result_dir)
-        state.passed("audit", f"the auditor passed {len(verification.checks)} checks")
+        state.passed("audit", "auditor passed: " + ", ".join(c.name for c in verification.checks))
         state.authorized = verification.release_authorized and t.level == "full_qualification"
         state.reasons = list(verification.authorization_reasons)
         if state.query is not None and not state.query.dry_run and not state.authorized:

@@ -87,6 +87,9 @@ class Target:
         return f"{self.api}/repos/{self.repository}/actions/artifacts/{artifact_id}/zip"
 
 
+Passed = list[tuple[str, str]]  # (check, detail) of every check that passed, for gate.json
+
+
 class NoRunError(GateError):
     """No listed run qualifies; carries every listed run with the check that set it aside."""
 
@@ -99,6 +102,7 @@ class NoRunError(GateError):
 class Selection:
     run: ApiRun
     artifacts: dict[str, ApiArtifact]
+    passed: Passed
     others: list[OtherRun] = field(default_factory=list)
 
 
@@ -116,26 +120,34 @@ def _require(ok: bool, check: str, message: str) -> None:
         raise GateError(message, check=check)
 
 
-def check_run(raw: dict[str, Any], t: Target) -> ApiRun:
+def check_run(raw: dict[str, Any], t: Target) -> tuple[ApiRun, Passed]:
     """Every field that makes a run count, checked here rather than trusted from the query's filters."""
     run: ApiRun = _parse(ApiRun, raw, f"run {raw.get('id')!r}")
-    _require(run.head_sha == t.sha, "head_sha", f"run {run.id} is for commit {run.head_sha[:40]!r}, not {t.sha}")
-    _require(run.event == "workflow_dispatch", "event", f"run {run.id} was triggered by {run.event!r}")
-    _require(run.status == "completed", "run_status", f"run {run.id} is {run.status!r}, not completed")
-    _require(run.conclusion == "success", "conclusion", f"run {run.id} concluded {run.conclusion!r}")
-    _require(
-        run.run_attempt == 1,
-        "run_attempt",
-        f"run {run.id} is attempt {run.run_attempt}; every dispatch is single-use (attempt 1 only)",
-    )
-    _require(run.path == t.workflow_path, "workflow_path", f"run {run.id} ran {run.path!r}, not {t.workflow_path}")
     head = run.head_repository.full_name if run.head_repository else None
-    _require(
-        run.repository.full_name == t.repository and head == t.repository,
-        "repository",
-        f"run {run.id} belongs to {run.repository.full_name!r} with head {head!r}; a fork run never counts",
-    )
-    return run
+    table = [
+        ("head_sha", run.head_sha == t.sha, f"head_sha {run.head_sha[:40]!r}", f"(need {t.sha})"),
+        ("event", run.event == "workflow_dispatch", f"event {run.event[:40]!r}", "(need workflow_dispatch)"),
+        ("run_status", run.status == "completed", f"status {run.status[:40]!r}", "(need completed)"),
+        ("conclusion", run.conclusion == "success", f"conclusion {str(run.conclusion)[:40]!r}", "(need success)"),
+        (
+            "run_attempt",
+            run.run_attempt == 1,
+            f"run_attempt {run.run_attempt}",
+            "(need 1: every dispatch is single-use; start a new workflow_dispatch instead of a rerun)",
+        ),
+        ("workflow_path", run.path == t.workflow_path, f"path {run.path[:80]!r}", f"(need {t.workflow_path})"),
+        (
+            "repository",
+            run.repository.full_name == t.repository and head == t.repository,
+            f"repository {run.repository.full_name[:80]!r}, head_repository {str(head)[:80]!r}",
+            f"(need {t.repository} for both; a fork run never counts)",
+        ),
+    ]
+    passed: Passed = []
+    for check, ok, seen, need in table:
+        _require(ok, check, f"run {run.id}: {seen} {need}")
+        passed.append((check, f"run {run.id}: {seen}"))
+    return run, passed
 
 
 def parse_time(value: str | None, what: str) -> datetime:
@@ -148,9 +160,12 @@ def parse_time(value: str | None, what: str) -> datetime:
     return when.astimezone(UTC)
 
 
-def check_artifacts(run: ApiRun, raws: list[dict[str, Any]], t: Target, now: datetime) -> dict[str, ApiArtifact]:
+def check_artifacts(
+    run: ApiRun, raws: list[dict[str, Any]], t: Target, now: datetime
+) -> tuple[dict[str, ApiArtifact], Passed]:
     """Both named artifacts, once each, from this very run, unexpired, with a sane size and digest."""
     found: dict[str, ApiArtifact] = {}
+    passed: Passed = []
     for name in t.artifact_names:
         matches = [_parse(ApiArtifact, r, f"artifact {name}") for r in raws if r.get("name") == name]
         _require(bool(matches), "artifact_missing", f"run {run.id} has no artifact {name!r}")
@@ -178,7 +193,14 @@ def check_artifacts(run: ApiRun, raws: list[dict[str, Any]], t: Target, now: dat
                 f"{name} digest {art.digest[:80]!r} is not sha256:<64 hex>",
             )
         found[name] = art
-    return found
+        passed.append(
+            (
+                f"artifact_{'candidate' if name == CANDIDATE_ARTIFACT else 'qualification'}",
+                f"{name}: artifact {art.id} listed once, workflow_run {run.id} at {t.sha[:12]}, "
+                f"not expired (expires_at {art.expires_at}), {art.size_in_bytes} bytes",
+            )
+        )
+    return found, passed
 
 
 def select_run(client: GitHubClient, t: Target, now: datetime) -> Selection:
@@ -188,9 +210,12 @@ def select_run(client: GitHubClient, t: Target, now: datetime) -> Selection:
     _require(len(ids) == len(set(map(repr, ids))), "api_response", "the API lists one run id twice")
     others: list[tuple[OtherRun, GateError]] = []
     qualifying: list[ApiRun] = []
+    run_passed: dict[int, Passed] = {}
     for raw in raws:
         try:
-            qualifying.append(check_run(raw, t))
+            run, passed = check_run(raw, t)
+            qualifying.append(run)
+            run_passed[run.id] = passed
         except GateError as exc:
             rid = raw.get("id")
             others.append((OtherRun(id=rid if isinstance(rid, int) else 0, check=exc.check, reason=str(exc)), exc))
@@ -201,13 +226,13 @@ def select_run(client: GitHubClient, t: Target, now: datetime) -> Selection:
             others.append((OtherRun(id=run.id, check=skip.check, reason=str(skip)), skip))
             continue
         try:
-            artifacts = check_artifacts(run, client.paginate(t.artifacts_url(run.id), "artifacts"), t, now)
+            artifacts, art_passed = check_artifacts(run, client.paginate(t.artifacts_url(run.id), "artifacts"), t, now)
         except GateError as exc:
             if exc.check in {"api_status", "api_connection", "api_response", "pagination", "redirect_limit"}:
                 raise
             others.append((OtherRun(id=run.id, check=exc.check, reason=str(exc)), exc))
             continue
-        chosen = Selection(run=run, artifacts=artifacts)
+        chosen = Selection(run=run, artifacts=artifacts, passed=run_passed[run.id] + art_passed)
     others.sort(key=lambda pair: pair[0].id, reverse=True)
     if chosen is None:
         if not others:

@@ -167,6 +167,13 @@ def test_happy_path_dry_run_release_smoke(world: World, chain: Chain, tmp_path: 
     g = r.gate
     assert g["status"] == "passed" and g["failed_check"] is None and not g["release_authorized"]
     assert g["run"]["id"] == RUN_ID and g["query"]["dry_run"] is True
+    assert [c["name"] for c in g["checks"]] == [
+        *("head_sha", "event", "run_status", "conclusion", "run_attempt", "workflow_path", "repository"),
+        *("artifact_candidate", "artifact_qualification", "download_candidate", "download_qualification"),
+        *("candidate", "source_commit", "candidate_run", "qualification_run", "known_good_sha256", "audit"),
+    ]
+    assert all(c["passed"] for c in g["checks"])
+    assert g["query"]["api_origin"] == world.api_url and g["query"]["workflow_path"] == WORKFLOW_PATH
     assert [a["name"] for a in g["artifacts"]] == [CANDIDATE, SMOKE]
     for art in g["artifacts"]:
         assert art["api_digest"] == f"sha256:{art['sha256']}"
