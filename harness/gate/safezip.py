@@ -2,6 +2,8 @@
 
 Sizes are bounded twice: by the central directory before anything is written, and again while each
 member streams out (a member may not produce more than its header says, nor push the total past the bound).
+CPython's zipfile already stops a member at its stated size and then fails its CRC (``zip_format``); the
+streaming bound is kept so the limit holds whatever the zip reader does.
 """
 
 from __future__ import annotations
