@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from gate_world import REPO, RUN_ID, WORKFLOW_PATH, Servers, World, unzip, zip_dir, zip_members
-from harness_helpers import REPO_ROOT, fabricate_full, git, make_repo, run_smoke_into
+from harness_helpers import REPO_ROOT, copy_tree, fabricate_full, git, make_repo, run_smoke_into
 
 TOKEN = "ghs_gateTestToken0123456789abcdefXYZ"
 CANDIDATE = "candidate-distributions"
@@ -42,6 +42,36 @@ class Chain:
     candidate_zip: bytes
     smoke_zip: bytes
     full_zip: bytes
+    authorizing_zip: bytes
+
+
+def fabricate_authorizing(full: Path, dest: Path, descriptor: Path) -> Path:
+    """The fabricated full qualification re-labelled as an h200-cu130 run on an "NVIDIA H200".
+
+    Only to drive the gate's authorizing path (exit 0 without --dry-run); no harness code writes this.
+    The stand-in CLI really ran on the CPU; the profile, GPU and stack fields are rewritten.
+    """
+    from harness.jsonio import canonical_bytes, sha256_file
+    from harness.profiles import PROFILES, profile_sha256
+
+    copy_tree(full, dest)
+    value = json.loads((dest / "qualification.json").read_bytes())
+    kg_sha = sha256_file(descriptor)
+    profile = PROFILES["h200-cu130"]
+    value["profile"].update(
+        name=profile.name,
+        sha256=profile_sha256(profile),
+        known_good=profile.known_good,
+        known_good_sha256=kg_sha,
+        known_good_status="measured",
+        can_authorize_release=True,
+    )
+    value["environment"].update(
+        known_good_sha256=kg_sha,
+        gpu={"name": profile.required_gpu_name, "count": 1, "total_memory_bytes": 150 << 30, "driver": "580"},
+    )
+    (dest / "qualification.json").write_bytes(canonical_bytes(value) + b"\n")
+    return dest
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +85,11 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     kg = repo / "known-good"
     kg.mkdir()
     (kg / "cpu-reference.txt").write_text("# stand-in stack: no dependencies\n")
-    describe_existing(
-        PROFILES["cpu-reference"], kg, status="measured", python_version="3.11", platform_name="linux", notes="t"
-    )
+    (kg / "h200-cu130.txt").write_text("# stand-in stack for the authorizing fixture: no dependencies\n")
+    for name in ("cpu-reference", "h200-cu130"):
+        describe_existing(
+            PROFILES[name], kg, status="measured", python_version="3.11", platform_name="linux", notes="t"
+        )
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "known-good stack")
     base = tmp_path_factory.mktemp("gate-chain")
@@ -69,6 +101,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
             mp.setenv(key, value)
         assert run_smoke_into(smoke, candidate, repo, kg) == 0
     full = fabricate_full(smoke, base / "full")
+    authorizing = fabricate_authorizing(full, base / "authorizing", kg / "h200-cu130.json")
     return Chain(
         sha=git(repo, "rev-parse", "HEAD"),
         candidate=candidate,
@@ -77,6 +110,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         candidate_zip=zip_dir(candidate),
         smoke_zip=zip_dir(smoke),
         full_zip=zip_dir(full),
+        authorizing_zip=zip_dir(authorizing),
     )
 
 
@@ -667,3 +701,39 @@ def test_sdist_without_its_known_good_stack_is_refused(
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "known_good_sha256")
     assert "known-good/cpu-reference.json" in r.err
+
+
+def test_an_authorizing_full_qualification_is_released_without_dry_run(
+    world: World, chain: Chain, tmp_path: Path
+) -> None:
+    from harness.audit import TOP_LEVEL
+
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    r = gate_subprocess(world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA H200")
+    assert r.rc == 0, r.err
+    assert r.gate["status"] == "passed" and r.gate["release_authorized"] is True
+    assert r.gate["authorization_reasons"] == []
+    rv = json.loads((r.dir / "release-verification.json").read_bytes())
+    assert rv["release_authorized"] is True and rv["level"] == "full_qualification"
+    assert {p.name for p in (r.dir / "release-assets").iterdir()} == TOP_LEVEL
+    assert "release authorized: True" in r.out
+    assert_no_token(r)
+
+
+def test_an_authorizing_record_still_needs_its_gpu(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    r = gate_inproc(
+        world,
+        tmp_path / "out",
+        capsys,
+        monkeypatch,
+        "--level",
+        "full_qualification",
+        "--required-gpu-name",
+        "NVIDIA GeForce RTX 4080",
+    )
+    assert_rejected(r, "gpu_name")
