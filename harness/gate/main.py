@@ -36,6 +36,7 @@ _SHA = re.compile(r"^[0-9a-f]{40}$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _WORKFLOW = re.compile(r"^[A-Za-z0-9_.-]+\.ya?ml$")
 _API_PATH = re.compile(r"^(/[A-Za-z0-9._~-]+)*$")
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +74,8 @@ def parse_target(args: argparse.Namespace) -> tuple[Target, GateQuery]:
     parts = urlsplit(api)
     if parts.query or parts.fragment or not _API_PATH.match(parts.path):
         raise UsageError("--api-url must be scheme://host[:port][/path] without query or fragment", check="usage")
+    if api_origin[0] != "https" and api_origin[1] not in _LOOPBACK:
+        raise UsageError("--api-url must use https (plain http only on loopback): the token travels", check="usage")
     for flag, value, pattern in (
         ("--sha", args.sha, _SHA),
         ("--repository", args.repository, _REPO),

@@ -601,6 +601,7 @@ USAGE_CASES = {
     "api_query": ["--api-url", "http://127.0.0.1:1/?x=1"],
     "api_scheme": ["--api-url", "file:///etc"],
     "api_userinfo": ["--api-url", "http://user:pw@127.0.0.1:1"],
+    "api_plain_http": ["--api-url", "http://api.github.com"],
 }
 
 
