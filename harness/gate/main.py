@@ -24,7 +24,7 @@ from harness.gate.http import GitHubClient, origin, origin_text
 from harness.gate.records import ArtifactRef, ChosenRun, GateCheck, GateQuery, GateRecord, OtherRun
 from harness.gate.runs import LEVEL_ARTIFACTS, NoRunError, Target, select_run
 from harness.gate.safezip import ZipLimits
-from harness.gate.verify import fetch, known_good_sha256, unpack, write_outputs
+from harness.gate.verify import check_digest, download, extract, known_good_sha256, unpack, write_outputs
 from harness.jsonio import looks_like_local_path, sha256_file
 from harness.profiles import PROFILES
 from harness.recordio import write_record
@@ -165,8 +165,10 @@ def _run(t: Target, state: GateState, token: str, out: Path, limits: ZipLimits, 
         work.mkdir()
         dirs: dict[str, Path] = {}
         for name in t.artifact_names:
-            ref, dirs[name] = fetch(client, t, chosen.artifacts[name], work, limits)
-            state.artifacts.append(ref)
+            ref, archive = download(client, t, chosen.artifacts[name], work)
+            state.artifacts.append(ref)  # in gate.json even when its digest or its zip is refused
+            check_digest(ref)
+            dirs[name] = extract(archive, name, work, limits)
             digest = "sha256 equals the API digest" if ref.api_digest else "the API gave no digest"
             role = "candidate" if name == t.artifact_names[0] else "qualification"
             state.passed(f"download_{role}", f"{name}: {ref.sha256} ({digest}); extracted safely")

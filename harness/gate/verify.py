@@ -34,16 +34,10 @@ class Unpacked:
     qualification: Qualification
 
 
-def fetch(client: GitHubClient, t: Target, art: ApiArtifact, work: Path, limits: ZipLimits) -> tuple[ArtifactRef, Path]:
-    """Download one artifact zip (bounded), check the API digest, extract it safely into ``work/<name>``."""
+def download(client: GitHubClient, t: Target, art: ApiArtifact, work: Path) -> tuple[ArtifactRef, Path]:
+    """Download one artifact zip into ``work`` (bounded by its size) and check the API digest."""
     archive = work / f"{art.name}.zip"
     _size, sha256 = client.download(t.download_url(art.id), archive, download_bound(art))
-    if art.digest is not None and art.digest != f"sha256:{sha256}":
-        raise GateError(f"{art.name}: the zip's sha256 is {sha256}, the API says {art.digest}", check="artifact_digest")
-    dest = work / art.name
-    dest.mkdir()
-    safe_extract(archive, dest, limits)
-    archive.unlink()
     assert art.workflow_run is not None  # checked when the run was chosen
     ref = ArtifactRef(
         name=art.name,
@@ -54,7 +48,23 @@ def fetch(client: GitHubClient, t: Target, art: ApiArtifact, work: Path, limits:
         expires_at=parse_time(art.expires_at, "expires_at").strftime("%Y-%m-%dT%H:%M:%SZ"),
         workflow_run_id=art.workflow_run.id,
     )
-    return ref, dest
+    return ref, archive
+
+
+def check_digest(ref: ArtifactRef) -> None:
+    if ref.api_digest is not None and ref.api_digest != f"sha256:{ref.sha256}":
+        raise GateError(
+            f"{ref.name}: the zip's sha256 is {ref.sha256}, the API says {ref.api_digest}", check="artifact_digest"
+        )
+
+
+def extract(archive: Path, name: str, work: Path, limits: ZipLimits) -> Path:
+    """Safe extraction into ``work/<name>``; the zip is removed afterwards."""
+    dest = work / name
+    dest.mkdir()
+    safe_extract(archive, dest, limits)
+    archive.unlink()
+    return dest
 
 
 def expected_binding(run: ApiRun, t: Target) -> GithubActionsBinding:

@@ -401,6 +401,8 @@ def test_wrong_digest(
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "artifact_digest")
     assert len(world.blob_seen) == 1  # refused right after the first download
+    [ref] = r.gate["artifacts"]  # the refused artifact is on record with what was measured
+    assert ref["api_digest"] == "sha256:" + "0" * 64 and ref["sha256"] != "0" * 64
 
 
 def test_download_larger_than_declared(
