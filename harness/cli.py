@@ -1,4 +1,4 @@
-"""``python -m harness``: build, smoke, full, stack, release-assets, verify, schemas."""
+"""``python -m harness``: build, smoke, full, stack, release-assets, verify, schemas, release-gate."""
 
 from __future__ import annotations
 
@@ -168,6 +168,12 @@ def _verify_checkout(args: argparse.Namespace) -> int:
     return report(audit(checkout_request(args.profile, args.level, assets=args.assets)), args.out)
 
 
+def _release_gate(args: argparse.Namespace) -> int:
+    from harness.gate.main import gate
+
+    return gate(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -224,6 +230,9 @@ def parser() -> argparse.ArgumentParser:
     vc.add_argument("--level", required=True, choices=["release_smoke", "full_qualification"])
     vc.add_argument("--assets", action="store_true", help="also audit out/release-assets")
     vc.add_argument("--out", default=str(REPO_ROOT / "out" / "release-verification.json"))
+    from harness.gate.main import add_arguments as add_gate_arguments
+
+    add_gate_arguments(sub.add_parser("release-gate", help="verify one gpu.yml run through the GitHub API"))
     return p
 
 
@@ -242,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             return _schemas(args)
         if args.command == "verify-checkout":
             return _verify_checkout(args)
+        if args.command == "release-gate":
+            return _release_gate(args)
         return _verify(args)
     except HarnessError as exc:
         print(f"harness: error: {exc.line()}", file=sys.stderr)

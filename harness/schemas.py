@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.gate.records import GATE_SCHEMA_MODELS
 from harness.jsonio import atomic_write_bytes
 from harness.proc import REPO_ROOT
 from harness.profiles import PROFILES
@@ -21,7 +22,8 @@ def _pretty(value: object) -> bytes:
 
 def generated() -> dict[str, bytes]:
     """Relative path under manifests/harness/ -> the exact bytes that belong there."""
-    files = {f"{name}.schema.json": _pretty(json_schema(model)) for name, model in SCHEMA_MODELS.items()}
+    models = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS}
+    files = {f"{name}.schema.json": _pretty(json_schema(model)) for name, model in models.items()}
     for name, profile in PROFILES.items():
         files[f"profiles/{name}.json"] = _pretty(profile.model_dump(mode="json"))
     files["workloads.json"] = _pretty(REGISTRY.model_dump(mode="json"))

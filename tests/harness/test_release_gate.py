@@ -1,0 +1,716 @@
+"""The release gate end to end against a real loopback GitHub (tests/harness/gate_world.py).
+
+The artifacts are real: a candidate built by the harness inside a (simulated) GitHub Actions binding and a
+qualification made by the harness's smoke on the stand-in CLI, both zipped like actions/upload-artifact.
+The only thing that cannot exist here is GitHub itself; gate_world.py plays its REST API over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gate_world import REPO, RUN_ID, WORKFLOW_PATH, Servers, World, unzip, zip_dir, zip_members
+from harness_helpers import REPO_ROOT, fabricate_full, git, make_repo, relabel_for_profile, run_smoke_into
+
+TOKEN = "ghs_gateTestToken0123456789abcdefXYZ"
+CANDIDATE = "candidate-distributions"
+SMOKE = "gpu-release-smoke"
+FULL = "gpu-full-qualification"
+GH_ENV = {
+    "GITHUB_ACTIONS": "true",
+    "GITHUB_REPOSITORY": REPO,
+    "GITHUB_WORKFLOW_REF": f"{REPO}/{WORKFLOW_PATH}@refs/heads/main",
+    "GITHUB_RUN_ID": str(RUN_ID),
+    "GITHUB_RUN_ATTEMPT": "1",
+}
+
+
+@dataclass(frozen=True)
+class Chain:
+    sha: str
+    candidate: Path
+    smoke: Path
+    full: Path
+    candidate_zip: bytes
+    smoke_zip: bytes
+    full_zip: bytes
+    authorizing_zip: bytes
+
+
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    """Built once: a repo that ships its known-good stack, its candidate and its smoke, bound to run 4242."""
+    from harness.candidate import build_candidate
+    from harness.profiles import PROFILES
+    from harness.stacks import describe_existing
+
+    repo = make_repo(tmp_path_factory.mktemp("gate-repo"))
+    kg = repo / "known-good"
+    kg.mkdir()
+    (kg / "cpu-reference.txt").write_text("# stand-in stack: no dependencies\n")
+    (kg / "rtx4080-wsl2-cu130.txt").write_text("# stand-in stack for the authorizing fixture: no dependencies\n")
+    for name in ("cpu-reference", "rtx4080-wsl2-cu130"):
+        describe_existing(
+            PROFILES[name], kg, status="measured", python_version="3.11", platform_name="linux", notes="t"
+        )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "known-good stack")
+    base = tmp_path_factory.mktemp("gate-chain")
+    candidate = base / "candidate"
+    build_candidate(repo, candidate, env=GH_ENV)
+    smoke = base / "smoke"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in GH_ENV.items():
+            mp.setenv(key, value)
+        assert run_smoke_into(smoke, candidate, repo, kg) == 0
+    full = fabricate_full(smoke, base / "full")
+    # Only the release card's profile may authorize; the fixture relabels the CPU run as one (no harness code does).
+    authorizing = relabel_for_profile(full, base / "authorizing", "rtx4080-wsl2-cu130", kg / "rtx4080-wsl2-cu130.json")
+    return Chain(
+        sha=git(repo, "rev-parse", "HEAD"),
+        candidate=candidate,
+        smoke=smoke,
+        full=full,
+        candidate_zip=zip_dir(candidate),
+        smoke_zip=zip_dir(smoke),
+        full_zip=zip_dir(full),
+        authorizing_zip=zip_dir(authorizing),
+    )
+
+
+@pytest.fixture
+def world(chain: Chain) -> Iterator[World]:
+    """The ordinary good case: run 4242 with the candidate and both qualification artifacts."""
+    w = World(token=TOKEN, sha=chain.sha)
+    servers = Servers(w)
+    w.run()
+    w.artifact(RUN_ID, CANDIDATE, chain.candidate_zip)
+    w.artifact(RUN_ID, SMOKE, chain.smoke_zip)
+    w.artifact(RUN_ID, FULL, chain.full_zip)
+    yield w
+    servers.close()
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+    gate: dict[str, Any]
+    dir: Path
+
+
+def _argv(w: World, out: Path) -> list[str]:
+    """The common flags; a test's own flags come after them (argparse keeps the last of a repeated flag)."""
+    base = {"--api-url": w.api_url, "--repository": REPO, "--sha": w.sha, "--out": str(out)}
+    base.update({"--level": "release_smoke", "--required-gpu-name": "none"})
+    return [x for k, v in base.items() for x in (k, v)]
+
+
+def _gate_json(out: Path) -> dict[str, Any]:
+    path = out / "gate.json"
+    return json.loads(path.read_bytes()) if path.is_file() else {}
+
+
+def gate_inproc(
+    w: World, out: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> Result:
+    from harness.cli import main
+
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    rc = main(["release-gate", *_argv(w, out), *extra])
+    captured = capsys.readouterr()
+    return Result(rc, captured.out, captured.err, _gate_json(out), out)
+
+
+def gate_subprocess(w: World, out: Path, *extra: str, token: str | None = TOKEN) -> Result:
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_TOKEN"}
+    if token is not None:
+        env["GITHUB_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "release-gate", *_argv(w, out), *extra],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    return Result(done.returncode, done.stdout, done.stderr, _gate_json(out), out)
+
+
+def assert_rejected(r: Result, check: str) -> None:
+    lines = r.err.strip().splitlines()
+    assert r.rc == 1, r.err
+    assert len(lines) == 1 and f"[{check}]" in lines[0], r.err
+    assert r.gate["status"] == "failed" and r.gate["failed_check"] == check
+    assert not (r.dir / "dist").exists() and not (r.dir / "release-verification.json").exists()
+    assert sorted(p.name for p in r.dir.iterdir()) == ["gate.json"]
+
+
+def assert_no_token(r: Result) -> None:
+    assert TOKEN not in r.out and TOKEN not in r.err
+    for path in r.dir.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path.name
+
+
+# --- end to end through `python -m harness release-gate` ---------------------------------------------------
+
+
+def test_happy_path_dry_run_release_smoke(world: World, chain: Chain, tmp_path: Path) -> None:
+    r = gate_subprocess(world, tmp_path / "out", "--dry-run")
+    assert r.rc == 0, r.err
+    assert r.err == ""
+    g = r.gate
+    assert g["status"] == "passed" and g["failed_check"] is None and not g["release_authorized"]
+    assert g["run"]["id"] == RUN_ID and g["query"]["dry_run"] is True
+    assert [c["name"] for c in g["checks"]] == [
+        *("head_sha", "event", "run_status", "conclusion", "run_attempt", "workflow_path", "repository"),
+        *("artifact_candidate", "artifact_qualification", "download_candidate", "download_qualification"),
+        *("candidate", "source_commit", "candidate_run", "qualification_run", "known_good_sha256", "audit"),
+    ]
+    assert all(c["passed"] for c in g["checks"])
+    assert g["query"]["api_origin"] == world.api_url and g["query"]["workflow_path"] == WORKFLOW_PATH
+    assert [a["name"] for a in g["artifacts"]] == [CANDIDATE, SMOKE]
+    for art in g["artifacts"]:
+        assert art["api_digest"] == f"sha256:{art['sha256']}"
+    # dist/ is byte-identical to the candidate inside the downloaded artifact; nothing was rebuilt
+    manifest = json.loads((chain.candidate / "candidate-manifest.json").read_bytes())
+    names = sorted([manifest["wheel"]["filename"], manifest["sdist"]["filename"]])
+    assert sorted(p.name for p in (r.dir / "dist").iterdir()) == names
+    for name in names:
+        assert (r.dir / "dist" / name).read_bytes() == (chain.candidate / name).read_bytes()
+    assert sorted(o["filename"] for o in g["outputs"]) == names
+    rv = json.loads((r.dir / "release-verification.json").read_bytes())
+    assert rv["status"] == "passed" and rv["level"] == "release_smoke" and rv["release_authorized"] is False
+    assert not (r.dir / "release-assets").exists()
+    assert sorted(p.name for p in r.dir.iterdir()) == ["dist", "gate.json", "release-verification.json"]
+    assert_no_token(r)
+    # the artifact download crossed to the blob port without credentials or cookies, with the API headers
+    blob = world.headers_at(world.blob_seen, "/blob/")
+    assert len(blob) == 2
+    for headers in blob:
+        assert "authorization" not in headers and "proxy-authorization" not in headers and "cookie" not in headers
+        assert headers["accept"] == "application/vnd.github+json" and headers["user-agent"].startswith("miniverl")
+        assert headers["x-github-api-version"] == "2022-11-28"
+    # the API set a cookie on every answer; no later API request sent one back
+    api = world.headers_at(world.api_seen, "/repos/")
+    assert len(api) >= 4 and all("cookie" not in h for h in api)
+    assert all(h["authorization"] == f"Bearer {TOKEN}" for h in api)
+
+
+def test_smoke_without_dry_run_cannot_authorize(world: World, tmp_path: Path) -> None:
+    r = gate_subprocess(world, tmp_path / "out")
+    assert_rejected(r, "release_authorized")
+    assert "smoke" in r.err or "diagnostic" in r.err
+    assert_no_token(r)
+
+
+def test_missing_token_is_a_usage_error(world: World, tmp_path: Path) -> None:
+    r = gate_subprocess(world, tmp_path / "out", "--dry-run", token=None)
+    assert r.rc == 2 and "[usage]" in r.err and "GITHUB_TOKEN" in r.err
+    assert r.gate["failed_check"] == "usage" and world.api_seen == []
+
+
+def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, tmp_path: Path) -> None:
+    from harness.layout import TOP_LEVEL
+
+    r = gate_subprocess(world, tmp_path / "out", "--level", "full_qualification", "--dry-run")
+    assert r.rc == 0, r.err
+    assets = r.dir / "release-assets"
+    assert {p.name for p in assets.iterdir()} == TOP_LEVEL
+    for p in (r.dir / "dist").iterdir():
+        assert (assets / "dist" / p.name).read_bytes() == p.read_bytes()
+    assert [a["name"] for a in r.gate["artifacts"]] == [CANDIDATE, FULL]
+    rv = json.loads((r.dir / "release-verification.json").read_bytes())
+    assert rv["level"] == "full_qualification" and rv["status"] == "passed"
+    assert "cpu-reference can never authorize" in " ".join(rv["authorization_reasons"])
+    assert_no_token(r)
+
+
+# --- rejections of the run itself (in-process: the same `main` the CLI calls) ------------------------------
+
+RUN_FIELD_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "attempt_2": ({"run_attempt": 2}, "run_attempt"),
+    "fork": ({"head_repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
+    "other_repository": ({"repository": {"id": 9, "full_name": "mallory/miniverl"}}, "repository"),
+    "other_workflow_file": ({"path": ".github/workflows/ci.yml"}, "workflow_path"),
+    "event_push": ({"event": "push"}, "event"),
+    "conclusion_failure": ({"conclusion": "failure"}, "conclusion"),
+    "still_running": ({"status": "in_progress", "conclusion": None}, "run_status"),
+    "head_sha_mismatch": ({"head_sha": "f" * 40}, "head_sha"),
+    "bad_shape": ({"run_attempt": "1"}, "api_shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_FIELD_CASES))
+def test_run_fields_are_rechecked(
+    case: str, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over, check = RUN_FIELD_CASES[case]
+    world.runs[0].update(over)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, check)
+    assert r.gate["other_runs"] == [{"id": RUN_ID, "check": check, "reason": r.gate["checks"][-1]["detail"]}]
+    assert world.blob_seen == []  # nothing was downloaded for a run that does not count
+    assert_no_token(r)
+
+
+def test_no_run_listed(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.runs.clear()
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "no_run")
+
+
+# --- rejections of the artifacts ----------------------------------------------------------------------------
+
+
+def _art(world: World, name: str) -> dict[str, Any]:
+    return next(a for a in world.artifacts[RUN_ID] if a["name"] == name)
+
+
+def test_expired_artifact(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, SMOKE)["expired"] = True
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_expired")
+
+
+def test_expires_at_in_the_past(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, CANDIDATE)["expires_at"] = "2026-01-02T00:00:00Z"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_expired")
+    assert "expired at 2026-01-02" in r.err
+
+
+def test_artifact_missing_from_the_run(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_missing")
+    assert SMOKE in r.err
+
+
+def test_artifacts_listed_by_the_run_but_made_by_another_run(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, SMOKE)["workflow_run"]["id"] = RUN_ID + 1
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_same_run")
+
+
+def test_artifacts_whose_records_bind_another_run(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API is consistent (run 5000 lists both), but the files inside were made by run 4242."""
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run(5000)
+    world.artifact(5000, CANDIDATE, chain.candidate_zip)
+    world.artifact(5000, SMOKE, chain.smoke_zip)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "candidate_run")
+    assert "run 4242" in r.err and "run 5000" in r.err
+
+
+def test_candidate_and_qualification_from_two_runs(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 5000's qualification zip holds a qualification.json that names run 5000; its candidate names 4242."""
+    from harness.jsonio import canonical_bytes
+
+    members = []
+    for name, data in unzip(chain.smoke_zip):
+        if name == "qualification.json":
+            value = json.loads(data)
+            value["execution"]["workflow"]["run_id"] = 5000
+            data = canonical_bytes(value) + b"\n"
+        members.append((name, data))
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run(5000)
+    world.artifact(5000, CANDIDATE, chain.candidate_zip)
+    world.artifact(5000, SMOKE, zip_members(members))
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "candidate_run")
+    # and with the candidate taken as the truth, the auditor's own same-run check refuses the pair
+    from harness.audit import AuditRequest, audit
+
+    qual = tmp_path / "q"
+    qual.mkdir()
+    for name, data in members:
+        (qual / name).parent.mkdir(parents=True, exist_ok=True)
+        (qual / name).write_bytes(data)
+    result = audit(
+        AuditRequest(
+            candidate_dir=chain.candidate,
+            candidate_manifest=chain.candidate / "candidate-manifest.json",
+            qualification=qual / "qualification.json",
+            commit=chain.sha,
+            known_good_sha256=json.loads((qual / "qualification.json").read_bytes())["profile"]["known_good_sha256"],
+            required_gpu_name=None,
+            level="release_smoke",
+        )
+    )
+    assert result.failed_checks == ["same_run"]
+
+
+def test_wrong_digest(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _art(world, CANDIDATE)["digest"] = "sha256:" + "0" * 64
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_digest")
+    assert len(world.blob_seen) == 1  # refused right after the first download
+    [ref] = r.gate["artifacts"]  # the refused artifact is on record with what was measured
+    assert ref["api_digest"] == "sha256:" + "0" * 64 and ref["sha256"] != "0" * 64
+
+
+def test_download_larger_than_declared(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    art = _art(world, CANDIDATE)
+    world.blobs[art["id"]] = world.blobs[art["id"]] + b"\0" * (2 << 20)  # past size_in_bytes + 1 MiB
+    del art["digest"]
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "artifact_size")
+
+
+def test_download_larger_than_declared_without_content_length(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Content-Length to refuse up front: the bound is enforced while the body streams."""
+    art = _art(world, CANDIDATE)
+    world.blobs[art["id"]] = world.blobs[art["id"]] + b"\0" * (2 << 20)
+    del art["digest"]
+    world.blob_length = False
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_size")
+    assert "passed its bound" in r.err
+
+
+def test_newest_qualifying_run_with_both_artifacts_is_chosen_over_two_pages(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.runs.clear()
+    world.run(9000)  # newer, qualifies, but has no artifacts
+    world.run(8000, run_attempt=2)
+    world.run(RUN_ID)
+    world.run(4000)  # older, qualifies, has both
+    world.artifact(4000, CANDIDATE, chain.candidate_zip)
+    world.artifact(4000, SMOKE, chain.smoke_zip)
+    world.page_size = 2
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    assert r.gate["run"]["id"] == RUN_ID
+    assert [(o["id"], o["check"]) for o in r.gate["other_runs"]] == [
+        (9000, "artifact_missing"),
+        (8000, "run_attempt"),
+        (4000, "newer_run_chosen"),
+    ]
+    pages = [path for path, _ in world.api_seen if "/runs?" in path and "/workflows/" in path]
+    assert len(pages) == 2 and "page=2" in pages[1]
+    assert_no_token(r)
+
+
+# --- redirects and headers ----------------------------------------------------------------------------------
+
+
+def test_redirect_loop_is_bounded(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.redirect = "loop"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "redirect_limit")
+    assert len([p for p, _ in world.api_seen if p.endswith("/zip")]) == 4  # the first request + 3 hops
+
+
+def test_same_origin_redirect_keeps_the_token(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.redirect = "same"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    hops = world.headers_at(world.api_seen, "/blob/")
+    assert len(hops) == 2 and all(h["authorization"] == f"Bearer {TOKEN}" for h in hops)
+    assert world.blob_seen == [] and all("cookie" not in h for h in hops)
+
+
+def test_cross_origin_redirect_strips_credentials_even_with_ambient_ones(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proxy and netrc settings in the environment are ignored (trust_env=False); the blob sees no secret."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login x password {TOKEN}\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HTTP_PROXY", "http://user:secret@127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert r.rc == 0, r.err
+    for headers in world.headers_at(world.blob_seen, "/blob/"):
+        assert not {"authorization", "proxy-authorization", "cookie"} & set(headers)
+        assert headers["accept"] and headers["user-agent"]
+    assert_no_token(r)
+
+
+# --- the zip itself -----------------------------------------------------------------------------------------
+
+ZIP_CASES: dict[str, tuple[list[tuple[str, bytes]], tuple[str, ...], str]] = {
+    "dot_dot": ([("../evil.txt", b"x")], (), "zip_member_name"),
+    "nested_dot_dot": ([("a/../../evil.txt", b"x")], (), "zip_member_name"),
+    "absolute": ([("/tmp/evil.txt", b"x")], (), "zip_member_name"),
+    "drive_letter": ([("C:/evil.txt", b"x")], (), "zip_member_name"),
+    "backslash": ([("a\\evil.txt", b"x")], (), "zip_member_name"),
+    "symlink": ([("link", b"/etc/passwd")], ("link",), "zip_symlink"),
+    "duplicate": ([("candidate-manifest.json", b"{}")], (), "zip_duplicate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ZIP_CASES))
+def test_unsafe_zip_is_refused(
+    case: str,
+    world: World,
+    chain: Chain,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extra, links, check = ZIP_CASES[case]
+    blob = zip_members([*unzip(chain.candidate_zip), *extra], links)
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, check)
+    assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/evil.txt").exists()
+
+
+def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """64 MiB of zeros (about 64 KiB zipped) against a 16 MiB per-member bound."""
+    from harness.errors import HarnessError
+    from harness.gate.main import gate
+    from harness.gate.safezip import ZipLimits
+
+    bomb = zip_members([*unzip(chain.candidate_zip), ("bomb.bin", b"\0" * (64 << 20))])
+    assert len(bomb) < (1 << 20)
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, bomb)
+    from harness.cli import parser
+
+    out = tmp_path / "out"
+    args = parser().parse_args(["release-gate", *_argv(world, out), "--dry-run"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GITHUB_TOKEN", TOKEN)
+        with pytest.raises(HarnessError) as info:
+            gate(args, limits=ZipLimits(max_member_bytes=16 << 20, max_total_bytes=32 << 20))
+    assert info.value.check == "zip_size"
+    assert _gate_json(out)["failed_check"] == "zip_size"
+    assert sorted(p.name for p in out.iterdir()) == ["gate.json"]
+
+
+# --- the auditor on the downloaded pair, and the API's own failures -----------------------------------------
+
+
+def _replace_member(blob: bytes, name: str, edit: Any) -> bytes:
+    return zip_members([(n, edit(d) if n == name else d) for n, d in unzip(blob)])
+
+
+def test_tampered_wheel_fails_the_candidate_check(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = json.loads((chain.candidate / "candidate-manifest.json").read_bytes())["wheel"]["filename"]
+    blob = _replace_member(chain.candidate_zip, wheel, lambda d: d[:-1] + bytes([d[-1] ^ 1]))
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
+    world.artifact(RUN_ID, CANDIDATE, blob)  # the API digest matches the tampered zip: only the manifest can tell
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "wheel_sha256")
+
+
+def test_tampered_evidence_file_fails_the_auditor(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    qual = json.loads((chain.smoke / "qualification.json").read_bytes())
+    evidence = next(a["path"] for a in qual["artifacts"] if not a["role"].startswith("principal_"))
+    blob = _replace_member(chain.smoke_zip, evidence, lambda d: d + b" ")
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "artifact_bytes")
+    assert evidence in r.err
+
+
+def test_wrong_token_is_refused_by_the_api(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.token = "another-token"
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "api_status")
+    assert "401" in r.err
+    assert_no_token(r)
+
+
+def test_pagination_to_another_origin_is_refused(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.run(4100, head_sha="e" * 40)
+    world.page_size = 1
+    world.link_base = world.blob_url
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "pagination")
+    assert world.blob_seen == []  # the token never went to the other origin
+
+
+USAGE_CASES = {
+    "short_sha": ["--sha", "abc123"],
+    "upper_sha": ["--sha", "A" * 40],
+    "repository": ["--repository", "not a repo"],
+    "workflow": ["--workflow", "../gpu.yml"],
+    "api_query": ["--api-url", "http://127.0.0.1:1/?x=1"],
+    "api_scheme": ["--api-url", "file:///etc"],
+    "api_userinfo": ["--api-url", "http://user:pw@127.0.0.1:1"],
+    "api_plain_http": ["--api-url", "http://api.github.com"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_CASES))
+def test_usage_errors_exit_2_and_still_write_gate_json(
+    case: str, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, *USAGE_CASES[case])
+    assert r.rc == 2 and len(r.err.strip().splitlines()) == 1 and "[usage]" in r.err
+    assert r.gate["status"] == "failed" and r.gate["failed_check"] == "usage" and r.gate["query"] is None
+    assert world.api_seen == []
+    assert "pw" not in json.dumps(r.gate)
+
+
+def test_non_empty_out_is_refused_untouched(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gate.json").write_text("previous\n")
+    from harness.cli import main
+
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    assert main(["release-gate", *_argv(world, out), "--dry-run"]) == 2
+    assert "[usage]" in capsys.readouterr().err and (out / "gate.json").read_text() == "previous\n"
+
+
+def _edit_qualification(chain: Chain, edit: Any) -> bytes:
+    from harness.jsonio import canonical_bytes
+
+    def rewrite(data: bytes) -> bytes:
+        value = json.loads(data)
+        edit(value)
+        return canonical_bytes(value) + b"\n"
+
+    return _replace_member(chain.smoke_zip, "qualification.json", rewrite)
+
+
+QUAL_BINDING_CASES: dict[str, tuple[str, Any]] = {
+    "run_id": ("run_id", RUN_ID + 1),
+    "run_attempt": ("run_attempt", 2),
+    "repository": ("repository", "mallory/miniverl"),
+    "workflow_path": ("workflow_path", ".github/workflows/ci.yml"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUAL_BINDING_CASES))
+def test_qualification_json_must_bind_the_api_run(
+    case: str,
+    world: World,
+    chain: Chain,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key, value = QUAL_BINDING_CASES[case]
+    blob = _edit_qualification(chain, lambda q: q["execution"]["workflow"].update({key: value}))
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, blob)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "qualification_run")
+    assert f"run {RUN_ID} attempt 1" in r.err
+
+
+def test_qualification_against_another_known_good_stack(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack committed at the release commit (read from the sdist) is not the one the qualification used."""
+
+    def other_stack(q: dict[str, Any]) -> None:
+        q["profile"]["known_good_sha256"] = q["environment"]["known_good_sha256"] = "1" * 64
+
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.artifact(RUN_ID, SMOKE, _edit_qualification(chain, other_stack))
+    assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "known_good_sha256")
+
+
+def test_sdist_without_its_known_good_stack_is_refused(
+    world: World,
+    chain: Chain,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit that does not ship known-good/<stack>.json gives the gate nothing to hold the record against."""
+    from harness.candidate import build_candidate
+
+    repo = make_repo(tmp_path_factory.mktemp("bare-repo"))
+    candidate = tmp_path / "candidate"
+    build_candidate(repo, candidate, env=GH_ENV)
+    world.sha = git(repo, "rev-parse", "HEAD")
+    world.runs.clear()
+    world.artifacts.clear()
+    world.run()
+    world.artifact(RUN_ID, CANDIDATE, zip_dir(candidate))
+    world.artifact(RUN_ID, SMOKE, chain.smoke_zip)
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
+    assert_rejected(r, "known_good_sha256")
+    assert "known-good/cpu-reference.json" in r.err
+
+
+def test_an_authorizing_full_qualification_is_released_without_dry_run(
+    world: World, chain: Chain, tmp_path: Path
+) -> None:
+    from harness.layout import TOP_LEVEL
+
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    r = gate_subprocess(
+        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
+    )
+    assert r.rc == 0, r.err
+    assert r.gate["status"] == "passed" and r.gate["release_authorized"] is True
+    assert r.gate["authorization_reasons"] == []
+    rv = json.loads((r.dir / "release-verification.json").read_bytes())
+    assert rv["release_authorized"] is True and rv["level"] == "full_qualification"
+    assert {p.name for p in (r.dir / "release-assets").iterdir()} == TOP_LEVEL
+    assert "release authorized: True" in r.out
+    assert_no_token(r)
+
+
+def test_an_authorizing_record_still_needs_its_gpu(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    r = gate_inproc(
+        world,
+        tmp_path / "out",
+        capsys,
+        monkeypatch,
+        "--level",
+        "full_qualification",
+        "--required-gpu-name",
+        "NVIDIA H200",
+    )
+    assert_rejected(r, "gpu_name")

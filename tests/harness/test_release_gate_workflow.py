@@ -1,0 +1,47 @@
+"""Invariants of .github/workflows/release.yml, asserted from the parsed YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+RELEASE = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "release.yml"
+
+
+@pytest.fixture(scope="module")
+def release() -> dict[Any, Any]:
+    data = yaml.safe_load(RELEASE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_manual_dispatch_with_sha_and_dry_run(release: dict[Any, Any]) -> None:
+    triggers = release[True]  # PyYAML reads `on:` as True
+    assert list(triggers) == ["workflow_dispatch"]
+    inputs = triggers["workflow_dispatch"]["inputs"]
+    assert set(inputs) == {"sha", "dry_run"}
+    assert inputs["dry_run"]["type"] == "boolean" and inputs["dry_run"]["default"] is True
+    assert "pull_request" not in RELEASE.read_text()
+
+
+def test_write_permission_only_on_the_publishing_job(release: dict[Any, Any]) -> None:
+    assert release["permissions"] == {}
+    jobs = release["jobs"]
+    assert set(jobs) == {"gate", "publish"}
+    assert jobs["gate"]["permissions"] == {"actions": "read", "contents": "read"}
+    assert jobs["publish"]["permissions"] == {"contents": "write"}
+    assert jobs["publish"]["needs"] == "gate" and jobs["publish"]["if"] == "${{ !inputs.dry_run }}"
+
+
+def test_gate_runs_the_harness_and_publish_uploads_only_its_outputs(release: dict[Any, Any]) -> None:
+    gate_runs = "\n".join(s.get("run", "") for s in release["jobs"]["gate"]["steps"])
+    assert "-m harness release-gate" in gate_runs and "--level full_qualification" in gate_runs
+    assert "--dry-run" in gate_runs and "GITHUB_API_URL" in gate_runs
+    publish = release["jobs"]["publish"]["steps"]
+    assert not any("actions/checkout" in s.get("uses", "") for s in publish)  # nothing to rebuild from
+    runs = "\n".join(s.get("run", "") for s in publish)
+    assert "gh release create" in runs and "files=(dist/*)" in runs and "release-assets/*" in runs
+    assert "${{" not in runs  # inputs reach shell only through env
