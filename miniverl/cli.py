@@ -324,9 +324,9 @@ def _example_names() -> list[str]:
 
 def _add_matrix_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | qwen3-0.6b-shape")
-    command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    command.add_argument("--quantization", default="none", choices=["none", "nf4"])
+    command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
+    command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    command.add_argument("--quantization", default="none", choices=["none", "nf4"], help="base weights: none or nf4")
     command.add_argument("--out", required=True, help="output directory")
     command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
