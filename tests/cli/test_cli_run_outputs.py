@@ -163,7 +163,7 @@ def test_report_renders_in_headless_chromium(runs: dict[str, Any], tmp_path: Pat
 
 def test_export_names_its_base(runs: dict[str, Any], tiny_model_dir: Path) -> None:
     out = runs["root"] / "adapter"
-    code, stdout, err = _main("export", str(runs["grpo"]["dir"]), "--out", str(out), "--json")
+    code, _, err = _main("export", str(runs["grpo"]["dir"]), "--out", str(out), "--json")
     assert code == 0, err
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == tiny_model_dir.name
