@@ -72,7 +72,7 @@ def run_from_plan(
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise DependencyError("training needs the train extra: pip install 'miniverl[train]'") from None
+        raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
     return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, on_update)
 
 
