@@ -143,8 +143,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     where = args.dir
     human = (
         f"wrote {where}/config.yaml and {where}/prompts.parquet ({result['rows']} prompts). Next:\n"
-        f"  cd {where}\n"
-        "  miniverl models fetch smollm2-135m-instruct\n"
+        + (f"  cd {where}\n" if Path(where) != Path(".") else "")
+        + "  miniverl models fetch smollm2-135m-instruct\n"
         "  miniverl plan config.yaml --out plan.json\n"
         "  miniverl run --plan plan.json --output runs --run-id first\n"
         "  miniverl report runs/first"
