@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -94,9 +95,20 @@ def test_quiet_and_rich_reporters() -> None:
 
     assert type(progress.choose(quiet=True, stream=Tty())) is progress.Reporter
     assert isinstance(progress.choose(quiet=False, stream=io.StringIO()), progress.PlainReporter)
-    rich = progress.choose(quiet=False, stream=Tty())
+    stream = Tty()
+    rich = progress.choose(quiet=False, stream=stream)
     assert isinstance(rich, progress.RichReporter)
-    rich.close()
+    line = SimpleNamespace(loss=0.5, reward_mean=0.25, kl=0.01, response_tokens=64, cycle_seconds=2.0)
+    with progress.active(rich):
+        progress.phase("load", "model")
+        progress.start_cycles(0, 2)
+        progress.phase("rollout", "8 sequences")
+        progress.cycle_done(1, 2, line)
+        assert rich.eta_seconds() == 2.0
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+    assert "cycle 1/2  loss 0.5000  reward 0.250  kl 0.0100  64 tokens (32.0/s)  2.0s" in shown
+    assert "ETA 0m02s" in shown
+    progress.phase("after", "no reporter active: nothing happens")
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
