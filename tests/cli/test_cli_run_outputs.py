@@ -106,7 +106,8 @@ def test_quiet_and_rich_reporters() -> None:
         progress.cycle_done(1, 2, line)
         assert rich.eta_seconds() == 2.0
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
-    assert "cycle 1/2  loss 0.5000  reward 0.250  kl 0.0100  64 tokens (32.0/s)  2.0s" in shown
+    for needle in ("cycle 1/2  loss 0.5000", "kl 0.0100", "rollout 8 sequences"):  # lines wrap at 80 columns
+        assert needle in shown, shown
     assert "ETA 0m02s" in shown
     progress.phase("after", "no reporter active: nothing happens")
 
