@@ -136,7 +136,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         absent.append("time_per_phase")
     cycles = sorted(by_cycle)
     chosen = sorted({cycles[0], cycles[-1]}) if cycles else []
-    samples = {cycle: by_cycle[cycle][:SAMPLES_PER_CYCLE] for cycle in chosen}
+    samples = {cycle: _spread(by_cycle[cycle]) for cycle in chosen}
     return {
         "run_id": manifest.run_id,
         "status": summary.status if summary is not None else "incomplete",
@@ -158,6 +158,19 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "samples": samples,
         "prompts": _prompt_texts(plan.data.path, {r.get("prompt_id") for s in samples.values() for r in s}),
     }
+
+
+def _spread(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Up to SAMPLES_PER_CYCLE trajectories, taking groups in turn (every prompt before a second sample)."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(record.get("group_id"), []).append(record)
+    out: list[dict[str, Any]] = []
+    depth = 0
+    while len(out) < min(SAMPLES_PER_CYCLE, len(records)):
+        out += [members[depth] for members in groups.values() if depth < len(members)]
+        depth += 1
+    return out[:SAMPLES_PER_CYCLE]
 
 
 def _prompt_texts(data_path: str, ids: set[Any]) -> dict[str, str]:
