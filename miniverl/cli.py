@@ -60,8 +60,10 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_data_sample(args: argparse.Namespace) -> int:
+    from miniverl.artifacts.rundir import check_writable_file
     from miniverl.data import sample_dataset
 
+    check_writable_file(Path(args.out), option="--out")
     result = sample_dataset(args.task, args.rows, args.seed, Path(args.out))
     _emit(args, result, f"wrote {result['rows']} rows to {args.out} (sha256 {result['sha256']})")
     return 0

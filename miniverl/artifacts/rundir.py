@@ -34,9 +34,13 @@ def check_run_id(run_id: str) -> None:
         raise UsageError(f"--run-id is {len(run_id)} characters long; use at most {MAX_RUN_ID}")
 
 
-def check_writable_dir(path: Path, *, option: str) -> None:
-    """``path`` is, or can be created as, a directory we may write in (checked without writing)."""
+def check_writable_dir(path: Path, *, option: str, shown: Path | None = None) -> None:
+    """``path`` is, or can be created as, a directory we may write in (checked without writing).
+
+    ``shown`` is the path named in the message (default ``path``).
+    """
     probe = path
+    path = shown if shown is not None else path
     while not probe.exists():
         if probe.is_symlink():
             raise UsageError(f"{option} {path}: {probe} is a dangling symlink")
@@ -53,7 +57,7 @@ def check_writable_file(path: Path, *, option: str) -> None:
     """``path`` can be written as a file: not a directory, and its directory is (or can be) writable."""
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name")
-    check_writable_dir(path.parent if str(path.parent) else Path("."), option=option)
+    check_writable_dir(path.parent, option=option, shown=path)
 
 
 def require_run_dir(run_dir: Path) -> None:

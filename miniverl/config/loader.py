@@ -39,17 +39,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value``: the value is parsed as a YAML scalar/flow value (``2``, ``true``, ``[1, 2]``)."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {text!r} is not of the form section.key=value")
+        raise ConfigError(f"--set {_shown(text)} is not of the form section.key=value")
     try:
         value = loads_yaml(raw) if raw != "" else ""
     except StrictFormatError as exc:
-        raise ConfigError(f"--set {text!r}: {exc}") from None
+        raise ConfigError(f"--set {_shown(text)}: {exc}") from None
     except yaml.YAMLError:
-        raise ConfigError(f"--set {text!r}: the value is not a valid YAML scalar") from None
+        raise ConfigError(f"--set {_shown(text)}: the value is not a valid YAML scalar") from None
     return key.split("."), value
 
 
@@ -62,7 +66,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part!r} is not a section")
+                raise ConfigError(f"--set {_shown(text)}: {part!r} is not a section")
             node = child
         node[path[-1]] = value
     return data
@@ -120,9 +124,15 @@ def _bool_as_number(raw: Any, value: Any, where: str) -> str | None:
     return None
 
 
+#: Integers in a config must fit in 64 bits (counts, seeds, sizes); larger ones are typos.
+INT_LIMIT = 2**63 - 1
+
+
 def _non_finite(value: Any, where: str) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where}: {value} is not a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+        return f"{where}: {value:.3e} is out of range (at most 2**63 - 1)"
     items: list[tuple[str, Any]] = []
     if isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]

@@ -81,7 +81,17 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     return loader.construct_mapping(node, deep=deep)
 
 
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    digits = sum(ch.isdigit() for ch in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        mark = node.start_mark
+        raise StrictFormatError(f"integer with {digits} digits at line {mark.line + 1} (more than {MAX_INT_DIGITS})")
+    value: int = yaml.SafeLoader.construct_yaml_int(loader, node)
+    return value
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def loads_yaml(text: str) -> Any:

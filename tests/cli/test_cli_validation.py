@@ -43,6 +43,8 @@ def grpo(write_config, tiny_model_dir, prompts) -> dict:
         ("algorithm.rewards=[{name: target_length, params: {target: 3}}]", "no parameter(s) ['target']"),
         ("algorithm.rewards=[{name: tests.helpers.nope:fn}]", "cannot import reward module"),
         ("train={cycles: 1, cycles: 2}", "duplicate key 'cycles'"),
+        ("train.cycles=" + "9" * 5000, "integer with 5000 digits"),
+        ("train.cycles=" + "9" * 50, "train.cycles: 1.000e+50 is out of range"),
     ],
 )
 def test_plan_refuses(cli, grpo, workdir: Path, override: str, needle: str) -> None:
@@ -163,6 +165,12 @@ def test_export_and_report_paths(cli, workdir: Path) -> None:
     assert_clean_error(cli("export", "no-run", "--out", "afile/adapter"), 2, "is a file")
     assert_clean_error(cli("report", "no-run"), 2, "run directory not found")
     assert_clean_error(cli("init", "afile", "--example", "grpo"), 2, "is a file")
+
+
+def test_data_sample_out_under_a_file(cli, workdir: Path) -> None:
+    (workdir / "afile").write_text("x")
+    result = cli("data", "sample", "--task", "calculator", "--rows", "2", "--out", "afile/p.parquet")
+    assert_clean_error(result, 2, "--out afile/p.parquet: afile is a file")
 
 
 def test_threads_must_be_positive(cli, planned: Path) -> None:
