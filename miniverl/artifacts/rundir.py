@@ -106,10 +106,19 @@ def read_metrics(run_dir: Path) -> list[MetricsLine]:
 
 
 def completed_run(run_dir: Path, plan_digest: str) -> RunSummary | None:
-    """The summary of ``run_dir`` when it is a completed run of this plan (so ``--resume`` has nothing to do)."""
+    """The summary of ``run_dir`` when it is a completed run of this plan (so ``--resume`` has nothing to do).
+
+    Completed means: ``summary.json`` says completed for this plan, and the last checkpoint verifies
+    (every file's sha256) at the summary's final step. A corrupt checkpoint raises CheckpointError.
+    """
     if not (run_dir / "run.json").is_file():
         return None
     summary = read_summary(run_dir)
     if summary is None or summary.status != "completed" or summary.plan_digest != plan_digest:
+        return None
+    from miniverl.training.checkpoint_files import latest_checkpoint
+
+    found = latest_checkpoint(run_dir / "checkpoints")  # a corrupt last checkpoint is an error, not a no-op
+    if found is None or found[1].step != summary.updates or found[1].plan_digest != plan_digest:
         return None
     return summary
