@@ -34,7 +34,13 @@ def check_config(config: MiniverlConfig) -> None:
 
 
 def check_data(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
-    """Data-dependent checks: a privileged-context column that is empty in every row is refused."""
+    """Data-dependent checks.
+
+    - every reward scores every row's empty response (the model may answer with EOS at once), so
+      a reward that cannot read a row's ``answer`` fails here rather than after the model loads;
+    - a privileged-context column that is empty in every row is refused.
+    """
+    _score_empty_responses(config, rows)
     teacher = config.models.teacher
     if teacher is None or teacher.privileged_context is None:
         return
@@ -76,6 +82,21 @@ def _check_rewards(config: MiniverlConfig) -> None:
         raise
     except UsageError as exc:
         raise ConfigError(f"algorithm.rewards: {exc}") from None
+
+
+def _score_empty_responses(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
+    from miniverl.errors import UsageError
+    from miniverl.rewards import CompositeReward, reward_meta
+
+    terms = config.algorithm.rewards
+    if not terms:
+        return
+    reward = CompositeReward([(t.name, t.weight, t.params) for t in terms])
+    for row in rows:
+        try:
+            reward.score(row.prompt, "", **reward_meta(row, response_token_count=0, sample_index=0))
+        except UsageError as exc:
+            raise DataError(f"{config.data.path}: {exc} (scoring an empty response at plan time)") from None
 
 
 def _check_grpo(config: MiniverlConfig) -> None:

@@ -192,3 +192,14 @@ def test_output_not_writable_as_root_too(cli, planned: Path, workdir: Path, monk
 
     monkeypatch.setattr(rundir.os, "access", lambda *_a, **_k: False)
     assert_clean_error(cli("run", "--plan", "plan.json", "--run-id", "a"), 2, "is not writable")
+
+
+def test_reward_that_cannot_read_the_data_fails_at_plan(cli, write_config, tiny_model_dir, workdir: Path) -> None:
+    from miniverl.data import write_prompts
+
+    rows = [{"prompt_id": "p0", "prompt": "1+1?", "answer": "two", "context": "c", "task": "calculator"}]
+    write_prompts(workdir / "prompts.parquet", rows)
+    config = tiny_config(tiny_model_dir)
+    config["algorithm"]["rewards"] = [{"name": "calculator_exact"}]
+    write_config(config)
+    assert_clean_error(_plan(cli), 2, "calculator answer 'two' (prompt p0) is not an integer")
