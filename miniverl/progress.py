@@ -117,7 +117,7 @@ class RichReporter(Reporter):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(file=stream)
+        self.console = Console(file=stream, log_path=False)
         self.bar = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
