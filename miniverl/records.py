@@ -138,6 +138,7 @@ class RunSummary(Record):
     wall_seconds: float
     seconds_per_cycle: float | None
     cuda: CudaTeardown | None
+    torch_threads: int | None = None
     plan_digest: str = SHA256
     model_identities: dict[str, dict[str, Any]]
 

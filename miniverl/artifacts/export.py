@@ -7,6 +7,7 @@ for the compute dtype. Nothing is published unless the check passes.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
     tmp.mkdir(parents=True)
     try:
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
+        name_base(tmp / "adapter_config.json", config.models.student)
         tolerance = RELOAD_TOLERANCE[config.models.dtype]
         if max_diff > tolerance:
             raise ExportError(
@@ -98,6 +100,31 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         "manifest_sha256": sha256_file(out / MANIFEST),
         "files": sorted(files),
     }
+
+
+def base_reference(spec: Any) -> tuple[str, str | None]:
+    """What ``adapter_config.json`` names as the base: ``(base_model_name_or_path, revision)``.
+
+    hub: the model id and its pinned revision; builtin: the builtin's name (``miniverl models list``
+    shows its cached directory); local directory or GGUF file: its name only (never a full path).
+    """
+    if spec.source == "hub":
+        return str(spec.model_id), spec.revision
+    if spec.source == "builtin":
+        return str(spec.model_id), None
+    return Path(str(spec.path)).name, None
+
+
+def name_base(adapter_config: Path, spec: Any) -> None:
+    """Fill ``base_model_name_or_path`` (and ``revision``) of an exported adapter's config."""
+    from miniverl.canonical import atomic_write_text
+    from miniverl.config.strict import loads_json
+
+    data = loads_json(adapter_config.read_text(encoding="utf-8"))
+    name, revision = base_reference(spec)
+    data["base_model_name_or_path"] = name
+    data["revision"] = revision
+    atomic_write_text(adapter_config, json.dumps(data, sort_keys=True, indent=2) + "\n")
 
 
 def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int]) -> float:

@@ -29,9 +29,35 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
         "metrics_last": metrics[-1].model_dump(mode="json") if metrics else None,
         "reward_mean_by_update": [m.reward_mean for m in metrics],
         "loss_by_update": [m.loss for m in metrics],
+        "kl_by_update": [m.kl for m in metrics],
+        "objective": _objective(manifest.algorithm, metrics),
         "summary": summary.model_dump(mode="json") if summary is not None else None,
         "roles": manifest.roles,
     }
+
+
+#: What each algorithm optimizes, and the metrics.jsonl key that measures it.
+OBJECTIVES: dict[str, tuple[str, str, str]] = {
+    "opd": ("kl", "minimized", "reverse KL(student || teacher) per response token"),
+    "grpo": ("reward_mean", "maximized", "mean reward of the cycle's samples (clipped policy-gradient surrogate)"),
+}
+
+
+def _objective(algorithm: str, metrics: list[Any]) -> dict[str, Any] | None:
+    known = OBJECTIVES.get(algorithm)
+    if known is None:
+        return None
+    key, direction, description = known
+    return {
+        "metric": key,
+        "direction": direction,
+        "description": description,
+        "by_update": [getattr(m, key, None) for m in metrics],
+    }
+
+
+def _fmt(value: Any) -> str:
+    return "absent" if value is None else f"{value:.5f}"
 
 
 def render_inspection(report: dict[str, Any]) -> str:
@@ -40,10 +66,13 @@ def render_inspection(report: dict[str, Any]) -> str:
         f"  plan      {report['plan_digest'][:16]}",
         f"  updates   {report['updates']}",
     ]
-    for step, (loss, reward) in enumerate(
-        zip(report["loss_by_update"], report["reward_mean_by_update"], strict=True), 1
+    objective = report.get("objective")
+    if objective is not None:
+        lines.append(f"  objective {objective['metric']} ({objective['direction']}): {objective['description']}")
+    for step, (loss, reward, kl) in enumerate(
+        zip(report["loss_by_update"], report["reward_mean_by_update"], report["kl_by_update"], strict=True), 1
     ):
-        lines.append(f"    update {step}: loss {loss:.5f}  reward mean {reward:.3f}")
+        lines.append(f"    update {step}: kl {_fmt(kl)}  loss {loss:.5f}  reward mean {_fmt(reward)}")
     for ckpt in report["checkpoints"]:
         lines.append(
             f"  checkpoint {ckpt['name']}: {ckpt['state']}" + (f" ({ckpt['reason']})" if ckpt["reason"] else "")

@@ -2,21 +2,62 @@
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
 from miniverl.records import MetricsLine, PlanRecord, RunManifest, RunSummary
+
+#: Longest run id: it becomes a directory name, and names past 255 bytes fail on most file systems.
+MAX_RUN_ID = 128
+RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{path} is not valid JSON") from None
+        return loads_json(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+    except StrictFormatError as exc:
+        raise UsageError(f"{path} is refused: {exc}") from None
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id is a plain directory name: 1..128 of letters, digits, '-', '_', '.' (no leading '.')."""
+    if not run_id or not set(run_id) <= RUN_ID_CHARS or run_id.startswith("."):
+        raise UsageError(f"--run-id {run_id[:40]!r} may only use letters, digits, '-', '_' and '.'")
+    if len(run_id) > MAX_RUN_ID:
+        raise UsageError(f"--run-id is {len(run_id)} characters long; use at most {MAX_RUN_ID}")
+
+
+def check_writable_dir(path: Path, *, option: str, shown: Path | None = None) -> None:
+    """``path`` is, or can be created as, a directory we may write in (checked without writing).
+
+    ``shown`` is the path named in the message (default ``path``).
+    """
+    probe = path
+    path = shown if shown is not None else path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise UsageError(f"{option} {path}: {probe} is a dangling symlink")
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"{option} {path}: {probe} is a file, not a directory; choose another {option}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {probe} is not writable; choose another {option}")
+
+
+def check_writable_file(path: Path, *, option: str) -> None:
+    """``path`` can be written as a file: not a directory, and its directory is (or can be) writable."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    check_writable_dir(path.parent, option=option, shown=path)
 
 
 def require_run_dir(run_dir: Path) -> None:
@@ -58,7 +99,26 @@ def read_metrics(run_dir: Path) -> list[MetricsLine]:
     for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if text.strip():
             try:
-                lines.append(MetricsLine.model_validate_json(text))
-            except ValidationError:
+                lines.append(MetricsLine.model_validate(loads_json(text)))
+            except (ValidationError, StrictFormatError):
                 raise UsageError(f"{path} line {number} does not match the metrics schema") from None
     return lines
+
+
+def completed_run(run_dir: Path, plan_digest: str) -> RunSummary | None:
+    """The summary of ``run_dir`` when it is a completed run of this plan (so ``--resume`` has nothing to do).
+
+    Completed means: ``summary.json`` says completed for this plan, and the last checkpoint verifies
+    (every file's sha256) at the summary's final step. A corrupt checkpoint raises CheckpointError.
+    """
+    if not (run_dir / "run.json").is_file():
+        return None
+    summary = read_summary(run_dir)
+    if summary is None or summary.status != "completed" or summary.plan_digest != plan_digest:
+        return None
+    from miniverl.training.checkpoint_files import latest_checkpoint
+
+    found = latest_checkpoint(run_dir / "checkpoints")  # a corrupt last checkpoint is an error, not a no-op
+    if found is None or found[1].step != summary.updates or found[1].plan_digest != plan_digest:
+        return None
+    return summary

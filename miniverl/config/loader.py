@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from miniverl.config.schema import MiniverlConfig
+from miniverl.config.strict import StrictFormatError, loads_yaml
 from miniverl.errors import ConfigError
 
 
@@ -17,10 +19,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.__class__.__name__}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config {path} is a directory; give a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc.__class__.__name__}") from None
     try:
-        data = yaml.safe_load(text)
+        data = loads_yaml(text)
+    except StrictFormatError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -31,15 +39,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value``: the value is parsed as a YAML scalar/flow value (``2``, ``true``, ``[1, 2]``)."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {text!r} is not of the form section.key=value")
+        raise ConfigError(f"--set {_shown(text)} is not of the form section.key=value")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = loads_yaml(raw) if raw != "" else ""
+    except StrictFormatError as exc:
+        raise ConfigError(f"--set {_shown(text)}: {exc}") from None
     except yaml.YAMLError:
-        raise ConfigError(f"--set {text!r}: the value is not a valid YAML scalar") from None
+        raise ConfigError(f"--set {_shown(text)}: the value is not a valid YAML scalar") from None
     return key.split("."), value
 
 
@@ -52,7 +66,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part!r} is not a section")
+                raise ConfigError(f"--set {_shown(text)}: {part!r} is not a section")
             node = child
         node[path[-1]] = value
     return data
@@ -70,10 +84,65 @@ def validation_message(exc: ValidationError) -> str:
 
 
 def validate_config(data: dict[str, Any], *, origin: str) -> MiniverlConfig:
+    """Validate ``data``; also refuse what pydantic's lax mode lets through.
+
+    - a YAML bool where the schema wants a number (``--set train.cycles=true`` would become 1);
+    - a non-finite number anywhere (``--set train.learning_rate=.inf``).
+    """
     try:
-        return MiniverlConfig.model_validate(data)
+        config = MiniverlConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config {origin}: {validation_message(exc)}") from None
+    problem = _bool_as_number(data, config, "") or _non_finite(config.model_dump(mode="python"), "")
+    if problem:
+        raise ConfigError(f"invalid config {origin}: {problem}")
+    return config
+
+
+def _bool_as_number(raw: Any, value: Any, where: str) -> str | None:
+    """The first place where ``raw`` holds true/false but the validated ``value`` is a number."""
+    if isinstance(raw, bool):
+        if not isinstance(value, bool) and isinstance(value, int | float):
+            return f"{where}: expected a number, got {str(raw).lower()}"
+        return None
+    if isinstance(raw, dict):
+        for key, item in raw.items():
+            if isinstance(value, BaseModel):
+                child = getattr(value, str(key), None)
+            elif isinstance(value, dict):
+                child = value.get(key)
+            else:
+                return None
+            found = _bool_as_number(item, child, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    elif isinstance(raw, list | tuple) and isinstance(value, list | tuple):
+        for index, (item, child) in enumerate(zip(raw, value, strict=False)):
+            found = _bool_as_number(item, child, f"{where}.{index}")
+            if found:
+                return found
+    return None
+
+
+#: Integers in a config must fit in 64 bits (counts, seeds, sizes); larger ones are typos.
+INT_LIMIT = 2**63 - 1
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+        return f"{where}: {value:.3e} is out of range (at most 2**63 - 1)"
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else key)
+        if found:
+            return found
+    return None
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> MiniverlConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +9,10 @@ from pydantic import ValidationError
 
 from miniverl import __version__
 from miniverl.canonical import sha256_file, sha256_json
+from miniverl.config.checks import check_config, check_data
 from miniverl.config.loader import apply_overrides, read_yaml, validate_config, validation_message
 from miniverl.config.schema import MiniverlConfig, ModelSpec
+from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import ConfigError, DataError
 from miniverl.records import DataBinding, PlacementPlan, PlanRecord
 
@@ -25,10 +26,12 @@ def compile_plan(config_path: Path, overrides: list[str]) -> PlanRecord:
 
 
 def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
-    from miniverl.data import describe_dataset
+    from miniverl.data import describe_dataset, load_prompts
 
+    check_config(config)
     resolved_config = config.model_dump(mode="json")
     described = describe_dataset(Path(config.data.path))
+    check_data(config, load_prompts(config.data.path))
     models = {role: _identity(spec, config) for role, spec in _roles(config).items()}
     updates = config.train.cycles
     body: dict[str, Any] = {
@@ -56,11 +59,19 @@ def plan_digest_of(record: dict[str, Any]) -> str:
 def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, MiniverlConfig]:
     """Read ``plan.json``, re-verify its digest and (by default) the data file's sha256."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"plan not found: {path}; create it with `miniverl plan CONFIG --out {path}`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"plan {path} is not valid JSON") from None
+    except IsADirectoryError:
+        raise ConfigError(f"plan {path} is a directory; give the plan.json file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"plan {path} is not UTF-8 text") from None
+    except StrictFormatError as exc:
+        raise ConfigError(f"plan {path} is refused: {exc}; re-create it with `miniverl plan`") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read plan {path}: {exc.strerror or exc.__class__.__name__}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"plan {path} must be a JSON object")
     try:
         plan = PlanRecord.model_validate(raw)
     except ValidationError as exc:
@@ -70,6 +81,7 @@ def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, Mini
     config = validate_config(dict(plan.config), origin=str(path))
     if sha256_json(config.model_dump(mode="json")) != plan.config_digest:
         raise ConfigError(f"plan {path}: config_digest does not match its config; re-run plan")
+    check_config(config)
     if verify_data:
         data_path = Path(plan.data.path)
         if not data_path.is_file():

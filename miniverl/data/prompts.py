@@ -180,6 +180,11 @@ def load_prompts(path: str | os.PathLike[str]) -> list[PromptRow]:
         table = parquet.read()
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{source}: cannot read the Parquet data ({str(exc).splitlines()[0]})") from None
-    columns = {name: table.column(name).to_pylist() for name in COLUMNS}
+    try:
+        columns = {name: table.column(name).to_pylist() for name in COLUMNS}
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{source}: a string column holds bytes that are not UTF-8 ({exc.reason}); re-encode the file as UTF-8"
+        ) from None
     rows = [{name: columns[name][i] for name in COLUMNS} for i in range(table.num_rows)]
     return validate_rows(rows, source=source)

@@ -80,7 +80,7 @@ def import_bitsandbytes() -> Any:
             import bitsandbytes
     except ImportError:
         raise DependencyError(
-            "quantization nf4 needs bitsandbytes (pip install 'miniverl[cuda]' or bitsandbytes==0.50.2)"
+            "quantization nf4 needs bitsandbytes (the [cuda] extra of this checkout or wheel, or bitsandbytes==0.50.2)"
         ) from None
     return bitsandbytes
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from miniverl import progress
 from miniverl.algorithms import grpo_advantages
 from miniverl.canonical import atomic_write_text, canonical_json
 from miniverl.config.schema import MiniverlConfig
@@ -98,6 +99,7 @@ class Controller:
     def _checkpoint(self) -> None:
         if self.state.step % self.config.checkpoint.every_updates and self.state.step != self.plan.updates:
             return
+        progress.phase("checkpoint", f"step {self.state.step}")
         state = ckpt.TrainingState(
             step=self.state.step,
             cycle=self.state.step,
@@ -209,6 +211,8 @@ class Controller:
         prompts = cycle_prompts(self.rows, self.order, self.state.data_cursor, cfg.rollout.prompts_per_cycle)
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
+        n = len(prompts) * cfg.rollout.samples_per_prompt
+        progress.phase("rollout", f"{n} sequences, <= {cfg.rollout.max_new_tokens} new tokens each")
         trajectories = self._rollout(prompts)
         scores = self._score(prompts, trajectories)
         rollout_seconds = time.perf_counter() - cycle_start
@@ -221,6 +225,7 @@ class Controller:
         if cfg.algorithm.name == "grpo":
             advantages = self._advantages(trajectories, rewards)
         sequences = self._update_sequences(prompts, trajectories, advantages)
+        progress.phase("update", f"{sum(len(t.response_token_ids) for t in trajectories)} response tokens")
         update_start = time.perf_counter()
         stats: UpdateStats = (
             grpo_update(self.runtime, sequences, cfg)
@@ -285,8 +290,10 @@ class Controller:
         del self.runtime
 
     def run(self) -> None:
+        progress.start_cycles(self.state.step, self.plan.updates)
         while self.state.step < self.plan.updates:
             line = self.run_cycle()
+            progress.cycle_done(self.state.step, self.plan.updates, line)
             if self.progress is not None:
                 self.progress(self.state.step, self.plan.updates, line)
             if self.on_update is not None:

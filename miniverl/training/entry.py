@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl import __version__
+from miniverl import progress as progress_log
 from miniverl.canonical import atomic_write_bytes, atomic_write_json
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
@@ -71,7 +72,7 @@ def run_from_plan(
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise DependencyError("training needs the train extra: pip install 'miniverl[train]'") from None
+        raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
     return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, on_update)
 
 
@@ -105,6 +106,9 @@ def _train(
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
+        progress_log.phase(
+            "load", f"{config.models.runtime} runtime on {device.type} (threads {torch.get_num_threads()})"
+        )
         runtime = build_runtime(
             config.models,
             device=device,
@@ -188,6 +192,7 @@ def _train(
             wall_seconds=wall,
             seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
             cuda=teardown,
+            torch_threads=torch.get_num_threads(),
             plan_digest=plan.plan_digest,
             model_identities=plan.models,
         )

@@ -1,0 +1,107 @@
+"""Checks that need no weights, run by ``plan`` (and again when ``run`` loads a plan).
+
+The schema checks each field alone; these check what fields mean together and against the data:
+rewards resolve and accept their params, a privileged-context teacher names a real column, its
+template uses only known placeholders, and GRPO has groups that can give an advantage.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+
+from miniverl.config.schema import MiniverlConfig
+from miniverl.data import COLUMNS, PromptRow
+from miniverl.errors import ConfigError, DataError
+
+TEMPLATE_FIELDS = ("prompt", "context")
+
+
+def check_config(config: MiniverlConfig) -> None:
+    """Raise a one-line :class:`ConfigError` for the first problem found."""
+    _check_rewards(config)
+    _check_grpo(config)
+    for role in ("teacher", "reference"):
+        spec = getattr(config.models, role)
+        if spec is not None and spec.privileged_context is not None:
+            where = f"models.{role}.privileged_context"
+            context = spec.privileged_context
+            if context.column not in COLUMNS:
+                raise ConfigError(
+                    f"{where}.column {context.column!r} is not a dataset column; columns: {', '.join(COLUMNS)}"
+                )
+            check_template(context.template, where=f"{where}.template")
+
+
+def check_data(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
+    """Data-dependent checks.
+
+    - every reward scores every row's empty response (the model may answer with EOS at once), so
+      a reward that cannot read a row's ``answer`` fails here rather than after the model loads;
+    - a privileged-context column that is empty in every row is refused.
+    """
+    _score_empty_responses(config, rows)
+    teacher = config.models.teacher
+    if teacher is None or teacher.privileged_context is None:
+        return
+    column = teacher.privileged_context.column
+    if not any(getattr(row, column).strip() for row in rows):
+        raise DataError(
+            f"{config.data.path}: column {column!r} is empty in every row, so the privileged-context "
+            "teacher would see nothing extra; fill it or pick another models.teacher.privileged_context.column"
+        )
+
+
+def check_template(template: str, *, where: str) -> None:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc} (write a literal brace as '{{{{' or '}}}}')") from None
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if field not in TEMPLATE_FIELDS:
+            allowed = ", ".join("{" + name + "}" for name in TEMPLATE_FIELDS)
+            raise ConfigError(f"{where}: unknown placeholder {{{field}}}; allowed: {allowed}")
+        if spec or conversion:
+            raise ConfigError(f"{where}: placeholder {{{field}}} takes no format spec or conversion")
+
+
+def _check_rewards(config: MiniverlConfig) -> None:
+    from miniverl.errors import UsageError
+    from miniverl.rewards import CompositeReward
+
+    terms = config.algorithm.rewards
+    if not terms and config.algorithm.name == "grpo":
+        raise ConfigError("algorithm.rewards is empty; GRPO needs at least one reward (see `miniverl rewards list`)")
+    if not terms:
+        return
+    try:
+        CompositeReward([(t.name, t.weight, t.params) for t in terms])
+    except ConfigError:
+        raise
+    except UsageError as exc:
+        raise ConfigError(f"algorithm.rewards: {exc}") from None
+
+
+def _score_empty_responses(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
+    from miniverl.errors import UsageError
+    from miniverl.rewards import CompositeReward, reward_meta
+
+    terms = config.algorithm.rewards
+    if not terms:
+        return
+    reward = CompositeReward([(t.name, t.weight, t.params) for t in terms])
+    for row in rows:
+        try:
+            reward.score(row.prompt, "", **reward_meta(row, response_token_count=0, sample_index=0))
+        except UsageError as exc:
+            raise DataError(f"{config.data.path}: {exc} (scoring an empty response at plan time)") from None
+
+
+def _check_grpo(config: MiniverlConfig) -> None:
+    if config.algorithm.name == "grpo" and config.rollout.samples_per_prompt < 2:
+        raise ConfigError(
+            f"rollout.samples_per_prompt is {config.rollout.samples_per_prompt}; GRPO compares samples of the "
+            "same prompt, so it needs at least 2 (a group of 1 always has zero advantage)"
+        )
