@@ -68,7 +68,7 @@ def audit_args(candidate: Path, qual: Path, known_good: Path, **over: str) -> li
         "--candidate-manifest": str(candidate / "candidate-manifest.json"),
         "--qualification": str(qual / "qualification.json"),
         "--commit": commit,
-        "--known-good-sha256": kg_sha(known_good),
+        "--known-good-sha256": over.get("--known-good-sha256") or kg_sha(known_good),
         "--known-good": str(known_good / "cpu-reference.json"),
         "--required-gpu-name": "none",
         "--level": "release_smoke",

@@ -724,3 +724,46 @@ def test_tampered_assets_are_refused_by_name(
 
 def test_the_suite_is_large_enough() -> None:
     assert len(CHAIN_CASES) + len(ASSET_CASES) >= 100
+
+
+@pytest.mark.parametrize(
+    ("profile", "reason"),
+    [
+        ("h200-cu130", "profile h200-cu130 can never authorize a release"),
+        ("rtx4080-wsl2-cu130", "the candidate was not built by the gpu.yml workflow (local binding)"),
+    ],
+)
+def test_authority_comes_from_the_harness_not_the_record(
+    candidate: Path,
+    full_chain: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    profile: str,
+    reason: str,
+) -> None:
+    """A consistent, passed full qualification on a CUDA profile: the H200 one never authorizes (policy in
+    code), and neither does the release card's one without a gpu.yml build; the record's own claim of
+    authority is ignored."""
+    from harness_helpers import relabel_for_profile
+
+    from harness.profiles import PROFILES
+    from harness.stacks import describe_existing
+
+    kg = tmp_path / "known-good"
+    kg.mkdir()
+    (kg / f"{profile}.txt").write_text("# stand-in stack\n")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    qual = relabel_for_profile(full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json")
+    _edit_json(qual / "qualification.json", lambda q: q["profile"].update(can_authorize_release=True))
+    c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
+    c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})
+    c.over["--required-gpu-name"] = PROFILES[profile].required_gpu_name
+    code, err, rv, _ = _run(c, capsys)
+    if profile == "h200-cu130":  # the record's claim differs from the harness's definition: refused outright
+        assert code == 1 and "[profile]" in err
+        _edit_json(qual / "qualification.json", lambda q: q["profile"].update(can_authorize_release=False))
+        code, err, rv, _ = _run(c, capsys)
+    else:
+        assert code == 0, err
+    assert code == 0 and rv["status"] == "passed", err
+    assert rv["release_authorized"] is False and reason in rv["authorization_reasons"]
