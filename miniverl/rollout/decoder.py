@@ -1,0 +1,235 @@
+"""A static-cache decoder over :class:`~miniverl.rollout.weights.RolloutWeights`, with on-device sampling.
+
+One :class:`DecodeWorkspace` holds everything a batch bucket of ``batch`` rows needs for up to
+``capacity`` cache slots, preallocated once: per layer K/V caches ``[batch, kv_heads, capacity,
+head_dim]``, an additive attention bias ``[batch, capacity]`` (0 on visible slots, -inf elsewhere),
+the RoPE table, and the step state (next input token, position id, cache slot, response column,
+finished flags, output tokens and log-probs). All of it lives on the device, so a decode step
+needs no host round trip and can be captured in a CUDA graph.
+
+Layout (left padding): prompts occupy slots ``0 .. W-1`` (pads masked), the token fed at decode
+step ``s >= 1`` is written to slot ``W + s - 1`` with position id ``prompt_len + s - 1``. Slot and
+column advance inside the step. A step attends over the first ``span`` slots only (``span`` is a
+multiple of ``SPAN_QUANTUM``), so graphs are captured per span and the cache read grows with the
+sequence instead of costing ``capacity`` from the first step.
+
+The maths is the transformers Llama/Qwen3 forward (RMSNorm in float32, RoPE table cast to the
+compute dtype, attention softmax in float32, ``head_dim ** -0.5`` scaling, SiLU MLP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from miniverl.rollout.sampling import inverse_cdf_draw, sampling_logprobs
+from miniverl.rollout.streams import counter_uniforms
+from miniverl.rollout.weights import RolloutWeights
+
+SPAN_QUANTUM = 64
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class SamplingSpec:
+    """Temperature / top-p / top-k and the EOS ids, fixed for a captured graph."""
+
+    def __init__(self, temperature: float, top_p: float, top_k: int, eos_ids: Sequence[int]) -> None:
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
+
+    def key(self) -> tuple[float, float, int, tuple[int, ...]]:
+        return (self.temperature, self.top_p, self.top_k, self.eos_ids)
+
+
+def sample_tokens(
+    logits: torch.Tensor, seeds: torch.Tensor, counter: torch.Tensor, spec: SamplingSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their log-probs under the sampling distribution, from counter-based uniforms."""
+    if spec.temperature == 0.0:
+        return torch.argmax(logits, dim=-1), torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
+    logprobs = sampling_logprobs(logits, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
+    chosen = inverse_cdf_draw(logprobs, counter_uniforms(seeds, counter))
+    return chosen, logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+
+
+class DecodeWorkspace:
+    def __init__(
+        self, weights: RolloutWeights, *, batch: int, capacity: int, max_new_tokens: int, device: torch.device
+    ) -> None:
+        shape = weights.shape
+        self.weights, self.batch, self.device = weights, batch, device
+        self.capacity = -(-capacity // SPAN_QUANTUM) * SPAN_QUANTUM
+        self.max_new_tokens = max_new_tokens
+        dtype = weights.embed.dtype
+        cache_shape = (batch, shape.kv_heads, self.capacity, shape.head_dim)
+        self.k_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(shape.layers)]
+        self.v_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(shape.layers)]
+        positions = torch.arange(self.capacity, dtype=torch.float32, device=device)
+        freqs = torch.outer(positions, weights.inv_freq.to(device))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * shape.attention_scaling).to(dtype)
+        self.sin = (emb.sin() * shape.attention_scaling).to(dtype)
+        self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=torch.float32, device=device)
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.seeds = torch.zeros(batch, dtype=torch.long, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.eos = torch.zeros(0, dtype=torch.long, device=device)
+        self.out_tokens = torch.zeros((batch, max_new_tokens), dtype=torch.long, device=device)
+        self.out_logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_key: tuple[float, float, int, tuple[int, ...]] | None = None
+        self._pool: object | None = None
+
+    # -- the model ----------------------------------------------------------------------------
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, span: int, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits of the last input position ``[B, V]``; writes K/V of ``ids`` ``[B, S]`` at ``slots`` ``[S]``.
+
+        ``bias`` ``[B, S, span]`` is added to the attention scores over cache slots ``0 .. span-1``.
+        """
+        w, shape = self.weights, self.weights.shape
+        batch, seq = ids.shape
+        heads, kv, hd = shape.heads, shape.kv_heads, shape.head_dim
+        group = heads // kv
+        scale = hd**-0.5
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, S, D]
+        sin = self.sin[positions].unsqueeze(1)
+        bias = bias.view(batch, 1, 1, seq, span)
+        x = F.embedding(ids, w.embed)
+        for index, layer in enumerate(w.layers):
+            h = _rms(x, layer.input_norm, shape.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(batch, seq, heads + 2 * kv, hd).transpose(1, 2)
+            q, k, v = qkv.split([heads, kv, kv], dim=1)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = _rms(q, layer.q_norm, shape.eps), _rms(k, layer.k_norm, shape.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            k_cache.index_copy_(2, slots, k)
+            v_cache.index_copy_(2, slots, v.contiguous())
+            keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
+            q = q.reshape(batch, kv, group * seq, hd)
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+            probs = torch.softmax(scores.view(batch, kv, group, seq, span) + bias, dim=-1).to(x.dtype)
+            attn = torch.matmul(probs.view(batch, kv, group * seq, span), values)
+            attn = attn.view(batch, heads, seq, hd).transpose(1, 2).reshape(batch, seq, heads * hd)
+            x = x + F.linear(attn, layer.o, layer.o_bias)
+            h = _rms(x, layer.post_norm, shape.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        last = _rms(x[:, -1], w.final_norm, shape.eps)
+        return F.linear(last, w.lm_head)
+
+    # -- one batch ----------------------------------------------------------------------------
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec
+    ) -> None:
+        """One forward over the left-padded prompts, then the first token of every row (column 0).
+
+        Rows past ``len(prompts)`` (bucket filler) get a one-token prompt and start finished.
+        """
+        batch, device = self.batch, self.device
+        real = len(prompts)
+        rows = [list(p) for p in prompts] + [[pad_id]] * (batch - real)
+        width = max(len(r) for r in rows)
+        ids = torch.full((batch, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = True
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+        visible = (causal.unsqueeze(0) & mask.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=device)
+        prefill_bias = torch.zeros((batch, width, width), dtype=torch.float32, device=device)
+        prefill_bias.masked_fill_(~visible, float("-inf"))
+        logits = self.forward(ids, positions, torch.arange(width, device=device), width, prefill_bias)
+
+        self.bias.fill_(float("-inf"))
+        self.bias[:, :width].masked_fill_(mask, 0.0)
+        self.seeds.copy_(torch.tensor(list(seeds) + [0] * (batch - real), dtype=torch.long))
+        if tuple(self.eos.tolist()) != spec.eos_ids:  # a captured graph keeps reading the tensor it saw
+            self.eos = torch.tensor(spec.eos_ids, dtype=torch.long, device=device)
+        self.column.zero_()
+        first, logprob = sample_tokens(logits, self.seeds, self.column, spec)
+        self.out_tokens[:, 0] = first
+        self.out_logprobs[:, 0] = logprob
+        self.finished.copy_(self._is_eos(first))
+        self.finished[real:] = True
+        self.tokens.copy_(first)
+        self.positions.copy_(mask.long().sum(-1))
+        self.slot.fill_(width)
+        self.column.fill_(1)
+
+    def _is_eos(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens.unsqueeze(-1) == self.eos).any(-1)
+
+    def step(self, span: int, spec: SamplingSpec) -> None:
+        """One decode step on the workspace state (capturable: device tensors only, no host sync)."""
+        self.bias.index_fill_(1, self.slot, 0.0)
+        bias = self.bias[:, :span].unsqueeze(1)
+        logits = self.forward(self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias)
+        chosen, logprob = sample_tokens(logits, self.seeds, self.column, spec)
+        self.out_tokens.index_copy_(1, self.column, chosen.unsqueeze(1))
+        self.out_logprobs.index_copy_(1, self.column, logprob.unsqueeze(1))
+        self.finished |= self._is_eos(chosen)
+        self.tokens.copy_(chosen)
+        self.positions += 1
+        self.slot += 1
+        self.column += 1
+
+    @staticmethod
+    def span_for(slots_used: int) -> int:
+        return -(-slots_used // SPAN_QUANTUM) * SPAN_QUANTUM
+
+    # -- CUDA graphs --------------------------------------------------------------------------
+    def capture(self, spec: SamplingSpec, spans: Sequence[int]) -> None:
+        """Capture one graph per span (same pool); state is junk afterwards until :meth:`prefill`."""
+        if self.graph_key != spec.key():
+            self.graphs.clear()
+            self.graph_key = spec.key()
+        if tuple(self.eos.tolist()) != spec.eos_ids:
+            self.eos = torch.tensor(spec.eos_ids, dtype=torch.long, device=self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        for span in spans:
+            if span in self.graphs:
+                continue
+            self._reset_counters()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.step(span, spec)  # warm-up: cuBLAS handles and workspaces outside the capture
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._reset_counters()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self.step(span, spec)
+            self.graphs[span] = graph
+
+    def _reset_counters(self) -> None:
+        self.slot.zero_()
+        self.column.zero_()
+        self.positions.zero_()
+
+    def runner(self, spec: SamplingSpec, *, use_graphs: bool) -> Callable[[int], None]:
+        """A function ``run(span)`` that advances one step: a graph replay, or the eager step."""
+        if not use_graphs:
+            return lambda span: self.step(span, spec)
+        return lambda span: self.graphs[span].replay()
