@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
+from miniverl.bench.rollout_args import PATHS, ROLLOUT_MODELS, add_rollout_arguments
 from miniverl.bench.rollout_render import evaluate_rollout_goals, render_rollout_markdown, render_rollout_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
+from miniverl.errors import UsageError
 from miniverl.models.loading import resolve_device
 
 FORMAT = "miniverl-rollout-bench/v1"
-PATHS = ("fast", "fast_eager", "hf_loop", "hf_generate", "trl")
-ROLLOUT_MODELS = ("tiny", "qwen3-0.6b-shape")
 GIB = float(1 << 30)
 
 
@@ -292,29 +292,10 @@ def _write(report: dict[str, Any], profiler: dict[str, Any] | None, out_dir: Pat
     return report
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=ROLLOUT_MODELS, default="tiny")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
-    parser.add_argument("--batches", type=_int_list, default=(16, 64), help="comma-separated, e.g. 16,64")
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--slow-repeats", type=int, default=1)
-    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=PATHS)
-    parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument("--out", required=True, help="output directory")
-
-
 def options_from_args(args: argparse.Namespace) -> RolloutBenchOptions:
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
-        raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+        raise UsageError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
     return RolloutBenchOptions(
         model=args.model, device=args.device, dtype=args.dtype, batches=args.batches, new_tokens=args.new_tokens,
         prompt_tokens=args.prompt_tokens, warmup=args.warmup, repeats=args.repeats, slow_repeats=args.slow_repeats,
