@@ -234,8 +234,13 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
                 continue
             run = _runners(path, model, prompts, opts, device, engines)
             repeats = opts.repeats if path == "fast" else opts.slow_repeats
-            cell.update(measure(run, warmup=opts.warmup, repeats=repeats, device=device,
-                                expected_tokens=batch * opts.new_tokens))  # fmt: skip
+            try:
+                cell.update(measure(run, warmup=opts.warmup, repeats=repeats, device=device,
+                                    expected_tokens=batch * opts.new_tokens))  # fmt: skip
+            except (RuntimeError, ValueError) as exc:  # one broken path must not hide the others' figures
+                cell.update(status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+                cells.append(cell)
+                continue
             ms = cell["median_seconds"] / opts.new_tokens * 1e3
             cell["tokens_per_second"] = batch * opts.new_tokens / cell["median_seconds"]
             cell["ms_per_decode_step"] = ms
