@@ -7,6 +7,8 @@ so the lengths cannot decide a ratio. Paths:
 
 * ``fast``: :class:`miniverl.rollout.engine.FastRolloutEngine` (folded bf16 copy, static KV cache,
   CUDA-graph decode steps on CUDA, on-device sampling);
+* ``fast_compiled``: the same with the element-wise glue of the decode step ``torch.compile``'d
+  (fused kernels, still captured in our own CUDA graphs; the compile time is in ``first_call_seconds``);
 * ``fast_eager``: the same engine with CUDA graphs off (what the graphs buy);
 * ``hf_loop``: miniverl's previous path (transformers forward with a dynamic cache, per-sample
   CPU generators, a host sync per step);
@@ -78,7 +80,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int) 
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM(config)
+        model: Any = Qwen3ForCausalLM(config)
     return model.to(dtype).eval()
 
 
@@ -101,7 +103,8 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10
 
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(8, vocab, (batch, length), generator=gen).tolist()  # type: ignore[no-any-return]
+    prompts: list[list[int]] = torch.randint(8, vocab, (batch, length), generator=gen).tolist()
+    return prompts
 
 
 def _runners(
@@ -110,7 +113,7 @@ def _runners(
     """A zero-argument call that generates ``new_tokens`` for every prompt; returns tokens generated."""
     n, vocab = opts.new_tokens, int(model.config.vocab_size)
     batch = len(prompts)
-    if path in ("fast", "fast_eager"):
+    if path in ("fast", "fast_compiled", "fast_eager"):
         from miniverl.rollout.decoder import SamplingSpec
         from miniverl.rollout.engine import EngineRow
 
@@ -209,11 +212,15 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "fast": FastRolloutEngine(device=device, dtype=dtype),
         "fast_eager": FastRolloutEngine(device=device, dtype=dtype, use_graphs=False),
     }
+    if device.type == "cuda":  # inductor on CPU needs a C++ toolchain; the glue is only worth fusing on CUDA
+        engines["fast_compiled"] = FastRolloutEngine(device=device, dtype=dtype, compile_glue=True)
     fold_start = time.perf_counter()
     engines["fast"].sync_policy(model, 0)
     _sync(device)
     fold_seconds = time.perf_counter() - fold_start
-    engines["fast_eager"].sync_policy(model, 0)
+    for name, engine in engines.items():
+        if name != "fast":
+            engine.sync_policy(model, 0)
     assert engines["fast"].weights is not None
     weight_bytes = engines["fast"].weights.nbytes()
     bound_ms = weight_bytes / bandwidth * 1e3
@@ -223,6 +230,10 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         prompts = _prompts(batch, opts.prompt_tokens, vocab, opts.seed + batch)
         for path in opts.paths:
             cell: dict[str, Any] = {"path": path, "batch": batch, "new_tokens": opts.new_tokens}
+            if path == "fast_compiled" and path not in engines:
+                cell.update(status="not_run", reason="compiled glue is measured on CUDA only")
+                cells.append(cell)
+                continue
             if path == "trl":
                 try:
                     import trl  # noqa: F401
@@ -246,6 +257,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             cell["ms_per_decode_step"] = ms
             cell["pct_of_weight_bandwidth_bound"] = 100.0 * bound_ms / ms
             cells.append(cell)
+            _checkpoint(Path(out), cells)
             if opts.profile and path == "fast" and batch == max(opts.batches):
                 profiler = _profile_fast(run, device)
         for engine in engines.values():
@@ -272,6 +284,12 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
     return _write(report, profiler, Path(out))
 
 
+def _checkpoint(out_dir: Path, cells: list[dict[str, Any]]) -> None:
+    """The cells measured so far (removed when the full report is written): a killed run keeps its figures."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "rollout.partial.json", {"format": FORMAT, "cells": cells}, pretty=True)
+
+
 def _version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -294,6 +312,7 @@ def _write(report: dict[str, Any], profiler: dict[str, Any] | None, out_dir: Pat
         artifacts[name] = sha256_file(out_dir / name)
     report["artifacts"] = artifacts
     atomic_write_json(out_dir / "rollout.json", report, pretty=True)
+    (out_dir / "rollout.partial.json").unlink(missing_ok=True)
     return report
 
 

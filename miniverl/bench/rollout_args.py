@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-PATHS = ("fast", "fast_eager", "hf_loop", "hf_generate", "trl")
+PATHS = ("fast", "fast_compiled", "fast_eager", "hf_loop", "hf_generate", "trl")
 ROLLOUT_MODELS = ("tiny", "qwen3-0.6b-shape")
 
 

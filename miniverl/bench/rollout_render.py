@@ -70,16 +70,18 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
         f"{report['rollout_weight_bytes'] / 1e9:.3g} GB; weight-bandwidth bound "
         f"{report['weight_bandwidth_bound_ms_per_step']:.3g} ms/step; fold {report['fold_seconds']:.3g} s.",
         "",
-        "| path | batch | tokens/s | ms / decode step | % of bound | x hf_generate | peak reserved GiB | first call s |",
+        "| path | batch | tokens/s | ms / decode step | % of bound | x hf_generate | peak reserved GiB "
+        "| first call s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in report["cells"]:
         if c["status"] != "measured":
             lines.append(f"| {c['path']} | {c['batch']} | {c['status']}: {c['reason']} | | | | | |")
             continue
+        versus = ratio(report, c["path"], "hf_generate", c["batch"])
         lines.append(
             f"| {c['path']} | {c['batch']} | {_fmt(c['tokens_per_second'])} | {_fmt(c['ms_per_decode_step'])} | "
-            f"{_fmt(c['pct_of_weight_bandwidth_bound'])} | {_fmt(ratio(report, c['path'], 'hf_generate', c['batch']))} | "
+            f"{_fmt(c['pct_of_weight_bandwidth_bound'])} | {_fmt(versus)} | "
             f"{_fmt(c['peak_reserved_gib'])} | {_fmt(c['first_call_seconds'])} |"
         )
     lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]

@@ -13,34 +13,74 @@ column advance inside the step. A step attends over the first ``span`` slots onl
 multiple of ``SPAN_QUANTUM``), so graphs are captured per span and the cache read grows with the
 sequence instead of costing ``capacity`` from the first step.
 
-The maths is the transformers Llama/Qwen3 forward (RMSNorm in float32, RoPE table cast to the
-compute dtype, attention softmax in float32, ``head_dim ** -0.5`` scaling, SiLU MLP).
+The maths is the transformers Llama/Qwen3 forward (RMSNorm with float32 statistics, RoPE table
+cast to the compute dtype, attention softmax with float32 accumulation, ``head_dim ** -0.5``
+scaling, SiLU MLP), arranged for few kernels: one fused ``rms_norm`` per norm, one norm and one
+RoPE pass over q and k together, and the attention scale folded into the weights. With
+``compile_glue`` the element-wise glue around the GEMMs of a decode step (norm, q/k norm, RoPE,
+residuals, SiLU gate) is ``torch.compile``'d into a few fused kernels (compiled once per workspace
+shape, then captured in the CUDA graph like any other kernel).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from miniverl.rollout.sampling import inverse_cdf_draw, sampling_logprobs
+from miniverl.rollout.sampling import blocked_inverse_cdf_draw, sampling_logprobs
 from miniverl.rollout.streams import counter_uniforms
 from miniverl.rollout.weights import RolloutWeights
 
 SPAN_QUANTUM = 64
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+def pre_attention(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    qk_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm, the stacked q/k/v projection, per-head q/k norm and RoPE: ``q, k, v`` ``[B, h, S, d]``.
+
+    RoPE as ``x * cos + roll(x, d/2) * sin_signed`` with ``sin_signed = (-sin, sin)`` halves, which
+    equals ``x * cos + rotate_half(x) * sin``. q comes out pre-scaled by ``d ** -0.5`` (folded weights).
+    """
+    batch, seq, _ = x.shape
+    head_dim = cos.shape[-1]
+    h = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    mixed = F.linear(h, qkv, qkv_bias).view(batch, seq, heads + 2 * kv_heads, head_dim)
+    qk, v = mixed.split([heads + kv_heads, kv_heads], dim=2)
+    if qk_norm is not None:
+        qk = F.rms_norm(qk, (head_dim,), None, eps) * qk_norm
+    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
+    q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+    return q, k, v.transpose(1, 2)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def post_attention(
+    x: torch.Tensor,
+    attn: torch.Tensor,
+    o: torch.Tensor,
+    o_bias: torch.Tensor | None,
+    norm: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """Output projection + residual, RMSNorm, SiLU-gated MLP + residual."""
+    x = x + F.linear(attn, o, o_bias)
+    h = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
 
 
 class SamplingSpec:
@@ -61,13 +101,20 @@ def sample_tokens(
     if spec.temperature == 0.0:
         return torch.argmax(logits, dim=-1), torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
     logprobs = sampling_logprobs(logits, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
-    chosen = inverse_cdf_draw(logprobs, counter_uniforms(seeds, counter))
+    chosen = blocked_inverse_cdf_draw(logprobs, counter_uniforms(seeds, counter))
     return chosen, logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
 
 
 class DecodeWorkspace:
     def __init__(
-        self, weights: RolloutWeights, *, batch: int, capacity: int, max_new_tokens: int, device: torch.device
+        self,
+        weights: RolloutWeights,
+        *,
+        batch: int,
+        capacity: int,
+        max_new_tokens: int,
+        device: torch.device,
+        compile_glue: bool = False,
     ) -> None:
         shape = weights.shape
         self.weights, self.batch, self.device = weights, batch, device
@@ -81,8 +128,12 @@ class DecodeWorkspace:
         freqs = torch.outer(positions, weights.inv_freq.to(device))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * shape.attention_scaling).to(dtype)
-        self.sin = (emb.sin() * shape.attention_scaling).to(dtype)
-        self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=torch.float32, device=device)
+        half = shape.head_dim // 2
+        signed = torch.cat((-emb[:, :half], emb[:, half:]), dim=-1)  # rotate_half's sign, for the roll form
+        self.sin = (signed.sin() * shape.attention_scaling).to(dtype)
+        self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=dtype, device=device)
+        self.compile_glue = compile_glue
+        self._glue: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
@@ -94,52 +145,56 @@ class DecodeWorkspace:
         self.out_logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_key: tuple[float, float, int, tuple[int, ...]] | None = None
-        self._pool: object | None = None
+        self._pool: Any = None
 
     # -- the model ----------------------------------------------------------------------------
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, span: int, bias: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        span: int,
+        bias: torch.Tensor,
+        *,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """Logits of the last input position ``[B, V]``; writes K/V of ``ids`` ``[B, S]`` at ``slots`` ``[S]``.
 
-        ``bias`` ``[B, S, span]`` is added to the attention scores over cache slots ``0 .. span-1``.
+        ``bias`` ``[B, S, span]`` (compute dtype) is added to the attention scores over slots ``0 .. span-1``.
+        ``compiled`` uses the torch.compile'd glue (decode steps only: one shape per workspace).
         """
         w, shape = self.weights, self.weights.shape
         batch, seq = ids.shape
         heads, kv, hd = shape.heads, shape.kv_heads, shape.head_dim
         group = heads // kv
-        scale = hd**-0.5
-        cos = self.cos[positions].unsqueeze(1)  # [B, 1, S, D]
-        sin = self.sin[positions].unsqueeze(1)
+        pre, post = self._compiled_glue() if compiled else (pre_attention, post_attention)
+        cos = self.cos[positions].unsqueeze(2)  # [B, S, 1, D]
+        sin = self.sin[positions].unsqueeze(2)
         bias = bias.view(batch, 1, 1, seq, span)
         x = F.embedding(ids, w.embed)
         for index, layer in enumerate(w.layers):
-            h = _rms(x, layer.input_norm, shape.eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(batch, seq, heads + 2 * kv, hd).transpose(1, 2)
-            q, k, v = qkv.split([heads, kv, kv], dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = _rms(q, layer.q_norm, shape.eps), _rms(k, layer.k_norm, shape.eps)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k, v = pre(x, layer.input_norm, layer.qkv, layer.qkv_bias, layer.qk_norm, cos, sin, shape.eps, heads, kv)
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
             k_cache.index_copy_(2, slots, k)
-            v_cache.index_copy_(2, slots, v.contiguous())
-            keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
-            q = q.reshape(batch, kv, group * seq, hd)
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
-            probs = torch.softmax(scores.view(batch, kv, group, seq, span) + bias, dim=-1).to(x.dtype)
-            attn = torch.matmul(probs.view(batch, kv, group * seq, span), values)
+            v_cache.index_copy_(2, slots, v)
+            scores = torch.matmul(q.reshape(batch, kv, group * seq, hd), k_cache[:, :, :span].transpose(-1, -2))
+            probs = torch.softmax(scores.view(batch, kv, group, seq, span) + bias, dim=-1)
+            attn = torch.matmul(probs.view(batch, kv, group * seq, span), v_cache[:, :, :span])
             attn = attn.view(batch, heads, seq, hd).transpose(1, 2).reshape(batch, seq, heads * hd)
-            x = x + F.linear(attn, layer.o, layer.o_bias)
-            h = _rms(x, layer.post_norm, shape.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        last = _rms(x[:, -1], w.final_norm, shape.eps)
+            x = post(x, attn, layer.o, layer.o_bias, layer.post_norm, layer.gate_up, layer.down, shape.eps)
+        last = F.rms_norm(x[:, -1], (shape.hidden,), w.final_norm, shape.eps)
         return F.linear(last, w.lm_head)
 
+    def _compiled_glue(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        if self._glue is None:
+            self._glue = (
+                torch.compile(pre_attention, fullgraph=True, dynamic=False),
+                torch.compile(post_attention, fullgraph=True, dynamic=False),
+            )
+        return self._glue
+
     # -- one batch ----------------------------------------------------------------------------
-    def prefill(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec
-    ) -> None:
+    def prefill(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec) -> None:
         """One forward over the left-padded prompts, then the first token of every row (column 0).
 
         Rows past ``len(prompts)`` (bucket filler) get a one-token prompt and start finished.
@@ -157,7 +212,7 @@ class DecodeWorkspace:
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
         visible = (causal.unsqueeze(0) & mask.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=device)
-        prefill_bias = torch.zeros((batch, width, width), dtype=torch.float32, device=device)
+        prefill_bias = torch.zeros((batch, width, width), dtype=self.bias.dtype, device=device)
         prefill_bias.masked_fill_(~visible, float("-inf"))
         logits = self.forward(ids, positions, torch.arange(width, device=device), width, prefill_bias)
 
@@ -184,7 +239,9 @@ class DecodeWorkspace:
         """One decode step on the workspace state (capturable: device tensors only, no host sync)."""
         self.bias.index_fill_(1, self.slot, 0.0)
         bias = self.bias[:, :span].unsqueeze(1)
-        logits = self.forward(self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias)
+        logits = self.forward(
+            self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias, compiled=self.compile_glue
+        )
         chosen, logprob = sample_tokens(logits, self.seeds, self.column, spec)
         self.out_tokens.index_copy_(1, self.column, chosen.unsqueeze(1))
         self.out_logprobs.index_copy_(1, self.column, logprob.unsqueeze(1))

@@ -58,9 +58,17 @@ def _param_versions(model: Any) -> int:
 class FastRolloutEngine:
     """Holds the folded policy copy and the decode workspace of one model (see the module docstring)."""
 
-    def __init__(self, *, device: torch.device, dtype: torch.dtype, use_graphs: bool | None = None) -> None:
-        self.device, self.dtype = device, dtype
-        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        use_graphs: bool | None = None,
+        compile_glue: bool = False,
+    ) -> None:
+        self.device, self.dtype = _normalized(device), dtype
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.compile_glue = compile_glue
         self.weights: RolloutWeights | None = None
         self.workspace: DecodeWorkspace | None = None
         self._fold_key: tuple[int, int] | None = None
@@ -84,7 +92,12 @@ class FastRolloutEngine:
         if ws is None or ws.batch != batch or ws.capacity < capacity or ws.max_new_tokens != max_new_tokens:
             self.workspace = None
             ws = DecodeWorkspace(
-                self.weights, batch=batch, capacity=capacity, max_new_tokens=max_new_tokens, device=self.device
+                self.weights,
+                batch=batch,
+                capacity=capacity,
+                max_new_tokens=max_new_tokens,
+                device=self.device,
+                compile_glue=self.compile_glue,
             )
             self.workspace = ws
         return ws
@@ -152,6 +165,14 @@ class FastRolloutEngine:
         return results
 
 
+def _normalized(device: torch.device) -> torch.device:
+    """``cuda`` and ``cuda:<current>`` are one device (one cached engine)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 _ENGINES: weakref.WeakKeyDictionary[Any, FastRolloutEngine] = weakref.WeakKeyDictionary()
 
 
@@ -161,11 +182,13 @@ def default_rollout_dtype(model: Any, device: torch.device) -> torch.dtype:
         return torch.bfloat16
     from miniverl.rollout.weights import inner_model
 
-    return inner_model(model).get_input_embeddings().weight.dtype  # type: ignore[no-any-return]
+    dtype: torch.dtype = inner_model(model).get_input_embeddings().weight.dtype
+    return dtype
 
 
 def engine_for(model: Any, device: torch.device, dtype: torch.dtype | None = None) -> FastRolloutEngine:
     """The engine cached for ``model`` (one per model object, kept while the model lives)."""
+    device = _normalized(device)
     wanted = dtype or default_rollout_dtype(model, device)
     engine = _ENGINES.get(model)
     if engine is None or engine.device != device or engine.dtype != wanted:

@@ -4,6 +4,9 @@ For each linear layer ``W_eff = dequant(W_base) + sum over active adapters of sc
 (PEFT's ``get_delta_weight``), computed in float32 and cast once to the rollout dtype. q/k/v are
 stacked into one ``[(H_q + 2 H_kv) * d, hidden]`` matrix and gate/up into one ``[2 I, hidden]``
 matrix, so a decode step runs four GEMMs per layer on base-size weights and no adapter kernels.
+The attention scale ``d ** -0.5`` is folded into the queries once: into the q half of the
+stacked per-head norm weight ``qk_norm`` ``[H_q + H_kv, d]`` (Qwen3), else into the q rows of
+``qkv`` and its bias.
 
 :func:`fold_policy` allocates the copy; called again with the previous copy it writes the new
 values into the same tensors (``copy_``), so CUDA graphs captured on them stay valid across policy
@@ -41,8 +44,7 @@ class LayerWeights:
     input_norm: torch.Tensor
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim], q rows times head_dim ** -0.5
     o: torch.Tensor
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
@@ -85,8 +87,9 @@ def unsupported_reason(model: Any) -> str | None:
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED_TYPES:
         return f"model_type {kind!r} is not one of {', '.join(SUPPORTED_TYPES)}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"hidden_act {act!r} is not silu"
     if getattr(config, "mlp_bias", False):
         return "mlp_bias is not supported"
     if getattr(config, "use_sliding_window", False):
@@ -178,7 +181,7 @@ def fold_policy(
     )
     if into is not None and into.tied != tied:
         into = None  # the layout changed: allocate afresh (captured graphs must be rebuilt)
-    old_layers = into.layers if into is not None else [None] * shape.layers
+    old_layers: list[LayerWeights | None] = list(into.layers) if into is not None else [None] * shape.layers
     embed = _put(into.embed if into else None, effective_weight(embed_module), device, dtype)
     layers: list[LayerWeights] = []
     for decoder_layer, old in zip(body.layers, old_layers, strict=True):
@@ -189,22 +192,34 @@ def fold_policy(
             [b if b is not None else torch.zeros(w) for b, w in zip(biases, _split_sizes(shape), strict=True)]
         )  # fmt: skip
         gate_up = torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)])
-        q_norm = getattr(attn, "q_norm", None)
-        k_norm = getattr(attn, "k_norm", None)
+        scale = shape.head_dim**-0.5
+        q_rows = shape.heads * shape.head_dim
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        qk_norm = None
+        if shape.qk_norm and q_norm is not None and k_norm is not None:
+            qk_norm = torch.cat(
+                [
+                    (q_norm.weight.float() * scale).expand(shape.heads, -1),
+                    k_norm.weight.float().expand(shape.kv_heads, -1),
+                ]
+            )
+        else:
+            qkv[:q_rows] *= scale
+            if qkv_bias is not None:
+                qkv_bias[:q_rows] *= scale
         layers.append(
             LayerWeights(
-                input_norm=_put(old and old.input_norm, decoder_layer.input_layernorm.weight.float(), device, dtype),
-                qkv=_put(old and old.qkv, qkv, device, dtype),
-                qkv_bias=_put(old and old.qkv_bias, qkv_bias, device, dtype),
-                q_norm=_put(old and old.q_norm, None if q_norm is None else q_norm.weight.float(), device, dtype),
-                k_norm=_put(old and old.k_norm, None if k_norm is None else k_norm.weight.float(), device, dtype),
-                o=_put(old and old.o, effective_weight(attn.o_proj), device, dtype),
-                o_bias=_put(old and old.o_bias, _bias(attn.o_proj), device, dtype),
+                input_norm=_put(_field(old, "input_norm"), decoder_layer.input_layernorm.weight.float(), device, dtype),
+                qkv=_put(_field(old, "qkv"), qkv, device, dtype),
+                qkv_bias=_put(_field(old, "qkv_bias"), qkv_bias, device, dtype),
+                qk_norm=_put(_field(old, "qk_norm"), qk_norm, device, dtype),
+                o=_put(_field(old, "o"), effective_weight(attn.o_proj), device, dtype),
+                o_bias=_put(_field(old, "o_bias"), _bias(attn.o_proj), device, dtype),
                 post_norm=_put(
-                    old and old.post_norm, decoder_layer.post_attention_layernorm.weight.float(), device, dtype
+                    _field(old, "post_norm"), decoder_layer.post_attention_layernorm.weight.float(), device, dtype
                 ),
-                gate_up=_put(old and old.gate_up, gate_up, device, dtype),
-                down=_put(old and old.down, effective_weight(mlp.down_proj), device, dtype),
+                gate_up=_put(_field(old, "gate_up"), gate_up, device, dtype),
+                down=_put(_field(old, "down"), effective_weight(mlp.down_proj), device, dtype),
             )
         )
     final_norm = _put(into.final_norm if into else None, body.norm.weight.float(), device, dtype)
@@ -214,6 +229,10 @@ def fold_policy(
         lm_head = _put(into.lm_head if into and not into.tied else None, effective_weight(head_module), device, dtype)
     inv_freq = body.rotary_emb.inv_freq.detach().float().to(device)
     return RolloutWeights(shape, embed, layers, final_norm, lm_head, inv_freq, tied=tied)
+
+
+def _field(old: LayerWeights | None, name: str) -> torch.Tensor | None:
+    return None if old is None else getattr(old, name)
 
 
 def _split_sizes(shape: DecoderShape) -> list[int]:

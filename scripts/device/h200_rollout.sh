@@ -11,6 +11,6 @@ python3 -c "import torch, transformers; print(torch.__version__, transformers.__
 timeout 330 python3 -m miniverl.bench.rollout --model qwen3-0.6b-shape --device cuda --batches 16,64 \
   --new-tokens 256 --out "$OUT/bench" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?"; tail -25 "$OUT/bench.log"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -s tests/integration/test_rollout_cuda.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/integration/test_rollout_cuda.py \
   tests/unit/test_rollout_fast.py tests/unit/test_rollout_hf.py > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|error|diff" "$OUT/pytest.log" | tail -8

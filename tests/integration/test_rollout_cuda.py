@@ -24,7 +24,9 @@ def _actor(seed: int = 0) -> tuple[Any, Any]:
     peft = pytest.importorskip("peft")
     tok = make_tiny_tokenizer()
     base = make_tiny_qwen3(tok, seed=seed, initializer_range=0.2)
-    actor = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    actor = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in actor.named_parameters():
@@ -40,14 +42,16 @@ def test_counter_uniforms_on_cuda_equal_the_reference() -> None:
         assert got == [uniform_reference(int(s), n) for s in seeds]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graph_replay_equals_the_eager_step(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "compile_glue"), [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)]
+)
+def test_graph_replay_equals_the_eager_step(dtype: torch.dtype, compile_glue: bool) -> None:
     actor, _ = _actor()
     rows = [EngineRow([5, 6, 7, 8, 9][: 2 + i % 4], 100 + i) for i in range(6)]
     spec = SamplingSpec(0.9, 0.95, 40, (2,))
     results = []
     for graphs in (True, False):
-        engine = FastRolloutEngine(device=CUDA, dtype=dtype, use_graphs=graphs)
+        engine = FastRolloutEngine(device=CUDA, dtype=dtype, use_graphs=graphs, compile_glue=graphs and compile_glue)
         engine.sync_policy(actor, 0)
         results.append(engine.generate(rows, batch_size=4, max_new_tokens=70, spec=spec, pad_id=0, check_every=4))
         if graphs:
@@ -55,7 +59,7 @@ def test_graph_replay_equals_the_eager_step(dtype: torch.dtype) -> None:
     graphed, eager = results
     for (tg, lg, fg), (te, le, fe) in zip(graphed, eager, strict=True):
         assert tg == te and fg == fe
-        assert lg == pytest.approx(le, abs=1e-5)
+        assert lg == pytest.approx(le, abs=1e-4 if compile_glue else 1e-5)
 
 
 def _teacher_forced_logprobs(model: Any, t: Trajectory) -> torch.Tensor:

@@ -68,7 +68,7 @@ def test_counter_uniforms_are_splitmix64() -> None:
         got = counter_uniforms(seeds, torch.tensor([n])).tolist()
         assert got == [uniform_reference(int(s), n) for s in seeds]
     many = counter_uniforms(torch.arange(4096), torch.tensor([0]))
-    assert 0.0 <= float(many.min()) and float(many.max()) < 1.0
+    assert float(many.min()) >= 0.0 and float(many.max()) < 1.0
     assert abs(float(many.mean()) - 0.5) < 0.02
 
 
@@ -114,8 +114,9 @@ def test_draws_are_the_counter_stream_and_independent_of_batch_composition(tok: 
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([list(t.prompt_token_ids)])).logits[0, -1:]
         u = torch.tensor([uniform_reference(t.seed, 0)], dtype=torch.float64)
-        assert int(inverse_cdf_draw(sampling_logprobs(logits, temperature=1.0, top_p=1.0, top_k=0), u)) == (
-            t.response_token_ids[0]
+        assert (
+            int(inverse_cdf_draw(sampling_logprobs(logits, temperature=1.0, top_p=1.0, top_k=0), u))
+            == (t.response_token_ids[0])
         )
 
 
