@@ -21,7 +21,8 @@ includes the fast engine's graph capture and cuDNN/SDPA plan building), then the
 ``new_tokens`` (the prefill of the short prompts is included). The weight-bandwidth bound of a
 step is the rollout copy's distinct weight bytes over the measured device-to-device copy
 bandwidth (read + write bytes over time); ``pct_of_weight_bandwidth_bound`` is bound / measured.
-Peak reserved is ``torch.cuda.max_memory_reserved`` over the timed calls (the model included).
+Peak reserved is ``torch.cuda.max_memory_reserved`` over the timed calls; each cell starts from an
+emptied cache with only the model resident and builds its own engine (fold, workspace, graphs).
 """
 
 from __future__ import annotations
@@ -208,29 +209,27 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
     model = build_model(opts.model, device, dtype, opts.seed)
     vocab = int(model.config.vocab_size)
     bandwidth = copy_bandwidth(device)
-    engines = {
-        "fast": FastRolloutEngine(device=device, dtype=dtype),
-        "fast_eager": FastRolloutEngine(device=device, dtype=dtype, use_graphs=False),
-    }
-    if device.type == "cuda":  # inductor on CPU needs a C++ toolchain; the glue is only worth fusing on CUDA
-        engines["fast_compiled"] = FastRolloutEngine(device=device, dtype=dtype, compile_glue=True)
     fold_start = time.perf_counter()
-    engines["fast"].sync_policy(model, 0)
+    probe = FastRolloutEngine(device=device, dtype=dtype)
+    probe.sync_policy(model, 0)
     _sync(device)
     fold_seconds = time.perf_counter() - fold_start
-    for name, engine in engines.items():
-        if name != "fast":
-            engine.sync_policy(model, 0)
-    assert engines["fast"].weights is not None
-    weight_bytes = engines["fast"].weights.nbytes()
+    assert probe.weights is not None
+    weight_bytes = probe.weights.nbytes()
+    del probe
     bound_ms = weight_bytes / bandwidth * 1e3
+    engine_kwargs: dict[str, dict[str, Any]] = {
+        "fast": {},
+        "fast_eager": {"use_graphs": False},
+        "fast_compiled": {"compile_glue": True},
+    }
     cells: list[dict[str, Any]] = []
     profiler = None
     for batch in opts.batches:
         prompts = _prompts(batch, opts.prompt_tokens, vocab, opts.seed + batch)
         for path in opts.paths:
             cell: dict[str, Any] = {"path": path, "batch": batch, "new_tokens": opts.new_tokens}
-            if path == "fast_compiled" and path not in engines:
+            if path == "fast_compiled" and device.type != "cuda":
                 cell.update(status="not_run", reason="compiled glue is measured on CUDA only")
                 cells.append(cell)
                 continue
@@ -243,6 +242,11 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
                     cell.update(status="not_run", reason="trl is importable but its rollout is not wired in")
                 cells.append(cell)
                 continue
+            _release(device)  # each cell starts from an empty cache: peak reserved is its own
+            engines: dict[str, FastRolloutEngine] = {}
+            if path in engine_kwargs:  # a fresh engine per cell: its fold, workspace and graphs only
+                engines[path] = FastRolloutEngine(device=device, dtype=dtype, **engine_kwargs[path])
+                engines[path].sync_policy(model, 0)
             run = _runners(path, model, prompts, opts, device, engines)
             repeats = opts.repeats if path == "fast" else opts.slow_repeats
             try:
@@ -256,12 +260,13 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             cell["tokens_per_second"] = batch * opts.new_tokens / cell["median_seconds"]
             cell["ms_per_decode_step"] = ms
             cell["pct_of_weight_bandwidth_bound"] = 100.0 * bound_ms / ms
+            if path in engines:
+                cell["engine_stats"] = asdict(engines[path].stats)
             cells.append(cell)
             _checkpoint(Path(out), cells)
             if opts.profile and path == "fast" and batch == max(opts.batches):
                 profiler = _profile_fast(run, device)
-        for engine in engines.values():
-            engine.workspace = None  # the next batch bucket gets its own workspace (and graphs)
+            del run, engines
     report: dict[str, Any] = {
         "format": FORMAT,
         "options": asdict(opts),
@@ -276,12 +281,19 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "rollout_weight_bytes": weight_bytes,
         "weight_bandwidth_bound_ms_per_step": bound_ms,
         "fold_seconds": fold_seconds,
-        "engine_stats": asdict(engines["fast"].stats),
         "cells": cells,
         "seconds": time.perf_counter() - started,
     }
     report["goals"] = evaluate_rollout_goals(report)
     return _write(report, profiler, Path(out))
+
+
+def _release(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _checkpoint(out_dir: Path, cells: list[dict[str, Any]]) -> None:

@@ -186,13 +186,15 @@ def default_rollout_dtype(model: Any, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def engine_for(model: Any, device: torch.device, dtype: torch.dtype | None = None) -> FastRolloutEngine:
+def engine_for(
+    model: Any, device: torch.device, dtype: torch.dtype | None = None, *, compile_glue: bool = False
+) -> FastRolloutEngine:
     """The engine cached for ``model`` (one per model object, kept while the model lives)."""
     device = _normalized(device)
     wanted = dtype or default_rollout_dtype(model, device)
     engine = _ENGINES.get(model)
-    if engine is None or engine.device != device or engine.dtype != wanted:
-        engine = FastRolloutEngine(device=device, dtype=wanted)
+    if engine is None or (engine.device, engine.dtype, engine.compile_glue) != (device, wanted, compile_glue):
+        engine = FastRolloutEngine(device=device, dtype=wanted, compile_glue=compile_glue)
         _ENGINES[model] = engine
     return engine
 

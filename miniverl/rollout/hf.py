@@ -182,6 +182,7 @@ def generate_group(
     engine: Engine = "auto",
     rollout_dtype: torch.dtype | None = None,
     check_every: int = 8,
+    compile_glue: bool = False,
 ) -> list[Trajectory]:
     """Sample ``samples_per_prompt`` responses for each prompt; returned in (prompt, sample) order.
 
@@ -196,7 +197,9 @@ def generate_group(
     transformers decode loop below (one ``torch.Generator`` per sample); ``"auto"`` the fast engine
     when it supports the model, else ``"hf"``. Both sample the same distribution but draw different
     uniforms. ``rollout_dtype`` (fast engine) defaults to bf16 on CUDA and the model's dtype on CPU;
-    ``check_every`` is how many decode steps pass between two "all rows finished?" host checks.
+    ``check_every`` is how many decode steps pass between two "all rows finished?" host checks;
+    ``compile_glue`` (fast engine, CUDA) fuses the element-wise glue of a decode step with
+    ``torch.compile`` (about 1.2-1.3x faster decode on the H200, a one-off compile of seconds).
     """
     _check_args(samples_per_prompt, max_new_tokens, temperature, top_p, top_k, batch_size)
     ids_seen = [p.prompt_id for p in prompts]
@@ -234,7 +237,7 @@ def generate_group(
             from miniverl.rollout.decoder import SamplingSpec
             from miniverl.rollout.engine import EngineRow, engine_for
 
-            fast = engine_for(model, target, rollout_dtype)
+            fast = engine_for(model, target, rollout_dtype, compile_glue=compile_glue)
             fast.sync_policy(model, policy_version)
             decoded = fast.generate(
                 [EngineRow(r.prompt_ids, r.seed) for r in rows],
