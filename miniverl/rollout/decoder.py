@@ -83,6 +83,22 @@ def post_attention(
     return x + F.linear(F.silu(gate) * up, down)
 
 
+_COMPILED: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+
+
+def compiled_glue() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``torch.compile``'d :func:`pre_attention` / :func:`post_attention`, made once per process
+    (static shapes: one compile per batch bucket, shared by every layer and workspace)."""
+    if not _COMPILED:
+        _COMPILED.append(
+            (
+                torch.compile(pre_attention, fullgraph=True, dynamic=False),
+                torch.compile(post_attention, fullgraph=True, dynamic=False),
+            )
+        )
+    return _COMPILED[0]
+
+
 class SamplingSpec:
     """Temperature / top-p / top-k and the EOS ids, fixed for a captured graph."""
 
@@ -133,7 +149,6 @@ class DecodeWorkspace:
         self.sin = (signed.sin() * shape.attention_scaling).to(dtype)
         self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=dtype, device=device)
         self.compile_glue = compile_glue
-        self._glue: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
@@ -186,12 +201,7 @@ class DecodeWorkspace:
         return F.linear(last, w.lm_head)
 
     def _compiled_glue(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        if self._glue is None:
-            self._glue = (
-                torch.compile(pre_attention, fullgraph=True, dynamic=False),
-                torch.compile(post_attention, fullgraph=True, dynamic=False),
-            )
-        return self._glue
+        return compiled_glue()
 
     # -- one batch ----------------------------------------------------------------------------
     def prefill(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec) -> None:

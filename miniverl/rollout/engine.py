@@ -50,9 +50,17 @@ class EngineStats:
     host_syncs: int = 0
 
 
-def _param_versions(model: Any) -> int:
-    """Sum of the parameters' in-place version counters: changes whenever an optimizer steps."""
-    return sum(int(p._version) for p in model.parameters())
+def _policy_state(model: Any) -> tuple[int, tuple[Any, ...]]:
+    """What decides the folded weights besides the policy version: the parameters' in-place version
+    counters (an optimizer step bumps them) and the LoRA layers' active/disabled/merged adapter state
+    (a role switch changes it without touching any parameter)."""
+    versions = sum(int(p._version) for p in model.parameters())
+    adapters = {
+        (tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
+        for m in model.modules()
+        if hasattr(m, "lora_A") and hasattr(m, "base_layer")
+    }
+    return versions, tuple(sorted(adapters))
 
 
 class FastRolloutEngine:
@@ -71,12 +79,12 @@ class FastRolloutEngine:
         self.compile_glue = compile_glue
         self.weights: RolloutWeights | None = None
         self.workspace: DecodeWorkspace | None = None
-        self._fold_key: tuple[int, int] | None = None
+        self._fold_key: tuple[Any, ...] | None = None
         self.stats = EngineStats()
 
     def sync_policy(self, model: Any, policy_version: int) -> None:
         """Fold ``model`` into the rollout copy unless this (version, parameter state) is already there."""
-        key = (policy_version, _param_versions(model))
+        key = (policy_version, _policy_state(model))
         if self.weights is not None and key == self._fold_key:
             return
         old = self.weights

@@ -161,3 +161,19 @@ def test_engine_choice(tok: Any) -> None:
     assert len(_gen(model, tok, engine="auto", max_new_tokens=2)) == 6
     with pytest.raises(UsageError, match="hidden_act"):
         _gen(model, tok, engine="fast", max_new_tokens=2)
+
+
+def test_switching_the_active_adapter_refolds(tok: Any) -> None:
+    actor = _lora_actor(make_tiny_llama(tok, seed=4, initializer_range=0.2), seed=6)
+    peft = pytest.importorskip("peft")
+    actor.add_adapter("other", peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, param in actor.named_parameters():
+            if "lora_B.other" in name:
+                param.normal_(0.0, 0.3)
+    first = _gen(actor, tok, engine="fast", temperature=0.0)
+    actor.set_adapter("other")  # same policy version, no parameter written: only the adapter state changed
+    switched = _gen(actor, tok, engine="fast", temperature=0.0)
+    expected = _gen(actor, tok, engine="hf", temperature=0.0)
+    assert [t.response_token_ids for t in switched] == [t.response_token_ids for t in expected]
+    assert [t.response_token_ids for t in switched] != [t.response_token_ids for t in first]
