@@ -1,4 +1,8 @@
-"""The HF generation backend: batched sampling with a hand-written KV-cache decode loop.
+"""Rollout entry point :func:`generate_group`, and the HF generation backend (a hand-written decode loop).
+
+``generate_group`` runs the fast engine (:mod:`miniverl.rollout.engine`) whenever it supports the
+model (``engine="auto"``) and this loop otherwise (or with ``engine="hf"``). The rest of this
+docstring describes the loop.
 
 Why not ``model.generate``: the loop below is short, gives each sample its own random stream
 (so a sample does not depend on what else is in its batch), and records the log-prob of each
