@@ -218,6 +218,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from miniverl.bench.cli import run_rollout_bench_command
+
+    report = run_rollout_bench_command(args)
+    _emit(args, report, report["message"])
+    return 0
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     from miniverl.schemas import write_schemas
 
@@ -312,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_bench = bench.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
     runtime_bench.set_defaults(handler=cmd_bench)
+    from miniverl.bench.rollout_args import add_rollout_arguments
+
+    rollout_bench = bench_sub.add_parser("rollout", help="decode throughput: fast engine vs HF loop vs generate")
+    add_rollout_arguments(rollout_bench)
+    rollout_bench.add_argument("--json", action="store_true")
+    rollout_bench.set_defaults(handler=cmd_bench_rollout)
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")
     schemas.add_argument("--out", default="manifests/miniverl", metavar="DIR", help="target directory")

@@ -1,4 +1,4 @@
-"""``miniverl bench runtime``: argument adapter between the CLI and :mod:`miniverl.bench.runtime`."""
+"""``miniverl bench runtime|rollout``: argument adapters between the CLI and the benchmark modules."""
 
 from __future__ import annotations
 
@@ -18,4 +18,13 @@ def run_bench_command(args: argparse.Namespace) -> dict[str, Any]:
     report["message"] = (
         render_markdown(report) + f"\nwrote bench.json, bench.md, pareto.svg, profiler.json to {args.out}"
     )
+    return report
+
+
+def run_rollout_bench_command(args: argparse.Namespace) -> dict[str, Any]:
+    from miniverl.bench.rollout import options_from_args, run_rollout_bench
+    from miniverl.bench.rollout_render import render_rollout_markdown
+
+    report = run_rollout_bench(options_from_args(args), args.out)
+    report["message"] = render_rollout_markdown(report) + f"\nwrote rollout.json, rollout.md, rollout.svg to {args.out}"
     return report

@@ -136,7 +136,7 @@ def profile_update(runtime: RoleRuntime, run: Any, device: torch.device, top: in
 def _is_matmul(name: str) -> bool:
     lowered = name.lower()
     return lowered in ("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear") or any(
-        k in lowered for k in ("gemm", "cutlass", "sm90_xmma", "ampere_sgemm", "cublas")
+        k in lowered for k in ("gemm", "cutlass", "sm90_xmma", "ampere_sgemm", "cublas", "nvjet")
     )
 
 

@@ -108,7 +108,7 @@ class ModelsSection(Strict):
     runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    attn_implementation: Literal["eager", "sdpa"] = "sdpa"  # the equivalence gate pins eager
     student: ModelSpec
     teacher: ModelSpec | None = None
     reference: ModelSpec | None = None

@@ -1,4 +1,8 @@
-"""The HF generation backend: batched sampling with a hand-written KV-cache decode loop.
+"""Rollout entry point :func:`generate_group`, and the HF generation backend (a hand-written decode loop).
+
+``generate_group`` runs the fast engine (:mod:`miniverl.rollout.engine`) whenever it supports the
+model (``engine="auto"``) and this loop otherwise (or with ``engine="hf"``). The rest of this
+docstring describes the loop.
 
 Why not ``model.generate``: the loop below is short, gives each sample its own random stream
 (so a sample does not depend on what else is in its batch), and records the log-prob of each
@@ -31,6 +35,7 @@ from miniverl.errors import UsageError
 from miniverl.rollout.sampling import derive_sample_seed, inverse_cdf_draw, sampling_logprobs
 
 FinishReason = Literal["eos", "length"]
+Engine = Literal["auto", "fast", "hf"]
 
 
 class PromptLike(Protocol):
@@ -178,6 +183,10 @@ def generate_group(
     device: str | torch.device | None = None,
     use_chat_template: bool = True,
     eos_token_ids: Sequence[int] | None = None,
+    engine: Engine = "auto",
+    rollout_dtype: torch.dtype | None = None,
+    check_every: int = 8,
+    compile_glue: bool = False,
 ) -> list[Trajectory]:
     """Sample ``samples_per_prompt`` responses for each prompt; returned in (prompt, sample) order.
 
@@ -186,6 +195,15 @@ def generate_group(
     the same whatever else shares its batch of ``batch_size`` rows. ``eos_token_ids`` overrides
     :func:`resolve_eos_ids`. The model is put in eval mode under ``torch.no_grad()`` and its
     previous training mode is restored afterwards. ``device`` defaults to the model's device.
+
+    ``engine``: ``"fast"`` is :mod:`miniverl.rollout.engine` (folded policy copy, static cache,
+    CUDA graphs on CUDA, counter-based uniforms ``uniform(seed, n)`` per sample); ``"hf"`` the
+    transformers decode loop below (one ``torch.Generator`` per sample); ``"auto"`` the fast engine
+    when it supports the model, else ``"hf"``. Both sample the same distribution but draw different
+    uniforms. ``rollout_dtype`` (fast engine) defaults to bf16 on CUDA and the model's dtype on CPU;
+    ``check_every`` is how many decode steps pass between two "all rows finished?" host checks;
+    ``compile_glue`` (fast engine, CUDA) fuses the element-wise glue of a decode step with
+    ``torch.compile`` (about 1.2-1.3x faster decode on the H200, a one-off compile of seconds).
     """
     _check_args(samples_per_prompt, max_new_tokens, temperature, top_p, top_k, batch_size)
     ids_seen = [p.prompt_id for p in prompts]
@@ -204,30 +222,58 @@ def generate_group(
             sample_seed = derive_sample_seed(seed, policy_version, prompt.prompt_id, sample_index)
             rows.append(_Row(prompt.prompt_id, prompt.prompt, sample_index, sample_seed, prompt_ids))
 
+    if engine not in ("auto", "fast", "hf"):
+        raise UsageError(f"engine must be auto, fast or hf, got {engine!r}")
+    if check_every < 1:
+        raise UsageError(f"check_every must be >= 1, got {check_every}")
+    use_fast = False
+    if engine != "hf":
+        from miniverl.rollout.weights import unsupported_reason
+
+        reason = unsupported_reason(model)
+        if reason is not None and engine == "fast":
+            raise UsageError(f"the fast rollout engine cannot run this model: {reason}; use engine 'hf'")
+        use_fast = reason is None
+
     out: list[Trajectory] = []
     with _eval_mode(model):
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start : start + batch_size]
-            for row, (tokens, logprobs, finish) in zip(
-                batch,
-                _decode_batch(model, batch, eos_ids, pad_id, target, max_new_tokens, temperature, top_p, top_k),
-                strict=True,
-            ):
-                out.append(
-                    Trajectory(
-                        prompt_id=row.prompt_id,
-                        sample_index=row.sample_index,
-                        group_id=group_id_for(row.prompt_id, policy_version),
-                        policy_version=policy_version,
-                        seed=row.seed,
-                        prompt_token_ids=tuple(row.prompt_ids),
-                        response_token_ids=tuple(tokens),
-                        sampled_logprobs=tuple(logprobs),
-                        finish_reason=finish,
-                        prompt_text=row.prompt_text,
-                        response_text=tokenizer.decode(tokens, skip_special_tokens=True),
-                    )
+        if use_fast:
+            from miniverl.rollout.decoder import SamplingSpec
+            from miniverl.rollout.engine import EngineRow, engine_for
+
+            fast = engine_for(model, target, rollout_dtype, compile_glue=compile_glue)
+            fast.sync_policy(model, policy_version)
+            decoded = fast.generate(
+                [EngineRow(r.prompt_ids, r.seed) for r in rows],
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                spec=SamplingSpec(temperature, top_p, top_k, eos_ids),
+                pad_id=pad_id,
+                check_every=check_every,
+            )
+        else:
+            decoded = []
+            for start in range(0, len(rows), batch_size):
+                batch = rows[start : start + batch_size]
+                decoded += _decode_batch(
+                    model, batch, eos_ids, pad_id, target, max_new_tokens, temperature, top_p, top_k
                 )
+        for row, (tokens, logprobs, finish) in zip(rows, decoded, strict=True):
+            out.append(
+                Trajectory(
+                    prompt_id=row.prompt_id,
+                    sample_index=row.sample_index,
+                    group_id=group_id_for(row.prompt_id, policy_version),
+                    policy_version=policy_version,
+                    seed=row.seed,
+                    prompt_token_ids=tuple(row.prompt_ids),
+                    response_token_ids=tuple(tokens),
+                    sampled_logprobs=tuple(logprobs),
+                    finish_reason=finish,
+                    prompt_text=row.prompt_text,
+                    response_text=tokenizer.decode(tokens, skip_special_tokens=True),
+                )
+            )
     return out
 
 

@@ -1,0 +1,215 @@
+"""The fast rollout engine: a folded bf16 policy copy, a static KV cache and CUDA-graph decode steps.
+
+Per call (one policy version, a list of rows)::
+
+    fold the policy (LoRA delta into base weights) unless this policy version is already folded
+    for each chunk of ``batch_size`` rows (the last chunk is padded to the bucket with filler rows):
+        prefill all prompts in one forward; sample column 0
+        repeat: replay the captured decode step of the current attention span
+                (forward + on-device sampling + state update, no host sync)
+                every ``check_every`` steps read "all rows finished?" once and stop if so
+        copy tokens and log-probs to the host once; cut each row after its first EOS
+
+CUDA graphs: our own ``torch.cuda.CUDAGraph`` per (workspace, span), not
+``torch.compile(mode="reduce-overhead")``. The step is a fixed sequence of aten ops on static
+tensors, so plain capture removes the launch overhead without a compiler warm-up (tens of seconds
+per shape under inductor), without recompiles when the batch bucket or span changes, and without
+torch.compile's constraints on the policy copy, which is refilled in place (``copy_``) for every
+policy version so the graphs stay valid. On CPU the same step runs eagerly.
+
+Random streams: the token at response position ``n`` of a sample uses ``uniform(seed, n)``
+(:mod:`miniverl.rollout.streams`), so a sample is the same whatever shares its batch.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from miniverl.rollout.decoder import DecodeWorkspace, SamplingSpec
+from miniverl.rollout.weights import RolloutWeights, fold_policy, unsupported_reason
+
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    prompt_ids: Sequence[int]
+    seed: int
+
+
+@dataclass
+class EngineStats:
+    folds: int = 0
+    captures: int = 0
+    decode_steps: int = 0
+    host_syncs: int = 0
+
+
+def _policy_state(model: Any) -> tuple[int, tuple[Any, ...]]:
+    """What decides the folded weights besides the policy version: the parameters' in-place version
+    counters (an optimizer step bumps them) and the LoRA layers' active/disabled/merged adapter state
+    (a role switch changes it without touching any parameter)."""
+    versions = sum(int(p._version) for p in model.parameters())
+    adapters = {
+        (tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
+        for m in model.modules()
+        if hasattr(m, "lora_A") and hasattr(m, "base_layer")
+    }
+    return versions, tuple(sorted(adapters))
+
+
+class FastRolloutEngine:
+    """Holds the folded policy copy and the decode workspace of one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        use_graphs: bool | None = None,
+        compile_glue: bool = False,
+    ) -> None:
+        self.device, self.dtype = _normalized(device), dtype
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.compile_glue = compile_glue
+        self.weights: RolloutWeights | None = None
+        self.workspace: DecodeWorkspace | None = None
+        self._fold_key: tuple[Any, ...] | None = None
+        self.stats = EngineStats()
+
+    def sync_policy(self, model: Any, policy_version: int) -> None:
+        """Fold ``model`` into the rollout copy unless this (version, parameter state) is already there."""
+        key = (policy_version, _policy_state(model))
+        if self.weights is not None and key == self._fold_key:
+            return
+        old = self.weights
+        self.weights = fold_policy(model, device=self.device, dtype=self.dtype, into=old)
+        if old is None or self.weights.embed is not old.embed or self.weights.lm_head is not old.lm_head:
+            self.workspace = None  # new tensors: captured graphs would read the old ones
+        self._fold_key = key
+        self.stats.folds += 1
+
+    def _workspace(self, batch: int, capacity: int, max_new_tokens: int) -> DecodeWorkspace:
+        assert self.weights is not None
+        ws = self.workspace
+        if ws is None or ws.batch != batch or ws.capacity < capacity or ws.max_new_tokens != max_new_tokens:
+            self.workspace = None
+            ws = DecodeWorkspace(
+                self.weights,
+                batch=batch,
+                capacity=capacity,
+                max_new_tokens=max_new_tokens,
+                device=self.device,
+                compile_glue=self.compile_glue,
+            )
+            self.workspace = ws
+        return ws
+
+    @torch.no_grad()
+    def generate(
+        self,
+        rows: Sequence[EngineRow],
+        *,
+        batch_size: int,
+        max_new_tokens: int,
+        spec: SamplingSpec,
+        pad_id: int,
+        check_every: int = 8,
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        """Tokens, log-probs and finish reason per row, in order (call :meth:`sync_policy` first)."""
+        if self.weights is None:
+            raise RuntimeError("sync_policy must run before generate")
+        bucket = min(batch_size, len(rows))
+        longest = max(len(r.prompt_ids) for r in rows)
+        ws = self._workspace(bucket, longest + max_new_tokens, max_new_tokens)
+        out: list[tuple[list[int], list[float], FinishReason]] = []
+        for start in range(0, len(rows), bucket):
+            out.extend(self._chunk(ws, rows[start : start + bucket], spec, pad_id, max_new_tokens, check_every))
+        return out
+
+    def _chunk(
+        self,
+        ws: DecodeWorkspace,
+        chunk: Sequence[EngineRow],
+        spec: SamplingSpec,
+        pad_id: int,
+        max_new_tokens: int,
+        check_every: int,
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
+        width = max(len(r.prompt_ids) for r in chunk)
+        if self.use_graphs:
+            spans = sorted({ws.span_for(width + s) for s in range(1, max_new_tokens)})
+            before = len(ws.graphs)
+            ws.capture(spec, spans)
+            self.stats.captures += len(ws.graphs) - before
+        ws.prefill([r.prompt_ids for r in chunk], [r.seed for r in chunk], pad_id, spec)
+        run = ws.runner(spec, use_graphs=self.use_graphs)
+        steps = max_new_tokens
+        for step in range(1, max_new_tokens):
+            if step % check_every == 0:
+                self.stats.host_syncs += 1
+                if bool(ws.finished.all()):
+                    steps = step
+                    break
+            # CPU: attend over exactly the used slots; CUDA: the captured span bucket.
+            run(ws.span_for(width + step) if self.use_graphs else width + step)
+            self.stats.decode_steps += 1
+        tokens = ws.out_tokens[: len(chunk), :steps].tolist()
+        logprobs = ws.out_logprobs[: len(chunk), :steps].tolist()
+        self.stats.host_syncs += 1
+        eos = set(spec.eos_ids)
+        results: list[tuple[list[int], list[float], FinishReason]] = []
+        for row_tokens, row_logprobs in zip(tokens, logprobs, strict=True):
+            end = next((i + 1 for i, t in enumerate(row_tokens) if t in eos), None)
+            if end is None:
+                results.append((row_tokens, row_logprobs, "length"))
+            else:
+                results.append((row_tokens[:end], row_logprobs[:end], "eos"))
+        return results
+
+
+def _normalized(device: torch.device) -> torch.device:
+    """``cuda`` and ``cuda:<current>`` are one device (one cached engine)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+_ENGINES: weakref.WeakKeyDictionary[Any, FastRolloutEngine] = weakref.WeakKeyDictionary()
+
+
+def default_rollout_dtype(model: Any, device: torch.device) -> torch.dtype:
+    """bf16 on CUDA (the rollout copy); on CPU the model's own compute dtype (fp32 stays exact)."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    from miniverl.rollout.weights import inner_model
+
+    dtype: torch.dtype = inner_model(model).get_input_embeddings().weight.dtype
+    return dtype
+
+
+def engine_for(
+    model: Any, device: torch.device, dtype: torch.dtype | None = None, *, compile_glue: bool = False
+) -> FastRolloutEngine:
+    """The engine cached for ``model`` (one per model object, kept while the model lives)."""
+    device = _normalized(device)
+    wanted = dtype or default_rollout_dtype(model, device)
+    engine = _ENGINES.get(model)
+    if engine is None or (engine.device, engine.dtype, engine.compile_glue) != (device, wanted, compile_glue):
+        engine = FastRolloutEngine(device=device, dtype=wanted, compile_glue=compile_glue)
+        _ENGINES[model] = engine
+    return engine
+
+
+def release_engines() -> None:
+    """Drop every cached rollout copy and workspace (frees their device memory)."""
+    _ENGINES.clear()
+
+
+__all__ = ["EngineRow", "FastRolloutEngine", "engine_for", "release_engines", "unsupported_reason"]
