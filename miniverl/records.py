@@ -106,6 +106,11 @@ class MetricsLine(Record):
     cycle_seconds: float
     peak_reserved_bytes: int | None
     peak_allocated_bytes: int | None
+    algorithm_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "
+        "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); finite values only",
+    )
 
 
 class CudaTeardown(Record):

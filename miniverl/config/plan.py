@@ -85,6 +85,8 @@ def _roles(config: MiniverlConfig) -> dict[str, ModelSpec]:
         roles["teacher"] = config.models.teacher
     if config.models.reference is not None:
         roles["reference"] = config.models.reference
+    if config.models.critic is not None:
+        roles["critic"] = config.models.critic
     return roles
 
 
@@ -106,7 +108,7 @@ def _placement(config: MiniverlConfig) -> PlacementPlan:
     if models.runtime == "shared_backbone":
         physical = 1
     else:
-        physical = 1 + sum(spec is not None for spec in (models.teacher, models.reference))
+        physical = 1 + sum(spec is not None for spec in (models.teacher, models.reference, models.critic))
     precision = "nf4" if student.quantization == "nf4" else models.dtype
     weight_bytes = trainable = optimizer = None
     basis = "no architecture known before fetching; measured at run time"

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 IMMUTABLE_REVISION = re.compile(r"^[0-9a-f]{40}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+KlMode = Literal["loss", "reward"]
 
 
 class Strict(BaseModel):
@@ -112,6 +114,14 @@ class ModelsSection(Strict):
     student: ModelSpec
     teacher: ModelSpec | None = None
     reference: ModelSpec | None = None
+    critic: ModelSpec | None = Field(
+        default=None,
+        description=(
+            "PPO's value model: a trainable LoRA plus a scalar value head. dual_model: a separate model "
+            "(any source; 'student' = a copy of the student's base). shared_backbone: a second adapter "
+            "on the shared base (source must be 'student'). Defaults to source 'student' for PPO."
+        ),
+    )
 
     @model_validator(mode="after")
     def _roles(self) -> ModelsSection:
@@ -121,6 +131,11 @@ class ModelsSection(Strict):
             raise ValueError("models.student takes lora, not adapter or privileged_context")
         if self.student.lora is None:
             self.student.lora = LoraConfig()
+        if self.critic is not None:
+            if self.critic.adapter is not None or self.critic.privileged_context is not None:
+                raise ValueError("models.critic is trained: it takes lora, not adapter or privileged_context")
+            if self.critic.lora is None:
+                self.critic.lora = self.student.lora.model_copy()
         for role in ("teacher", "reference"):
             spec: ModelSpec | None = getattr(self, role)
             if spec is not None and spec.lora is not None:
@@ -159,6 +174,42 @@ class GrpoSection(Strict):
     norm_by_std: bool = True
     eps: Annotated[float, Field(gt=0)] = 1e-6
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    kl_estimator: KlEstimator = "k3"
+    kl_mode: KlMode = Field(
+        default="loss",
+        description="'loss': kl_coef x KL token mean added to the loss; 'reward': kl_coef x summed KL "
+        "subtracted from each trajectory's score before the group advantages",
+    )
+
+
+class PpoSection(Strict):
+    """PPO with a critic (token-level values, GAE, clipped policy and value losses).
+
+    Unlike GRPO and OPD, PPO reuses one rollout for ``ppo_epochs x mini_batches`` actor updates and as
+    many critic updates: the strict one-update-per-cycle on-policy rule does not apply to PPO (the
+    importance ratio against the rollout policy and its clip keep those updates proximal).
+    ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch.
+    """
+
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    ppo_epochs: Annotated[int, Field(ge=1)] = 1
+    mini_batches: Annotated[int, Field(ge=1)] = 1
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_high: Annotated[float, Field(ge=0)] = 0.2
+    value_clip: Annotated[float, Field(gt=0)] = 0.5
+    whiten_advantages: bool = True
+    shuffle_mini_batches: bool = True
+    critic_learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    critic_max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    critic_head_seed: int = 0
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    kl_estimator: KlEstimator = "k1"
+    kl_mode: KlMode = Field(
+        default="reward",
+        description="'reward': kl_coef x per-token KL subtracted from the token rewards before GAE; "
+        "'loss': kl_coef x KL token mean added to the actor loss",
+    )
 
 
 class DistillSection(Strict):
@@ -170,8 +221,9 @@ class DistillSection(Strict):
 
 
 class AlgorithmSection(Strict):
-    name: Literal["grpo", "opd"] = "grpo"
+    name: Literal["grpo", "opd", "ppo"] = "grpo"
     grpo: GrpoSection = Field(default_factory=GrpoSection)
+    ppo: PpoSection = Field(default_factory=PpoSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
 
@@ -216,7 +268,9 @@ class MiniverlConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> MiniverlConfig:
         per_cycle = self.trajectories_per_cycle
-        if self.train.gradient_accumulation_steps is None:
+        if self.algorithm.name == "ppo":
+            _check_ppo(self)
+        elif self.train.gradient_accumulation_steps is None:
             self.train.gradient_accumulation_steps = per_cycle
         elif self.train.gradient_accumulation_steps != per_cycle:
             raise ValueError(
@@ -228,17 +282,44 @@ class MiniverlConfig(Strict):
             raise ValueError("algorithm opd needs models.teacher")
         if self.algorithm.name == "grpo" and self.algorithm.grpo.kl_coef > 0 and self.models.reference is None:
             raise ValueError("algorithm.grpo.kl_coef > 0 needs models.reference")
+        if self.algorithm.name != "ppo" and self.models.critic is not None:
+            raise ValueError(f"models.critic is PPO's role; algorithm {self.algorithm.name} does not use it")
         if self.models.runtime == "shared_backbone":
-            _check_shared_backbone(self.models, self.memory)
+            _check_shared_backbone(self.models, self.memory, needs_teacher=self.algorithm.name == "opd")
         return self
 
 
-def _check_shared_backbone(models: ModelsSection, memory: MemorySection) -> None:
+def _check_ppo(config: MiniverlConfig) -> None:
+    ppo = config.algorithm.ppo
+    per_cycle = config.trajectories_per_cycle
+    if per_cycle % ppo.mini_batches:
+        raise ValueError(
+            f"algorithm.ppo.mini_batches ({ppo.mini_batches}) must divide the trajectories per cycle "
+            f"({per_cycle} = rollout.prompts_per_cycle x rollout.samples_per_prompt)"
+        )
+    per_mini = per_cycle // ppo.mini_batches
+    if config.train.gradient_accumulation_steps is None:
+        config.train.gradient_accumulation_steps = per_mini
+    elif config.train.gradient_accumulation_steps != per_mini:
+        raise ValueError(
+            f"train.gradient_accumulation_steps must equal the trajectories of one PPO mini-batch ({per_mini} = "
+            f"{per_cycle} per cycle / algorithm.ppo.mini_batches {ppo.mini_batches})"
+        )
+    if ppo.kl_coef > 0 and config.models.reference is None:
+        raise ValueError("algorithm.ppo.kl_coef > 0 needs models.reference")
+    if config.models.critic is None:
+        lora = config.models.student.lora
+        config.models.critic = ModelSpec(source="student", lora=lora.model_copy() if lora is not None else None)
+    if config.models.runtime == "shared_backbone" and config.models.critic.source != "student":
+        raise ValueError("runtime shared_backbone: models.critic must be source 'student' (an adapter on the base)")
+
+
+def _check_shared_backbone(models: ModelsSection, memory: MemorySection, *, needs_teacher: bool) -> None:
     student = models.student
     for role in ("teacher", "reference"):
         spec: ModelSpec | None = getattr(models, role)
         if spec is None:
-            if role == "teacher":
+            if role == "teacher" and needs_teacher:
                 raise ValueError("runtime shared_backbone needs models.teacher with a pinned adapter")
             continue
         if spec.adapter is None:

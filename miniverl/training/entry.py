@@ -36,7 +36,10 @@ def run_from_plan(
     resume: bool = False,
     progress: bool = False,
     on_update: Any = None,
+    on_phase: Any = None,
 ) -> dict[str, Any]:
+    """``on_update(step)`` after each update and ``on_phase(name, step)`` before each cycle phase
+    (:data:`~miniverl.training.controller.PHASES`) are hooks for tests that interrupt a run."""
     _check_run_id(run_id)
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
@@ -72,7 +75,7 @@ def run_from_plan(
         import torch  # noqa: F401
     except ImportError:
         raise DependencyError("training needs the train extra: pip install 'miniverl[train]'") from None
-    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, on_update)
+    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
 
 
 def _train(
@@ -84,7 +87,7 @@ def _train(
     run_id: str,
     found: Any,
     progress: bool,
-    on_update: Any,
+    hooks: tuple[Any, Any],
 ) -> dict[str, Any]:
     import torch
 
@@ -110,6 +113,7 @@ def _train(
             device=device,
             placement=config.memory.placement,
             activation_checkpointing=config.train.activation_checkpointing,
+            critic_seed=config.algorithm.ppo.critic_head_seed,
         )
         controller = None
         load_peaks = (
@@ -131,7 +135,9 @@ def _train(
                 )
                 atomic_write_json(run_dir / "run.json", manifest.model_dump(mode="json"), pretty=True)
             reporter = _progress_reporter(plan.updates) if progress else None
-            controller = Controller(config, plan, runtime, rows, run_dir, on_update=on_update, progress=reporter)
+            controller = Controller(
+                config, plan, runtime, rows, run_dir, on_update=hooks[0], progress=reporter, on_phase=hooks[1]
+            )
             resumed_from = None
             if found is not None:
                 controller.restore(found[0], found[1])
@@ -182,7 +188,7 @@ def _train(
             reward_mean=_reward_mean(metrics),
             reward_std_within_group_max=max((m.reward_std_within_group_max or 0.0 for m in metrics), default=None),
             nonzero_advantages=sum(m.nonzero_advantages or 0 for m in metrics)
-            if config.algorithm.name == "grpo"
+            if config.algorithm.name in ("grpo", "ppo")
             else None,
             adapter_changed_each_update=bool(metrics) and all(m.adapter_delta_norm > 0 for m in metrics),
             wall_seconds=wall,

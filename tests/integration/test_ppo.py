@@ -1,0 +1,141 @@
+"""PPO on a tiny model: actor + critic updates, GAE, metrics, kill/resume at every phase, inspect/export."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import CliResult, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PLUGIN = [{"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0}]
+CRITIC_FILES = ("critic_params.safetensors", "critic_optimizer.safetensors")
+
+
+def ppo_config(model_dir: Path, **ppo: object) -> dict:
+    config = tiny_config(model_dir, algorithm="ppo")
+    config["algorithm"]["rewards"] = PLUGIN
+    config["algorithm"]["ppo"] = {"mini_batches": 2, "ppo_epochs": 1, "critic_learning_rate": 0.01, **ppo}
+    return config
+
+
+def _plan(cli: Callable[..., CliResult], write_config, config: dict) -> None:
+    write_config(config)
+    result = cli("plan", "config.yaml", "--out", "plan.json", "--json")
+    assert result.code == 0, result.err
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _final(run_dir: Path) -> dict[str, dict]:
+    last = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    names = ("student_params.safetensors", "optimizer.safetensors", *CRITIC_FILES)
+    return {name: load_file(last / name) for name in names}
+
+
+def test_ppo_dual_model_trains_actor_and_critic(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    _plan(cli, write_config, ppo_config(tiny_model_dir))
+    result = cli("run", "--plan", "plan.json", "--run-id", "p", "--json")
+    assert result.code == 0, result.err
+    summary = result.json()["summary"]
+    assert summary["algorithm"] == "ppo" and summary["updates"] == 2
+    assert summary["adapter_changed_each_update"] is True and summary["nonzero_advantages"] > 0
+    run_dir = workdir / "runs" / "p"
+    for line in _metrics(run_dir):
+        m = line["algorithm_metrics"]
+        assert m["actor/updates"] == 2 and m["critic/updates"] == 2  # 1 epoch x 2 mini-batches
+        assert m["critic/delta_norm"] > 0 and line["adapter_delta_norm"] > 0
+        assert m["critic/returns/mean"] != 0 and m["critic/advantages/max"] > m["critic/advantages/min"]
+        for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/approx_kl", "actor/entropy", "critic/vf_loss",
+                    "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm"):  # fmt: skip
+            assert key in m, key
+        assert m["actor/entropy"] > 0 and m["critic/vf_loss"] > 0
+    # the critic's LoRA B moved off zero, i.e. the critic adapter itself was trained (not only its head)
+    critic = _final(run_dir)["critic_params.safetensors"]
+    assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in critic.items())
+    assert "value_head.weight" in critic
+    roles = json.loads((run_dir / "run.json").read_text())["roles"]["roles"]
+    assert roles["critic"]["adapter_name"] == "critic"
+    report = cli("inspect", str(run_dir), "--json").json()
+    assert report["algorithm"] == "ppo" and report["ppo"]["critic_updates"] == 4
+    exported = cli("export", str(run_dir), "--out", "adapter", "--json")
+    assert exported.code == 0, exported.err
+    payload = exported.json()
+    assert payload["reload"]["passed"] and payload["critic"]["reload"]["passed"]
+    assert (workdir / "adapter" / "critic" / "adapter_config.json").is_file()
+    assert (workdir / "adapter" / "critic" / "value_head.safetensors").is_file()
+
+
+def test_ppo_shared_backbone_critic_adapter(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = ppo_config(tiny_model_dir, mini_batches=1, ppo_epochs=2)
+    config["models"]["runtime"] = "shared_backbone"
+    config["train"]["cycles"] = 1
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "s", "--json")
+    assert result.code == 0, result.err
+    (line,) = _metrics(workdir / "runs" / "s")
+    m = line["algorithm_metrics"]
+    assert m["actor/updates"] == 2 and m["critic/updates"] == 2  # 2 epochs x 1 mini-batch
+    assert m["critic/delta_norm"] > 0 and line["adapter_delta_norm"] > 0
+    # the second epoch sees a moved policy: a non-trivial ratio
+    assert m["actor/approx_kl"] > 0
+    tensors = _final(workdir / "runs" / "s")
+    assert all(".critic." in k or k.startswith("value_head") for k in tensors["critic_params.safetensors"])
+    assert all(".student." in k for k in tensors["student_params.safetensors"])
+
+
+@pytest.mark.parametrize("phase", ["rollout", "score", "update", "checkpoint"])
+def test_ppo_kill_at_every_phase_resumes_tensor_exact(
+    cli, write_config, tiny_model_dir, prompts, workdir: Path, phase: str
+) -> None:
+    from miniverl.training.entry import run_from_plan
+
+    config = ppo_config(tiny_model_dir, kl_coef=0.05, kl_estimator="low_var_kl", kl_mode="reward")
+    config["models"]["reference"] = {"source": "student"}
+    _plan(cli, write_config, config)
+    run_from_plan(Path("plan.json"), output=Path("runs"), run_id="straight")
+
+    class Kill(Exception):
+        pass
+
+    def kill(name: str, step: int) -> None:
+        if step == 1 and name == phase:
+            raise Kill
+
+    with pytest.raises(Kill):
+        run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut", on_phase=kill)
+    resumed = cli("run", "--plan", "plan.json", "--output", "runs", "--run-id", "cut", "--resume", "--json")
+    assert resumed.code == 0, resumed.err
+    assert resumed.json()["summary"]["resumed_from_step"] == 1
+    a, b = _final(workdir / "runs/straight"), _final(workdir / "runs/cut")
+    for file_name in a:
+        assert a[file_name].keys() == b[file_name].keys(), file_name
+        for name in a[file_name]:
+            assert a[file_name][name].equal(b[file_name][name]), (file_name, name)
+    assert _metrics(workdir / "runs/straight")[-1]["loss"] == _metrics(workdir / "runs/cut")[-1]["loss"]
+
+
+@pytest.mark.parametrize("mode", ["loss", "reward"])
+def test_grpo_with_kl_to_reference_logs_kl(cli, write_config, tiny_model_dir, prompts, workdir: Path, mode) -> None:
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    config["algorithm"]["grpo"] = {"kl_coef": 0.1, "kl_estimator": "k3", "kl_mode": mode}
+    config["models"]["reference"] = {"source": "student"}
+    config["train"]["cycles"] = 2
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "k", "--json")
+    assert result.code == 0, result.err
+    lines = _metrics(workdir / "runs" / "k")
+    # step 1: the policy equals the reference (LoRA B = 0), so the KL is exactly 0; step 2 has moved
+    if mode == "loss":
+        assert lines[0]["kl"] == 0 and lines[1]["kl"] > 0
+    else:
+        assert lines[0]["algorithm_metrics"]["kl_reward_penalty_mean"] == 0
+        assert lines[1]["algorithm_metrics"]["kl_reward_penalty_mean"] > 0
