@@ -154,6 +154,22 @@ class ExportReload(Record):
     probe_tokens: int
 
 
+class CriticReload(Record):
+    """The exported critic (PEFT adapter + value head) reloaded on a fresh base gives the trained values."""
+
+    max_abs_value_diff: float
+    tolerance: float
+    passed: bool
+    probe_tokens: int
+
+
+class CriticExport(Record):
+    directory: str
+    base_model: dict[str, Any]
+    files: dict[str, CheckpointFile]
+    reload: CriticReload
+
+
 class ExportManifest(Record):
     kind: Literal["miniverl.adapter-export"] = "miniverl.adapter-export"
     schema_version: Literal[1] = 1
@@ -165,3 +181,6 @@ class ExportManifest(Record):
     adapter_provenance: dict[str, Any]
     files: dict[str, CheckpointFile]
     reload: ExportReload
+    critic: CriticExport | None = Field(
+        default=None, description="PPO runs: the critic, exported as its own directory beside the actor adapter"
+    )
