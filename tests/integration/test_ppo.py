@@ -89,6 +89,9 @@ def test_ppo_shared_backbone_critic_adapter(cli, write_config, tiny_model_dir, p
     tensors = _final(workdir / "runs" / "s")
     assert all(".critic." in k or k.startswith("value_head") for k in tensors["critic_params.safetensors"])
     assert all(".student." in k for k in tensors["student_params.safetensors"])
+    exported = cli("export", str(workdir / "runs" / "s"), "--out", "adapter", "--json")
+    assert exported.code == 0, exported.err
+    assert exported.json()["critic"]["reload"]["passed"] and exported.json()["reload"]["passed"]
 
 
 @pytest.mark.parametrize("phase", ["rollout", "score", "update", "checkpoint"])
