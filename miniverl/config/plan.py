@@ -30,6 +30,10 @@ def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
     resolved_config = config.model_dump(mode="json")
     described = describe_dataset(Path(config.data.path))
     models = {role: _identity(spec, config) for role, spec in _roles(config).items()}
+    if config.models.reward is not None:
+        from miniverl.rewards.reward_model import reward_model_identity
+
+        models["reward"] = reward_model_identity(config.models.reward, fetch=False)[0]
     updates = config.train.cycles
     body: dict[str, Any] = {
         "miniverl_version": __version__,

@@ -15,6 +15,7 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
 KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 KlMode = Literal["loss", "reward"]
+REWARD_MODEL_TERM = "reward_model"
 
 
 class Strict(BaseModel):
@@ -105,6 +106,59 @@ class ModelSpec(Strict):
         return self
 
 
+class TinyClassifier(Strict):
+    """A small Llama sequence classifier built from this config with a seeded init (tests, smoke runs).
+
+    It uses the student's tokenizer (vocabulary size and pad token); weights depend only on these
+    fields, so the plan pins it by their digest.
+    """
+
+    hidden_size: Annotated[int, Field(ge=8)] = 32
+    num_hidden_layers: Annotated[int, Field(ge=1)] = 2
+    num_attention_heads: Annotated[int, Field(ge=1)] = 4
+    intermediate_size: Annotated[int, Field(ge=8)] = 64
+    seed: int = 0
+
+
+class RewardModelSpec(Strict):
+    """The reward-model role: an ``AutoModelForSequenceClassification`` scoring ``template`` texts.
+
+    - ``hub``: ``model_id`` + 40-hex ``revision``; ``local``: ``path`` to a model directory (with its
+      tokenizer); ``tiny``: built from ``tiny`` with a seeded init on the student's tokenizer.
+    - The score is the logit at ``label`` (one scalar per trajectory), scored in batches of
+      ``batch_size`` in trajectory order (deterministic: same input, same score on CPU).
+    - Mixed with rule rewards by the weight of the ``reward_model`` entry in ``algorithm.rewards``.
+    - ``placement: offload`` keeps it on the CPU and moves it to the device only for its scoring
+      phase; ``resident`` keeps it on the device.
+    """
+
+    source: Literal["hub", "local", "tiny"] = "tiny"
+    model_id: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    allow_mutable_revision: bool = False
+    tiny: TinyClassifier | None = None
+    placement: Literal["resident", "offload"] = "resident"
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    max_length: Annotated[int, Field(ge=8)] = 512
+    label: Annotated[int, Field(ge=0)] = 0
+    template: str = "{prompt}\n{response}"
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> RewardModelSpec:
+        if self.source == "hub":
+            if not self.model_id:
+                raise ValueError("models.reward source hub needs model_id")
+            _require_immutable(self.revision, self.allow_mutable_revision, what=f"reward model {self.model_id}")
+        elif self.source == "local" and not self.path:
+            raise ValueError("models.reward source local needs path")
+        elif self.source == "tiny" and self.tiny is None:
+            self.tiny = TinyClassifier()
+        if "{response}" not in self.template:
+            raise ValueError("models.reward.template must contain {response}")
+        return self
+
+
 class ModelsSection(Strict):
     backend: Literal["hf"] = "hf"
     runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
@@ -114,6 +168,7 @@ class ModelsSection(Strict):
     student: ModelSpec
     teacher: ModelSpec | None = None
     reference: ModelSpec | None = None
+    reward: RewardModelSpec | None = None
     critic: ModelSpec | None = Field(
         default=None,
         description=(
@@ -282,6 +337,14 @@ class MiniverlConfig(Strict):
             raise ValueError("algorithm opd needs models.teacher")
         if self.algorithm.name == "grpo" and self.algorithm.grpo.kl_coef > 0 and self.models.reference is None:
             raise ValueError("algorithm.grpo.kl_coef > 0 needs models.reference")
+        uses_rm = any(t.name == REWARD_MODEL_TERM for t in self.algorithm.rewards)
+        if uses_rm and self.models.reward is None:
+            raise ValueError(f"algorithm.rewards names {REWARD_MODEL_TERM!r} but models.reward is not configured")
+        if self.models.reward is not None and not uses_rm:
+            raise ValueError(
+                f"models.reward is configured but unused: add {{name: {REWARD_MODEL_TERM}, weight: ...}} "
+                "to algorithm.rewards"
+            )
         if self.algorithm.name != "ppo" and self.models.critic is not None:
             raise ValueError(f"models.critic is PPO's role; algorithm {self.algorithm.name} does not use it")
         if self.models.runtime == "shared_backbone":

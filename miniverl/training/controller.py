@@ -23,7 +23,8 @@ from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.errors import CheckpointError
 from miniverl.records import MetricsLine, PlanRecord
-from miniverl.rewards import CompositeReward, RewardScore, reward_meta
+from miniverl.rewards import RewardScore
+from miniverl.rewards.reward_model import MixedReward, RewardModel
 from miniverl.rollout.hf import Trajectory
 from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
 from miniverl.runtime.base import RoleRuntime
@@ -77,7 +78,15 @@ class Controller:
         self.progress = progress
         self.on_phase = on_phase
         self.order = prompt_order(self.rows, shuffle=config.data.shuffle, seed=config.run.seed)
-        self.reward = CompositeReward([(t.name, t.weight, t.params) for t in config.algorithm.rewards])
+        reward_model = None
+        if config.models.reward is not None:
+            reward_model = RewardModel(
+                config.models.reward,
+                device=runtime.device,
+                student_tokenizer=runtime.tokenizer,
+                expected_identity=plan.models.get("reward"),
+            )
+        self.reward = MixedReward(config.algorithm.rewards, reward_model)
         self.algorithm = build_algorithm(config, runtime)
         self.optimizer = self.algorithm.actor.optimizer
         self.state = Progress()
@@ -161,13 +170,19 @@ class Controller:
         return sampled
 
     def _score(self, prompts: list[PromptRow], trajectories: list[Trajectory]) -> list[RewardScore]:
-        by_id = {row.prompt_id: row for row in prompts}
-        scores = []
-        for traj in trajectories:
-            row = by_id[traj.prompt_id]
-            meta = reward_meta(row, response_token_count=traj.response_token_count, sample_index=traj.sample_index)
-            scores.append(self.reward.score(row.prompt, traj.response_text, **meta))
-        return scores
+        return self.reward.score_batch(prompts, trajectories)
+
+    def _reward_model_metrics(self, scores: list[RewardScore]) -> dict[str, float]:
+        rm = self.reward.rm
+        if rm is None:
+            return {}
+        values = [s.components["reward_model"] for s in scores]
+        return {
+            "reward_model/mean": statistics.fmean(values),
+            "reward_model/std": statistics.pstdev(values),
+            "reward_model/transfers": float(rm.transfers),
+            "reward_model/offloaded_after_phase": float(rm.location == "cpu"),
+        }
 
     def run_cycle(self) -> MetricsLine:
         cycle_start = time.perf_counter()
@@ -215,7 +230,11 @@ class Controller:
             cycle_seconds=time.perf_counter() - cycle_start,
             peak_reserved_bytes=torch.cuda.max_memory_reserved(self.runtime.device) if cuda else None,
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.runtime.device) if cuda else None,
-            algorithm_metrics={k: v for k, v in sorted(result.metrics.items()) if math.isfinite(v)},
+            algorithm_metrics={
+                k: v
+                for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores)}.items())
+                if math.isfinite(v)
+            },
         )
         self.state.metrics.append(line)
         self._phase("checkpoint", index)
@@ -246,6 +265,7 @@ class Controller:
         """Drop the optimizer states and the runtime reference so teardown can free device memory."""
         self.algorithm.actor.release()
         self.algorithm.release()
+        self.reward.close()
         del self.algorithm
         del self.runtime
 

@@ -142,3 +142,37 @@ def test_grpo_with_kl_to_reference_logs_kl(cli, write_config, tiny_model_dir, pr
     else:
         assert lines[0]["algorithm_metrics"]["kl_reward_penalty_mean"] == 0
         assert lines[1]["algorithm_metrics"]["kl_reward_penalty_mean"] > 0
+
+
+def test_ppo_with_rule_reward_and_reward_model(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = ppo_config(tiny_model_dir, mini_batches=1)
+    config["algorithm"]["rewards"] = [*PLUGIN, {"name": "reward_model", "weight": 0.5}]
+    config["models"]["reward"] = {"source": "tiny", "placement": "offload", "batch_size": 3}
+    config["train"]["cycles"] = 1
+    _plan(cli, write_config, config)
+    plan = json.loads((workdir / "plan.json").read_text())
+    assert plan["models"]["reward"]["source"] == "tiny" and len(plan["models"]["reward"]["config_sha256"]) == 64
+    result = cli("run", "--plan", "plan.json", "--run-id", "rm", "--json")
+    assert result.code == 0, result.err
+    (line,) = _metrics(workdir / "runs" / "rm")
+    m = line["algorithm_metrics"]
+    assert m["reward_model/std"] > 0 and m["reward_model/offloaded_after_phase"] == 1.0
+    records = [json.loads(x) for x in (workdir / "runs/rm/trajectories/cycle-000001.jsonl").read_text().splitlines()]
+    for rec in records:
+        parts = rec["reward_components"]
+        assert rec["reward"] == pytest.approx(
+            parts["tests.helpers.rewards:digit_fraction"] + 0.5 * parts["reward_model"]
+        )
+
+
+def test_reward_model_config_errors(cli, write_config, tiny_model_dir, prompts) -> None:
+    config = ppo_config(tiny_model_dir)
+    config["models"]["reward"] = {"source": "tiny"}
+    write_config(config)
+    result = cli("plan", "config.yaml", "--out", "plan.json")
+    assert result.code == 2 and "unused" in result.err and result.err.count("\n") == 1
+    config["algorithm"]["rewards"] = [{"name": "reward_model"}]
+    del config["models"]["reward"]
+    write_config(config)
+    result = cli("plan", "config.yaml", "--out", "plan.json")
+    assert result.code == 2 and "models.reward" in result.err
