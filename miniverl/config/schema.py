@@ -302,6 +302,15 @@ class CheckpointSection(Strict):
 
 
 class MemorySection(Strict):
+    """Where frozen models live, and a hard peak-memory limit.
+
+    - ``placement: swap`` (``dual_model``, unquantized roles only): frozen teacher/reference models
+      stay on the CPU and visit the device only inside their role's phase. The student and critic
+      (trained, with optimizer state) are always resident; a shared backbone is one resident model.
+    - ``max_peak_reserved_gib``: the run fails (before that cycle's checkpoint) when a cycle's CUDA
+      peak reserved memory exceeds it. It is measured on CUDA only: a CPU run refuses it.
+    """
+
     placement: Literal["resident", "swap"] = "resident"
     max_peak_reserved_gib: Annotated[float, Field(gt=0)] | None = None
 
@@ -347,6 +356,14 @@ class MiniverlConfig(Strict):
             )
         if self.algorithm.name != "ppo" and self.models.critic is not None:
             raise ValueError(f"models.critic is PPO's role; algorithm {self.algorithm.name} does not use it")
+        if self.memory.placement == "swap" and self.models.runtime == "dual_model":
+            for role in ("teacher", "reference"):
+                spec = getattr(self.models, role)
+                if spec is not None and spec.quantization != "none":
+                    raise ValueError(
+                        f"memory.placement swap is refused for the quantized models.{role}: bitsandbytes "
+                        "parameters cannot be moved between devices safely; use placement resident"
+                    )
         if self.models.runtime == "shared_backbone":
             _check_shared_backbone(self.models, self.memory, needs_teacher=self.algorithm.name == "opd")
         return self
@@ -403,6 +420,11 @@ def _check_shared_backbone(models: ModelsSection, memory: MemorySection, *, need
         raise ValueError(
             "memory.placement swap is refused for a quantized shared backbone: bitsandbytes "
             "parameters cannot be moved between devices safely; use placement resident"
+        )
+    if memory.placement == "swap":
+        raise ValueError(
+            "memory.placement swap is refused for a shared backbone: it is one resident model with "
+            "nothing to swap; use placement resident (or runtime dual_model)"
         )
 
 

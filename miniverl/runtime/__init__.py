@@ -43,7 +43,8 @@ def build_runtime(
     """Build the runtime ``models.runtime`` names. ``loader`` replaces model loading (tests, gate).
 
     ``auto`` is the cost model of ``trajectory_batch_size: auto`` (default: by device and dtype).
-    ``placement`` is ``memory.placement``; a quantized shared backbone refuses ``swap``.
+    ``placement`` is ``memory.placement``: ``swap`` keeps dual_model's frozen roles on the CPU between
+    their phases; a shared backbone refuses it.
     ``activation_checkpointing`` > 0 recomputes every n-th student decoder layer in backward
     (peak activation memory of a physical batch drops from all layers to ~one layer).
     ``critic_seed`` seeds the PPO value head (``models.critic``).
@@ -64,6 +65,7 @@ def build_runtime(
 
     return DualModelRuntime(
         models,
+        placement=placement,
         device=device,
         loader=loader,
         auto=auto,

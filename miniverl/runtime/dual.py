@@ -5,6 +5,8 @@
   student's base), optionally with a pinned frozen adapter. A ``privileged_context`` teacher is the
   frozen base: the controller builds its context-bearing rows, the runtime just scores them;
 * reference: optional, frozen, same rules as the teacher;
+* ``memory.placement: swap``: frozen (unquantized) teacher/reference models stay on the CPU and
+  are moved to the device for the duration of ``use(role)`` only;
 * critic (PPO): a separate model (``source: student`` = a copy of the student's base) with its own
   trainable LoRA (adapter name ``critic``) and a scalar value head; its own optimizer.
 
@@ -22,6 +24,7 @@ import torch
 
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import ModelSpec, ModelsSection
+from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
@@ -60,6 +63,7 @@ class DualModelRuntime:
         auto: AutoPolicy | None = None,
         activation_checkpointing: int = 0,
         critic_seed: int = 0,
+        placement: str = "resident",
     ) -> None:
         load = loader or default_loader
         self._device = torch.device(device)
@@ -106,6 +110,15 @@ class DualModelRuntime:
         if models.critic is not None:
             self._load_critic(models, load, settings, critic_seed)
         self._active: list[RoleName] = []
+        self._swap = placement == "swap"
+        self.swap_transfers = 0
+        if self._swap:
+            for role in FROZEN_ROLES:
+                if role in self._handles:
+                    if getattr(models, role).quantization != "none":
+                        raise ConfigError(f"memory.placement swap is refused for the quantized models.{role}")
+                    self._handles[role].model.to("cpu")
+            release_device_memory(self._device)
 
     def _load_critic(self, models: ModelsSection, load: BaseLoader, settings: LoadSettings, seed: int) -> None:
         spec = models.critic
@@ -169,11 +182,21 @@ class DualModelRuntime:
     def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
         if role not in self._handles:
             raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
+        handle = self._handles[role]
+        swap = self._swap and role in FROZEN_ROLES and role not in self._active
+        if swap:
+            handle.model.to(self._device)
+            self.swap_transfers += 1
         self._active.append(role)
         try:
-            yield self._handles[role]
+            yield handle
         finally:
             self._active.pop()
+            if swap:
+                handle.model.to("cpu")
+                self.swap_transfers += 1
+                if self._device.type == "cuda":
+                    torch.cuda.empty_cache()
 
     @contextmanager
     def generation_model(self) -> Iterator[Any]:

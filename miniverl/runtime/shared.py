@@ -13,7 +13,7 @@ even when they load the same artifact. ``use(role)`` switches the active adapter
   already active is a no-op (no switch at all);
 * the module mode follows the role: ``train()`` for the student, ``eval()`` for frozen roles.
 
-A quantized shared backbone is resident: ``placement: swap`` is refused.
+A shared backbone is one resident model: ``placement: swap`` is refused.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
         raise ConfigError(
             "memory.placement swap is refused for a quantized shared backbone: bitsandbytes parameters "
             "cannot be moved between devices safely; use placement resident"
+        )
+    if placement == "swap":
+        raise ConfigError(
+            "memory.placement swap is refused for a shared backbone: it is one resident model with nothing "
+            "to swap; use placement resident (or runtime dual_model)"
         )
 
 

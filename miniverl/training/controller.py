@@ -21,7 +21,7 @@ import torch
 from miniverl.canonical import atomic_write_text, canonical_json
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
-from miniverl.errors import CheckpointError
+from miniverl.errors import CheckpointError, MiniverlError
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
@@ -31,6 +31,11 @@ from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
 from miniverl.training.checkpoint_files import list_checkpoints
+
+
+class MemoryLimitError(MiniverlError):
+    """A cycle's CUDA peak reserved memory exceeded ``memory.max_peak_reserved_gib``."""
+
 
 #: the points ``on_phase`` is called at, in cycle order (a kill at any of them must resume exactly)
 PHASES = ("rollout", "score", "update", "checkpoint")
@@ -236,11 +241,23 @@ class Controller:
                 if math.isfinite(v)
             },
         )
+        self._check_memory_limit(line)
         self.state.metrics.append(line)
         self._phase("checkpoint", index)
         self._checkpoint()
         self._write_metrics()
         return line
+
+    def _check_memory_limit(self, line: MetricsLine) -> None:
+        limit = self.config.memory.max_peak_reserved_gib
+        if limit is None or line.peak_reserved_bytes is None:
+            return
+        peak = line.peak_reserved_bytes / 2**30
+        if peak > limit:
+            raise MemoryLimitError(
+                f"cycle {line.cycle} reserved {peak:.3f} GiB at peak, above memory.max_peak_reserved_gib "
+                f"{limit:g}; lower the batch sizes or raise the limit (the cycle was not checkpointed)"
+            )
 
     def _write_trajectories(
         self, trajectories: list[Trajectory], scores: list[RewardScore], advantages: list[float] | None

@@ -102,6 +102,11 @@ def _train(
         _seed_everything(config)
         device = resolve_device(config.models.device)
         cuda = device.type == "cuda"
+        if config.memory.max_peak_reserved_gib is not None and not cuda:
+            raise UsageError(
+                "memory.max_peak_reserved_gib is enforced from CUDA's peak reserved memory, and this run is on "
+                f"{device.type}; remove it for a {device.type} run"
+            )
         if cuda:
             torch.cuda.synchronize(device)
             _release_library_caches(torch)

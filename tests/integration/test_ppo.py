@@ -176,3 +176,12 @@ def test_reward_model_config_errors(cli, write_config, tiny_model_dir, prompts) 
     write_config(config)
     result = cli("plan", "config.yaml", "--out", "plan.json")
     assert result.code == 2 and "models.reward" in result.err
+
+
+def test_peak_memory_limit_is_refused_on_cpu(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = ppo_config(tiny_model_dir)
+    config["memory"] = {"max_peak_reserved_gib": 14.5}
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "m")
+    assert result.code == 2 and "max_peak_reserved_gib" in result.err and result.err.count("\n") == 1
+    assert not (workdir / "runs" / "m").exists()

@@ -19,6 +19,7 @@ import torch
 
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
+from miniverl.errors import ConfigError
 from miniverl.rewards import RewardScore
 from miniverl.rollout.hf import Trajectory
 from miniverl.runtime.base import RoleName, RoleRuntime
@@ -130,7 +131,9 @@ class Algorithm(ABC):
     def __init__(self, config: MiniverlConfig, runtime: RoleRuntime, actor: TrainedParameters) -> None:
         missing = [r for r in self.required_roles(config) if not runtime.has_role(r)]
         if missing:
-            raise ValueError(f"algorithm {self.name} needs runtime roles {', '.join(missing)}")
+            raise ConfigError(
+                f"algorithm {self.name} needs runtime roles {', '.join(missing)}; configure them in models"
+            )
         self.config = config
         self.runtime = runtime
         self.actor = actor
