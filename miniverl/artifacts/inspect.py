@@ -58,7 +58,8 @@ def render_inspection(report: dict[str, Any]) -> str:
     for step, (loss, reward) in enumerate(
         zip(report["loss_by_update"], report["reward_mean_by_update"], strict=True), 1
     ):
-        lines.append(f"    update {step}: loss {loss:.5f}  reward mean {reward:.3f}")
+        shown = f"{reward:.3f}" if reward is not None else "n/a (offline)"
+        lines.append(f"    update {step}: loss {loss:.5f}  reward mean {shown}")
     for ckpt in report["checkpoints"]:
         lines.append(
             f"  checkpoint {ckpt['name']}: {ckpt['state']}" + (f" ({ckpt['reason']})" if ckpt["reason"] else "")

@@ -16,6 +16,7 @@ BUILTIN_MODELS = ("smollm2-135m-instruct",)
 KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 KlMode = Literal["loss", "reward"]
 REWARD_MODEL_TERM = "reward_model"
+OFFLINE_ALGORITHMS = ("sft", "kd")
 
 
 class Strict(BaseModel):
@@ -275,10 +276,27 @@ class DistillSection(Strict):
     temperature: Annotated[float, Field(gt=0)] = 1.0
 
 
+class OfflineSection(Strict):
+    """SFT and offline KD: no rollout. Each update takes ``rollout.prompts_per_cycle`` dataset rows; a
+    row's oracle trajectory is its prompt (rendered as for rollout) followed by the ``target_column``
+    text (+ EOS with ``append_eos``). SFT: cross-entropy on those tokens. KD: the ``algorithm.distill``
+    divergence to the teacher at those positions (forward KL unless ``distill.divergence`` is set).
+
+    ``teacher_cache`` (KD only): a directory of teacher targets for every row of the dataset. It is
+    reused when it matches (same rows, teacher identity and settings), built from the teacher when
+    absent, and refused when stale or corrupt.
+    """
+
+    target_column: Literal["answer", "context"] = "answer"
+    append_eos: bool = True
+    teacher_cache: str | None = None
+
+
 class AlgorithmSection(Strict):
-    name: Literal["grpo", "opd", "ppo"] = "grpo"
+    name: Literal["grpo", "opd", "ppo", "sft", "kd"] = "grpo"
     grpo: GrpoSection = Field(default_factory=GrpoSection)
     ppo: PpoSection = Field(default_factory=PpoSection)
+    offline: OfflineSection = Field(default_factory=OfflineSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
 
@@ -327,6 +345,8 @@ class MiniverlConfig(Strict):
 
     @property
     def trajectories_per_cycle(self) -> int:
+        if self.algorithm.name in OFFLINE_ALGORITHMS:
+            return self.rollout.prompts_per_cycle  # one oracle trajectory per row
         return self.rollout.prompts_per_cycle * self.rollout.samples_per_prompt
 
     @model_validator(mode="after")
@@ -337,13 +357,22 @@ class MiniverlConfig(Strict):
         elif self.train.gradient_accumulation_steps is None:
             self.train.gradient_accumulation_steps = per_cycle
         elif self.train.gradient_accumulation_steps != per_cycle:
+            if self.algorithm.name in OFFLINE_ALGORITHMS:
+                raise ValueError(
+                    f"train.gradient_accumulation_steps must equal rollout.prompts_per_cycle ({per_cycle}): "
+                    f"{self.algorithm.name} makes one update per cycle from that many dataset rows"
+                )
             raise ValueError(
                 "train.gradient_accumulation_steps must equal rollout.prompts_per_cycle x "
                 f"rollout.samples_per_prompt ({per_cycle}): strict on-policy training makes one "
                 "optimizer update per cycle from that cycle's fresh trajectories"
             )
-        if self.algorithm.name == "opd" and self.models.teacher is None:
-            raise ValueError("algorithm opd needs models.teacher")
+        if self.algorithm.name in ("opd", "kd") and self.models.teacher is None:
+            raise ValueError(f"algorithm {self.algorithm.name} needs models.teacher")
+        if self.algorithm.name == "kd" and "divergence" not in self.algorithm.distill.model_fields_set:
+            self.algorithm.distill.divergence = "forward_kl"  # classic KD: KL(teacher || student)
+        if self.algorithm.offline.teacher_cache is not None and self.algorithm.name != "kd":
+            raise ValueError("algorithm.offline.teacher_cache is for algorithm kd")
         if self.algorithm.name == "grpo" and self.algorithm.grpo.kl_coef > 0 and self.models.reference is None:
             raise ValueError("algorithm.grpo.kl_coef > 0 needs models.reference")
         uses_rm = any(t.name == REWARD_MODEL_TERM for t in self.algorithm.rewards)
@@ -365,7 +394,7 @@ class MiniverlConfig(Strict):
                         "parameters cannot be moved between devices safely; use placement resident"
                     )
         if self.models.runtime == "shared_backbone":
-            _check_shared_backbone(self.models, self.memory, needs_teacher=self.algorithm.name == "opd")
+            _check_shared_backbone(self.models, self.memory, needs_teacher=self.algorithm.name in ("opd", "kd"))
         return self
 
 

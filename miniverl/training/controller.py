@@ -93,6 +93,7 @@ class Controller:
             )
         self.reward = MixedReward(config.algorithm.rewards, reward_model)
         self.algorithm = build_algorithm(config, runtime)
+        self.algorithm.prepare(self.rows)
         self.optimizer = self.algorithm.actor.optimizer
         self.state = Progress()
 
@@ -197,16 +198,20 @@ class Controller:
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
         self._phase("rollout", index)
-        trajectories = self._rollout(prompts)
+        on_policy = self.algorithm.on_policy
+        if on_policy:
+            trajectories = self._rollout(prompts)
+        else:  # SFT / KD: the dataset's oracle trajectories, nothing sampled and nothing to score
+            trajectories = self.algorithm.oracle_trajectories(prompts, policy_version=self.state.step)
         self._phase("score", index)
-        scores = self._score(prompts, trajectories)
+        scores = self._score(prompts, trajectories) if on_policy else []
         rollout_seconds = time.perf_counter() - cycle_start
         batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores)
         rewards = batch.rewards
         groups: dict[str, list[float]] = {}
-        for traj, reward in zip(trajectories, rewards, strict=True):
+        for traj, reward in zip(trajectories, rewards, strict=False):
             groups.setdefault(traj.group_id, []).append(reward)
-        group_std = max(statistics.pstdev(values) for values in groups.values())
+        group_std = max(statistics.pstdev(values) for values in groups.values()) if groups else None
         self._phase("update", index)
         update_start = time.perf_counter()
         result: AlgorithmStep = self.algorithm.update(batch, step=self.state.step)
@@ -221,8 +226,8 @@ class Controller:
             policy_version=self.state.step - 1,
             algorithm=cfg.algorithm.name,
             loss=result.loss,
-            reward_mean=statistics.fmean(rewards),
-            reward_std=statistics.pstdev(rewards),
+            reward_mean=statistics.fmean(rewards) if rewards else None,
+            reward_std=statistics.pstdev(rewards) if rewards else None,
             reward_std_within_group_max=group_std,
             nonzero_advantages=result.nonzero_advantages,
             kl=result.kl,
@@ -265,11 +270,11 @@ class Controller:
         records = [
             TrajectoryRecord.from_trajectory(
                 traj,
-                reward=score.total,
-                reward_components=score.components,
+                reward=scores[i].total if scores else None,
+                reward_components=scores[i].components if scores else None,
                 advantage=advantages[i] if advantages is not None else None,
             )
-            for i, (traj, score) in enumerate(zip(trajectories, scores, strict=True))
+            for i, traj in enumerate(trajectories)
         ]
         path = self.run_dir / "trajectories" / f"cycle-{self.state.step:06d}.jsonl"
         write_trajectories_jsonl(path, records)

@@ -243,7 +243,8 @@ def _progress_reporter(total: int) -> Any:
 
     def report(step: int, _total: int, line: Any) -> None:
         console.print(
-            f"[bold]update {step}/{total}[/bold] loss {line.loss:.4f} reward {line.reward_mean:.3f} "
+            f"[bold]update {step}/{total}[/bold] loss {line.loss:.4f} "
+            f"reward {line.reward_mean if line.reward_mean is not None else float('nan'):.3f} "
             f"tokens {line.response_tokens} {line.cycle_seconds:.1f}s"
         )
 
@@ -259,6 +260,6 @@ def _release_library_caches(torch: Any) -> None:
 def _reward_mean(metrics: list[MetricsLine]) -> float | None:
     """Mean reward over every trajectory of the run (each update's mean weighted by its trajectories)."""
     total = sum(m.trajectories for m in metrics)
-    if total == 0:
-        return None
+    if total == 0 or all(m.reward_mean is None for m in metrics):
+        return None  # nothing was scored (SFT / KD)
     return sum((m.reward_mean or 0.0) * m.trajectories for m in metrics) / total

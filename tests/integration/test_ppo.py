@@ -185,3 +185,31 @@ def test_peak_memory_limit_is_refused_on_cpu(cli, write_config, tiny_model_dir, 
     result = cli("run", "--plan", "plan.json", "--run-id", "m")
     assert result.code == 2 and "max_peak_reserved_gib" in result.err and result.err.count("\n") == 1
     assert not (workdir / "runs" / "m").exists()
+
+
+def test_sft_and_kd_from_the_config(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    sft = tiny_config(tiny_model_dir, algorithm="sft")
+    sft["rollout"]["samples_per_prompt"] = 1
+    _plan(cli, write_config, sft)
+    result = cli("run", "--plan", "plan.json", "--run-id", "sft", "--json")
+    assert result.code == 0, result.err
+    lines = _metrics(workdir / "runs" / "sft")
+    assert all(m["loss"] > 0 and m["reward_mean"] is None and m["adapter_delta_norm"] > 0 for m in lines)
+    assert lines[1]["loss"] < lines[0]["loss"]  # two steps on cross-entropy at lr 0.01 lower it
+    assert cli("export", str(workdir / "runs" / "sft"), "--out", "sft-adapter", "--json").code == 0
+
+    kd = tiny_config(tiny_model_dir, algorithm="kd")
+    kd["models"]["teacher"] = {"source": "student", "privileged_context": {"column": "context"}}
+    kd["algorithm"]["offline"] = {"teacher_cache": "teacher-cache"}
+    kd["algorithm"]["distill"] = {"objective": "topk_tail", "top_k": 8}
+    for run_id in ("kd1", "kd2"):
+        _plan(cli, write_config, kd)
+        result = cli("run", "--plan", "plan.json", "--run-id", run_id, "--json")
+        assert result.code == 0, result.err
+    first, second = _metrics(workdir / "runs/kd1"), _metrics(workdir / "runs/kd2")
+    assert first[0]["algorithm_metrics"]["kd/teacher_cache_reused"] == 0.0
+    assert second[0]["algorithm_metrics"]["kd/teacher_cache_reused"] == 1.0
+    assert [m["loss"] for m in first] == [m["loss"] for m in second]  # the reused cache gives the same targets
+    assert all(m["kl"] > 0 for m in first)
+    index = json.loads((workdir / "teacher-cache" / "index.json").read_text())
+    assert index["kind"] == "topk"

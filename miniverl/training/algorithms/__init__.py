@@ -6,6 +6,8 @@ name      roles (beyond the student)                             updates per cyc
 ``grpo``  reference (only with ``kl_coef > 0``)                  1
 ``opd``   teacher                                                1
 ``ppo``   critic; reference (only with ``kl_coef > 0``)          ppo_epochs x mini_batches
+``sft``   none (oracle trajectories from a data column)          1
+``kd``    teacher (online, or a reused teacher cache)            1
 ========  =====================================================  ==========================
 """
 
@@ -21,10 +23,12 @@ from miniverl.training.algorithms.base import (
     actor_parameters,
 )
 from miniverl.training.algorithms.grpo import Grpo
+from miniverl.training.algorithms.kd import Kd
 from miniverl.training.algorithms.opd import Opd
 from miniverl.training.algorithms.ppo import Ppo
+from miniverl.training.algorithms.sft import Sft
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Grpo, Opd, Ppo)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Grpo, Opd, Ppo, Sft, Kd)}
 
 __all__ = [
     "ALGORITHMS",

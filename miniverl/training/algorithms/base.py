@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -127,6 +127,9 @@ class Algorithm(ABC):
     name: ClassVar[str]
     #: runtime roles the algorithm always uses (``student`` is implied)
     roles: ClassVar[tuple[RoleName, ...]] = ()
+    #: ``True``: the controller samples and scores trajectories; ``False`` (SFT, KD): the algorithm
+    #: turns dataset rows into oracle trajectories itself (:meth:`oracle_trajectories`)
+    on_policy: ClassVar[bool] = True
 
     def __init__(self, config: MiniverlConfig, runtime: RoleRuntime, actor: TrainedParameters) -> None:
         missing = [r for r in self.required_roles(config) if not runtime.has_role(r)]
@@ -145,6 +148,14 @@ class Algorithm(ABC):
     @abstractmethod
     def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
         """Targets/advantages from ``batch``, then the optimizer step(s). ``step``: updates done so far."""
+
+    def prepare(self, rows: Sequence[PromptRow]) -> None:
+        """Called once with the whole dataset before the first cycle (e.g. to reuse a teacher cache)."""
+        return None
+
+    def oracle_trajectories(self, prompts: Sequence[PromptRow], *, policy_version: int) -> list[Trajectory]:
+        """Offline algorithms: the dataset's own trajectories for ``prompts`` (no sampling)."""
+        raise NotImplementedError(f"algorithm {self.name} samples its trajectories (on_policy)")
 
     def state_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
         """Checkpoint files (name -> tensors) beyond the actor's adapter and optimizer."""

@@ -7,6 +7,7 @@ base that sees ``privileged_context`` before the same response tokens). One upda
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,43 +22,44 @@ class Opd(Algorithm):
     name = "opd"
     roles = ("teacher",)
 
-    def teacher_sequences(self, batch: CycleBatch) -> list[UpdateSequence]:
-        """Each trajectory with the teacher's rows: its own prompt (or the privileged one) + the same response."""
-        from miniverl.rollout.hf import encode_prompt
-
-        teacher = self.config.models.teacher
-        context = teacher.privileged_context if teacher is not None else None
-        by_id = {row.prompt_id: row for row in batch.prompts}
-        teacher_prompts: dict[str, list[int]] = {}
-        out = []
-        for seq, traj in zip(batch.sequences(), batch.trajectories, strict=True):
-            if context is not None:
-                if traj.prompt_id not in teacher_prompts:
-                    row = by_id[traj.prompt_id]
-                    text = context.template.format(prompt=row.prompt, context=getattr(row, context.column))
-                    teacher_prompts[traj.prompt_id] = encode_prompt(
-                        self.runtime.tokenizer, text, use_chat_template=self.config.rollout.use_chat_template
-                    )
-                t_prompt = teacher_prompts[traj.prompt_id]
-            else:
-                t_prompt = list(traj.prompt_token_ids)
-            out.append(
-                UpdateSequence(
-                    student_ids=seq.student_ids,
-                    response_start=seq.response_start,
-                    teacher_ids=tuple(t_prompt + list(traj.response_token_ids)),
-                    teacher_response_start=len(t_prompt),
-                    response_len=seq.response_len,
-                )
-            )
-        return out
-
     def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
-        stats = opd_update(self.runtime, self.teacher_sequences(batch), self.config)
+        stats = opd_update(self.runtime, teacher_sequences(self.config, self.runtime.tokenizer, batch), self.config)
         grad_norm, delta = self.actor.step()
         return AlgorithmStep(
             loss=stats.loss, kl=stats.kl, tokens=stats.tokens, grad_norm=grad_norm, adapter_delta_norm=delta
         )
+
+
+def teacher_sequences(config: MiniverlConfig, tokenizer: Any, batch: CycleBatch) -> list[UpdateSequence]:
+    """Each trajectory with the teacher's rows: its own prompt (or the privileged one) + the same response."""
+    from miniverl.rollout.hf import encode_prompt
+
+    teacher = config.models.teacher
+    context = teacher.privileged_context if teacher is not None else None
+    by_id = {row.prompt_id: row for row in batch.prompts}
+    teacher_prompts: dict[str, list[int]] = {}
+    out = []
+    for seq, traj in zip(batch.sequences(), batch.trajectories, strict=True):
+        if context is not None:
+            if traj.prompt_id not in teacher_prompts:
+                row = by_id[traj.prompt_id]
+                text = context.template.format(prompt=row.prompt, context=getattr(row, context.column))
+                teacher_prompts[traj.prompt_id] = encode_prompt(
+                    tokenizer, text, use_chat_template=config.rollout.use_chat_template
+                )
+            t_prompt = teacher_prompts[traj.prompt_id]
+        else:
+            t_prompt = list(traj.prompt_token_ids)
+        out.append(
+            UpdateSequence(
+                student_ids=seq.student_ids,
+                response_start=seq.response_start,
+                teacher_ids=tuple(t_prompt + list(traj.response_token_ids)),
+                teacher_response_start=len(t_prompt),
+                response_len=seq.response_len,
+            )
+        )
+    return out
 
 
 def opd_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config: MiniverlConfig) -> UpdateStats:
