@@ -94,35 +94,58 @@ def test_ppo_shared_backbone_critic_adapter(cli, write_config, tiny_model_dir, p
     assert exported.json()["critic"]["reload"]["passed"] and exported.json()["reload"]["passed"]
 
 
-@pytest.mark.parametrize("phase", ["rollout", "score", "update", "checkpoint"])
+@pytest.mark.parametrize("runtime", ["dual_model", "shared_backbone"])
 def test_ppo_kill_at_every_phase_resumes_tensor_exact(
-    cli, write_config, tiny_model_dir, prompts, workdir: Path, phase: str
+    cli, write_config, tiny_model_dir, prompts, workdir: Path, runtime: str
 ) -> None:
+    """One uninterrupted run; then, for each phase of cycle 2, a run killed there and resumed: every tensor
+    of the actor (adapter, AdamW) and of the critic (adapter + head, AdamW) equals the uninterrupted run's."""
+    from miniverl.training.controller import PHASES
     from miniverl.training.entry import run_from_plan
 
     config = ppo_config(tiny_model_dir, kl_coef=0.05, kl_estimator="low_var_kl", kl_mode="reward")
-    config["models"]["reference"] = {"source": "student"}
+    config["models"]["runtime"] = runtime
+    if runtime == "dual_model":
+        config["models"]["reference"] = {"source": "student"}
+    else:  # shared: the reference is a pinned adapter on the same base
+        from transformers import AutoConfig
+
+        from miniverl.gate.models import write_random_adapter
+
+        sha = write_random_adapter(AutoConfig.from_pretrained(tiny_model_dir), workdir / "ref", seed=3, r=4)
+        config["models"]["reference"] = {
+            "source": "student",
+            "adapter": {"source": "local", "path": "ref", "sha256": sha},
+        }
     _plan(cli, write_config, config)
     run_from_plan(Path("plan.json"), output=Path("runs"), run_id="straight")
+    straight = _final(workdir / "runs/straight")
+    phases = PHASES if runtime == "dual_model" else ("update",)
 
     class Kill(Exception):
         pass
 
-    def kill(name: str, step: int) -> None:
-        if step == 1 and name == phase:
-            raise Kill
+    for phase in phases:
 
-    with pytest.raises(Kill):
-        run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut", on_phase=kill)
-    resumed = cli("run", "--plan", "plan.json", "--output", "runs", "--run-id", "cut", "--resume", "--json")
-    assert resumed.code == 0, resumed.err
-    assert resumed.json()["summary"]["resumed_from_step"] == 1
-    a, b = _final(workdir / "runs/straight"), _final(workdir / "runs/cut")
-    for file_name in a:
-        assert a[file_name].keys() == b[file_name].keys(), file_name
-        for name in a[file_name]:
-            assert a[file_name][name].equal(b[file_name][name]), (file_name, name)
-    assert _metrics(workdir / "runs/straight")[-1]["loss"] == _metrics(workdir / "runs/cut")[-1]["loss"]
+        def kill(name: str, step: int, phase: str = phase) -> None:
+            if step == 1 and name == phase:
+                raise Kill
+
+        with pytest.raises(Kill):
+            run_from_plan(Path("plan.json"), output=Path("runs"), run_id=f"cut-{phase}", on_phase=kill)
+        resumed = cli(
+            "run", "--plan", "plan.json", "--output", "runs", "--run-id", f"cut-{phase}", "--resume", "--json"
+        )
+        assert resumed.code == 0, resumed.err
+        assert resumed.json()["summary"]["resumed_from_step"] == 1
+        cut = _final(workdir / f"runs/cut-{phase}")
+        for file_name in straight:
+            assert straight[file_name].keys() == cut[file_name].keys(), file_name
+            for name in straight[file_name]:
+                assert straight[file_name][name].equal(cut[file_name][name]), (phase, file_name, name)
+        same = ("loss", "kl", "grad_norm", "adapter_delta_norm", "reward_mean", "algorithm_metrics")
+        for a, b in zip(_metrics(workdir / "runs/straight"), _metrics(workdir / f"runs/cut-{phase}"), strict=True):
+            assert {k: a[k] for k in same} == {k: b[k] for k in same}, phase
 
 
 @pytest.mark.parametrize("mode", ["loss", "reward"])
