@@ -236,3 +236,28 @@ def test_sft_and_kd_from_the_config(cli, write_config, tiny_model_dir, prompts, 
     assert all(m["kl"] > 0 for m in first)
     index = json.loads((workdir / "teacher-cache" / "index.json").read_text())
     assert index["kind"] == "topk"
+
+
+def test_ppo_kl_as_a_loss_term(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = ppo_config(tiny_model_dir, kl_coef=0.1, kl_estimator="k3", kl_mode="loss", ppo_epochs=2, mini_batches=1)
+    config["models"]["reference"] = {"source": "student"}
+    config["train"]["cycles"] = 1
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "kl", "--json")
+    assert result.code == 0, result.err
+    (line,) = _metrics(workdir / "runs" / "kl")
+    # epoch 1 starts at the reference (KL 0); epoch 2 has moved away from it
+    assert line["kl"] == line["algorithm_metrics"]["actor/kl_loss"] > 0
+    assert "actor/reward_kl_penalty" not in line["algorithm_metrics"]
+
+
+def test_peak_memory_limit_fails_the_cycle_before_its_checkpoint(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from miniverl.training.controller import Controller, MemoryLimitError
+
+    fake = SimpleNamespace(config=SimpleNamespace(memory=SimpleNamespace(max_peak_reserved_gib=1.0)))
+    line = SimpleNamespace(peak_reserved_bytes=int(1.5 * 2**30), cycle=3)
+    with pytest.raises(MemoryLimitError, match=r"cycle 3 reserved 1\.500 GiB"):
+        Controller._check_memory_limit(fake, line)  # type: ignore[arg-type]
+    Controller._check_memory_limit(fake, SimpleNamespace(peak_reserved_bytes=2**30, cycle=1))  # type: ignore[arg-type]
