@@ -113,3 +113,29 @@ def test_mixed_reward_weights_rules_and_model() -> None:
         assert score.total == pytest.approx(2.0 * score.components["calculator_exact"] + 0.5 * r, abs=0)
     with pytest.raises(ConfigError):
         MixedReward(terms, None)
+
+
+def test_local_distilbert_classifier_with_its_own_tokenizer(tmp_path: Path) -> None:
+    """The seed's reward role is a DistilBERT sequence classifier: a tiny one, built offline, loads and scores."""
+    import torch
+    from transformers import BertTokenizerFast, DistilBertConfig, DistilBertForSequenceClassification
+
+    words = sorted({w for text in TEXTS for w in text.replace("\n", " ").replace("?", " ?").split()})
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab))
+    config = DistilBertConfig(
+        vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=2, hidden_dim=64, num_labels=1
+    )
+    torch.manual_seed(0)
+    model = DistilBertForSequenceClassification(config)
+    directory = tmp_path / "distilbert-rm"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    spec = RewardModelSpec(source="local", path=str(directory), batch_size=2)
+    identity, _ = reward_model_identity(spec)
+    assert identity["source"] == "local" and len(identity["tree_sha256"]) == 64
+    rm = RewardModel(spec, device="cpu", student_tokenizer=None, expected_identity=identity)
+    first = rm.scores(TEXTS)
+    assert first == RewardModel(spec, device="cpu", student_tokenizer=None).scores(TEXTS)
+    assert len(set(first)) > 1
