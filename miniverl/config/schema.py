@@ -432,6 +432,8 @@ def _check_shared_backbone(models: ModelsSection, memory: MemorySection, *, need
                 raise ValueError("runtime shared_backbone needs models.teacher with a pinned adapter")
             continue
         if spec.adapter is None:
+            if role == "reference" and spec.source == "student" and spec.privileged_context is None:
+                continue  # the frozen base itself: every adapter disabled while the reference runs
             raise ValueError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
         if spec.adapter.source == "local" and spec.adapter.sha256 is None:
             raise ValueError(f"runtime shared_backbone: models.{role}.adapter (local) needs sha256")

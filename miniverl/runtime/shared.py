@@ -1,7 +1,8 @@
 """``models.runtime: shared_backbone``: one physical base, one adapter per role.
 
 The base carries a trainable ``student`` LoRA, a frozen ``teacher`` adapter (required, pinned) and
-an optional frozen ``reference`` adapter, and for PPO a trainable ``critic`` adapter (with a
+an optional frozen ``reference`` (a pinned adapter, or ``source: student`` without one: the frozen
+base, run with every adapter disabled), and for PPO a trainable ``critic`` adapter (with a
 scalar value head outside the base, its own optimizer); teacher and reference are distinct adapters (and roles)
 even when they load the same artifact. ``use(role)`` switches the active adapter:
 
@@ -58,7 +59,7 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
         spec: ModelSpec | None = getattr(models, role)
         if spec is None:
             continue
-        if spec.adapter is None:
+        if spec.adapter is None and not (role == "reference" and spec.source == "student"):
             raise ConfigError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
         if spec.privileged_context is not None:
             raise ConfigError(f"runtime shared_backbone: models.{role} is an adapter role, not privileged_context")
@@ -109,6 +110,7 @@ class SharedBackboneRuntime:
         if activation_checkpointing:
             enable_activation_checkpointing(self._model, activation_checkpointing)
         self._tokenizer = base.tokenizer
+        self._base_roles: set[RoleName] = set()
         self._manifest: dict[str, Any] = {
             "student": {
                 "adapter_name": "student",
@@ -118,7 +120,11 @@ class SharedBackboneRuntime:
         }
         for role in FROZEN_ROLES:
             spec: ModelSpec | None = getattr(models, role)
-            if spec is None or spec.adapter is None:
+            if spec is None:
+                continue
+            if spec.adapter is None:  # the reference is the frozen base: adapters disabled in its phase
+                self._base_roles.add(role)
+                self._manifest[role] = {"adapter_name": None, "adapter": None, "frozen_base": True, "trainable": False}
                 continue
             resolved = resolve_adapter(spec.adapter)
             load_frozen_adapter(self._model, resolved, adapter_name=role)
@@ -197,14 +203,18 @@ class SharedBackboneRuntime:
         trainability, and module modes are set through a precomputed flat module list.
         """
         start = time.perf_counter()
+        base_only = role in self._base_roles
+        adapter = "student" if base_only else role  # a frozen-base role keeps any adapter, all disabled
         if self._fast_switch:
             for layer in self._layers:
-                layer._active_adapter = [role]
+                layer._active_adapter = [adapter]
+                layer._disable_adapters = base_only
         else:
             for layer in self._layers:
-                layer.set_adapter(role, inference_mode=True)
+                layer.set_adapter(adapter, inference_mode=True)
+                layer._disable_adapters = base_only
             self._guard_grads()
-        self._model.base_model.active_adapter = role
+        self._model.base_model.active_adapter = adapter
         training = role == "student"
         for module in self._modules:
             module.__dict__["training"] = training

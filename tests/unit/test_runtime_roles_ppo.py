@@ -92,3 +92,36 @@ def test_swap_is_refused_where_it_cannot_work(tmp_path) -> None:
     )
     with pytest.raises(ConfigError, match="swap is refused for a shared backbone"):
         check_shared_models(shared, "swap")
+
+
+def test_shared_reference_can_be_the_frozen_base() -> None:
+    """``reference: {source: student}`` without an adapter: the base with every adapter disabled."""
+    models = ModelsSection.model_validate(
+        {
+            "runtime": "shared_backbone",
+            "student": {"source": "local", "path": "tiny", "lora": {"r": 4, "alpha": 8}},
+            "reference": {"source": "student"},
+            "critic": {"source": "student"},
+        }
+    )
+    rt = build_runtime(models, device=CPU, loader=RandomModelLoader("tiny"))
+    assert rt.role_manifest()["roles"]["reference"]["frozen_base"] is True
+    named = dict(rt.named_trainable_parameters())
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for name, p in [*named.items(), *rt.named_critic_parameters()]:
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        with rt.use("reference") as ref:
+            base = ref.selected_hidden(ROWS, trajectory_batch_size=2)
+        with rt.use("student") as student:
+            trained = student.selected_hidden(ROWS, trajectory_batch_size=2)
+        with rt.use("critic") as critic:
+            critic_hidden = critic.selected_hidden(ROWS, trajectory_batch_size=2)
+        assert not base.equal(trained) and not base.equal(critic_hidden)
+        for name, p in [*named.items(), *rt.named_critic_parameters()]:
+            if "lora_B" in name:
+                p.zero_()
+        with rt.use("student") as student:
+            assert student.selected_hidden(ROWS, trajectory_batch_size=2).equal(base)  # B = 0: exactly the base
+    assert all(p.requires_grad for p in named.values())  # the switch left the actor trainable
