@@ -106,6 +106,11 @@ class MetricsLine(Record):
     cycle_seconds: float
     peak_reserved_bytes: int | None
     peak_allocated_bytes: int | None
+    algorithm_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "
+        "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); finite values only",
+    )
 
 
 class CudaTeardown(Record):
@@ -150,6 +155,22 @@ class ExportReload(Record):
     probe_tokens: int
 
 
+class CriticReload(Record):
+    """The exported critic (PEFT adapter + value head) reloaded on a fresh base gives the trained values."""
+
+    max_abs_value_diff: float
+    tolerance: float
+    passed: bool
+    probe_tokens: int
+
+
+class CriticExport(Record):
+    directory: str
+    base_model: dict[str, Any]
+    files: dict[str, CheckpointFile]
+    reload: CriticReload
+
+
 class ExportManifest(Record):
     kind: Literal["miniverl.adapter-export"] = "miniverl.adapter-export"
     schema_version: Literal[1] = 1
@@ -161,3 +182,6 @@ class ExportManifest(Record):
     adapter_provenance: dict[str, Any]
     files: dict[str, CheckpointFile]
     reload: ExportReload
+    critic: CriticExport | None = Field(
+        default=None, description="PPO runs: the critic, exported as its own directory beside the actor adapter"
+    )

@@ -16,6 +16,14 @@ from miniverl.algorithms.divergences import (
     reverse_kl,
     teacher_topk_targets,
 )
+from miniverl.algorithms.kl import (
+    KL_KINDS,
+    KlKind,
+    explained_variance,
+    kl_penalty,
+    policy_loss_metrics,
+    value_clip_fraction,
+)
 from miniverl.algorithms.logprobs import chunked_token_logprobs, sft_token_nll
 from miniverl.algorithms.masking import masked_sequence_mean, masked_token_mean, masked_whiten
 from miniverl.algorithms.policy_loss import (
@@ -41,15 +49,18 @@ __all__ = [
     "DISTILL_OBJECTIVES",
     "DIVERGENCES",
     "DIVERGENCE_KINDS",
+    "KL_KINDS",
     "POLICY_LOSSES",
     "VALUE_LOSSES",
     "DistillObjective",
     "DivergenceKind",
+    "KlKind",
     "approx_kl",
     "chunked_divergence",
     "chunked_token_logprobs",
     "chunked_topk_tail_divergence",
     "clip_fraction",
+    "explained_variance",
     "forward_kl",
     "forward_kl_topk",
     "gae_advantages",
@@ -57,13 +68,16 @@ __all__ = [
     "grpo_advantages",
     "jsd",
     "k3_kl",
+    "kl_penalty",
     "masked_sequence_mean",
     "masked_token_mean",
     "masked_whiten",
+    "policy_loss_metrics",
     "ppo_clip_loss",
     "ppo_clip_token_losses",
     "reverse_kl",
     "sft_token_nll",
     "teacher_topk_targets",
+    "value_clip_fraction",
     "value_clip_loss",
 ]

@@ -77,13 +77,13 @@ def grpo_advantages(
 
 @torch.no_grad()
 def gae_advantages(
-    token_rewards: Tensor,
+    rewards: Tensor,
     values: Tensor,
     mask: Tensor,
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
-    whiten: bool = True,
+    whiten: bool = False,
 ) -> tuple[Tensor, Tensor]:
     r"""Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control
     Using Generalized Advantage Estimation"), token level, for PPO with a critic.
@@ -96,24 +96,31 @@ def gae_advantages(
         A_{t_i} = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{i+l}, \qquad R_{t_i} = A_{t_i} + V_{t_i}
 
     Args:
-        token_rewards: ``[N, T]`` per-token rewards (an outcome reward sits on the last response token).
+        rewards: ``[N, T]`` per-token rewards (an outcome reward sits on the last response token;
+            a KL-in-reward penalty on every token).
         values: ``[N, T]`` critic values :math:`V_t` of the same positions.
         mask: ``[N, T]`` selected (response) tokens, bool or 0/1.
-        whiten: whiten the advantages over all selected tokens (:func:`masked_whiten`), as PPO
-            implementations usually do; the returns are computed before whitening.
+        whiten: whiten the advantages over all selected tokens (:func:`masked_whiten`). Off by
+            default (the public contract is *unwhitened*); PPO whitens the advantages of a whole
+            rollout batch itself. Returns are always computed from the unwhitened advantages.
 
     Returns:
         ``(advantages[N, T], returns[N, T])``; masked-out positions hold 0.
+
+    Agreement with verl 0.9's ``compute_gae_advantage_return``: the same recursion, with values
+    and the running GAE carried unchanged through masked-out positions; verl always whitens (here
+    ``whiten=True``) and leaves the carried values at masked-out positions, where this function
+    writes 0. On every selected position the two agree (``tests/unit/test_algorithms_ppo_math.py``).
     """
-    if token_rewards.dim() != 2 or values.shape != token_rewards.shape:
+    if rewards.dim() != 2 or values.shape != rewards.shape:
         raise ValueError(
-            "gae_advantages: token_rewards and values must both be [N, T], got "
-            f"{tuple(token_rewards.shape)} and {tuple(values.shape)}"
+            "gae_advantages: rewards and values must both be [N, T], got "
+            f"{tuple(rewards.shape)} and {tuple(values.shape)}"
         )
     m = as_bool_mask(mask, values)
-    dtype = torch.float64 if torch.float64 in (token_rewards.dtype, values.dtype) else torch.float32
+    dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
     zero = torch.zeros((), dtype=dtype, device=values.device)
-    r = torch.where(m, token_rewards.to(dtype), zero)
+    r = torch.where(m, rewards.detach().to(dtype), zero)
     v = torch.where(m, values.detach().to(dtype), zero)
     n, t_len = v.shape
     adv = torch.zeros_like(v)

@@ -158,7 +158,9 @@ def value_clip_loss(
         L = \tfrac12\,\mathrm{mean}_{m}\,\max\bigl((V - R)^2, (V^{clip} - R)^2\bigr)
 
     (the value clipping of OpenAI baselines' PPO2 and verl's critic). ``old_values`` and ``returns``
-    are detached; gradients reach only ``values``.
+    are detached; gradients reach only ``values``. Same formula and token-mean aggregation as verl
+    0.9's ``compute_value_loss``; its ``vf_clipfrac`` is :func:`~miniverl.algorithms.kl.value_clip_fraction`
+    (both checked in ``tests/unit/test_algorithms_ppo_math.py``).
     """
     if values.shape != old_values.shape or values.shape != returns.shape:
         raise ValueError(

@@ -23,7 +23,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: ``"grpo"``: ``grpo_advantages(scores[N], group_ids, *, norm_by_std, eps) -> [N]``;
-#: ``"gae"``: ``gae_advantages(token_rewards[N,T], values[N,T], mask, *, gamma, lam, whiten)``
+#: ``"gae"``: ``gae_advantages(rewards[N,T], values[N,T], mask, *, gamma, lam, whiten=False)``
 #: ``-> (advantages, returns)``.
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
     "grpo": grpo_advantages,

@@ -66,6 +66,11 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
             for p in sorted(tmp.iterdir())
             if p.is_file()
         }
+        critic = None
+        if config.algorithm.name == "ppo":
+            from miniverl.artifacts.export_critic import export_critic
+
+            critic = export_critic(config, plan.models, ckpt_dir, tmp, probe)
         export_manifest = ExportManifest(
             miniverl_version=__version__,
             run_id=manifest.run_id,
@@ -84,6 +89,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
             reload=ExportReload(
                 max_abs_logit_diff=max_diff, tolerance=tolerance, passed=max_diff <= tolerance, probe_tokens=len(probe)
             ),
+            critic=critic,
         )
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
@@ -99,6 +105,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         "reload": export_manifest.reload.model_dump(mode="json"),
         "manifest_sha256": sha256_file(out / MANIFEST),
         "files": sorted(files),
+        "critic": export_manifest.critic.model_dump(mode="json") if export_manifest.critic is not None else None,
     }
 
 
@@ -139,7 +146,9 @@ def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int
     from miniverl.training.checkpoint import read_checkpoint
 
     device = resolve_device(config.models.device)
-    student_only = config.models.model_copy(update={"runtime": "dual_model", "teacher": None, "reference": None})
+    student_only = config.models.model_copy(
+        update={"runtime": "dual_model", "teacher": None, "reference": None, "critic": None}
+    )
     runtime = build_runtime(student_only, device=device)
     try:
         params, _, _ = read_checkpoint(ckpt_dir)

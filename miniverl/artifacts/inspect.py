@@ -33,6 +33,21 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
         "objective": _objective(manifest.algorithm, metrics),
         "summary": summary.model_dump(mode="json") if summary is not None else None,
         "roles": manifest.roles,
+        "ppo": _ppo_section(metrics) if manifest.algorithm == "ppo" else None,
+    }
+
+
+def _ppo_section(metrics: list[Any]) -> dict[str, Any]:
+    """PPO's own counts and the verl metrics of the last update, from ``metrics.jsonl``."""
+    per = [m.algorithm_metrics for m in metrics]
+    last = per[-1] if per else {}
+    keys = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "critic/vf_loss", "critic/vf_clipfrac",
+            "critic/vf_explained_var", "critic/returns/mean", "critic/advantages/mean")  # fmt: skip
+    return {
+        "actor_updates": int(sum(m.get("actor/updates", 0) for m in per)),
+        "critic_updates": int(sum(m.get("critic/updates", 0) for m in per)),
+        "critic_changed_each_update": bool(per) and all(m.get("critic/delta_norm", 0) > 0 for m in per),
+        "last": {k: last[k] for k in keys if k in last},
     }
 
 
@@ -77,6 +92,10 @@ def render_inspection(report: dict[str, Any]) -> str:
         lines.append(
             f"  checkpoint {ckpt['name']}: {ckpt['state']}" + (f" ({ckpt['reason']})" if ckpt["reason"] else "")
         )
+    ppo = report.get("ppo")
+    if ppo is not None:
+        lines.append(f"  ppo       {ppo['actor_updates']} actor / {ppo['critic_updates']} critic updates")
+        lines.extend(f"    {k}: {v:.5g}" for k, v in ppo["last"].items())
     summary = report["summary"]
     if summary is not None:
         lines.append(f"  wall      {summary['wall_seconds']:.1f}s on {summary['device']}")

@@ -33,6 +33,10 @@ def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
     described = describe_dataset(Path(config.data.path))
     check_data(config, load_prompts(config.data.path))
     models = {role: _identity(spec, config) for role, spec in _roles(config).items()}
+    if config.models.reward is not None:
+        from miniverl.rewards.reward_model import reward_model_identity
+
+        models["reward"] = reward_model_identity(config.models.reward, fetch=False)[0]
     updates = config.train.cycles
     body: dict[str, Any] = {
         "miniverl_version": __version__,
@@ -97,6 +101,8 @@ def _roles(config: MiniverlConfig) -> dict[str, ModelSpec]:
         roles["teacher"] = config.models.teacher
     if config.models.reference is not None:
         roles["reference"] = config.models.reference
+    if config.models.critic is not None:
+        roles["critic"] = config.models.critic
     return roles
 
 
@@ -118,7 +124,7 @@ def _placement(config: MiniverlConfig) -> PlacementPlan:
     if models.runtime == "shared_backbone":
         physical = 1
     else:
-        physical = 1 + sum(spec is not None for spec in (models.teacher, models.reference))
+        physical = 1 + sum(spec is not None for spec in (models.teacher, models.reference, models.critic))
     precision = "nf4" if student.quantization == "nf4" else models.dtype
     weight_bytes = trainable = optimizer = None
     basis = "no architecture known before fetching; measured at run time"

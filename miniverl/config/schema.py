@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 IMMUTABLE_REVISION = re.compile(r"^[0-9a-f]{40}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+KlMode = Literal["loss", "reward"]
+REWARD_MODEL_TERM = "reward_model"
+OFFLINE_ALGORITHMS = ("sft", "kd")
 
 
 class Strict(BaseModel):
@@ -103,6 +107,59 @@ class ModelSpec(Strict):
         return self
 
 
+class TinyClassifier(Strict):
+    """A small Llama sequence classifier built from this config with a seeded init (tests, smoke runs).
+
+    It uses the student's tokenizer (vocabulary size and pad token); weights depend only on these
+    fields, so the plan pins it by their digest.
+    """
+
+    hidden_size: Annotated[int, Field(ge=8)] = 32
+    num_hidden_layers: Annotated[int, Field(ge=1)] = 2
+    num_attention_heads: Annotated[int, Field(ge=1)] = 4
+    intermediate_size: Annotated[int, Field(ge=8)] = 64
+    seed: int = 0
+
+
+class RewardModelSpec(Strict):
+    """The reward-model role: an ``AutoModelForSequenceClassification`` scoring ``template`` texts.
+
+    - ``hub``: ``model_id`` + 40-hex ``revision``; ``local``: ``path`` to a model directory (with its
+      tokenizer); ``tiny``: built from ``tiny`` with a seeded init on the student's tokenizer.
+    - The score is the logit at ``label`` (one scalar per trajectory), scored in batches of
+      ``batch_size`` in trajectory order (deterministic: same input, same score on CPU).
+    - Mixed with rule rewards by the weight of the ``reward_model`` entry in ``algorithm.rewards``.
+    - ``placement: offload`` keeps it on the CPU and moves it to the device only for its scoring
+      phase; ``resident`` keeps it on the device.
+    """
+
+    source: Literal["hub", "local", "tiny"] = "tiny"
+    model_id: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    allow_mutable_revision: bool = False
+    tiny: TinyClassifier | None = None
+    placement: Literal["resident", "offload"] = "resident"
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    max_length: Annotated[int, Field(ge=8)] = 512
+    label: Annotated[int, Field(ge=0)] = 0
+    template: str = "{prompt}\n{response}"
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> RewardModelSpec:
+        if self.source == "hub":
+            if not self.model_id:
+                raise ValueError("models.reward source hub needs model_id")
+            _require_immutable(self.revision, self.allow_mutable_revision, what=f"reward model {self.model_id}")
+        elif self.source == "local" and not self.path:
+            raise ValueError("models.reward source local needs path")
+        elif self.source == "tiny" and self.tiny is None:
+            self.tiny = TinyClassifier()
+        if "{response}" not in self.template:
+            raise ValueError("models.reward.template must contain {response}")
+        return self
+
+
 class ModelsSection(Strict):
     backend: Literal["hf"] = "hf"
     runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
@@ -112,6 +169,15 @@ class ModelsSection(Strict):
     student: ModelSpec
     teacher: ModelSpec | None = None
     reference: ModelSpec | None = None
+    reward: RewardModelSpec | None = None
+    critic: ModelSpec | None = Field(
+        default=None,
+        description=(
+            "PPO's value model: a trainable LoRA plus a scalar value head. dual_model: a separate model "
+            "(any source; 'student' = a copy of the student's base). shared_backbone: a second adapter "
+            "on the shared base (source must be 'student'). Defaults to source 'student' for PPO."
+        ),
+    )
 
     @model_validator(mode="after")
     def _roles(self) -> ModelsSection:
@@ -121,6 +187,11 @@ class ModelsSection(Strict):
             raise ValueError("models.student takes lora, not adapter or privileged_context")
         if self.student.lora is None:
             self.student.lora = LoraConfig()
+        if self.critic is not None:
+            if self.critic.adapter is not None or self.critic.privileged_context is not None:
+                raise ValueError("models.critic is trained: it takes lora, not adapter or privileged_context")
+            if self.critic.lora is None:
+                self.critic.lora = self.student.lora.model_copy()
         for role in ("teacher", "reference"):
             spec: ModelSpec | None = getattr(self, role)
             if spec is not None and spec.lora is not None:
@@ -159,6 +230,42 @@ class GrpoSection(Strict):
     norm_by_std: bool = True
     eps: Annotated[float, Field(gt=0)] = 1e-6
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    kl_estimator: KlEstimator = "k3"
+    kl_mode: KlMode = Field(
+        default="loss",
+        description="'loss': kl_coef x KL token mean added to the loss; 'reward': kl_coef x summed KL "
+        "subtracted from each trajectory's score before the group advantages",
+    )
+
+
+class PpoSection(Strict):
+    """PPO with a critic (token-level values, GAE, clipped policy and value losses).
+
+    Unlike GRPO and OPD, PPO reuses one rollout for ``ppo_epochs x mini_batches`` actor updates and as
+    many critic updates: the strict one-update-per-cycle on-policy rule does not apply to PPO (the
+    importance ratio against the rollout policy and its clip keep those updates proximal).
+    ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch.
+    """
+
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    ppo_epochs: Annotated[int, Field(ge=1)] = 1
+    mini_batches: Annotated[int, Field(ge=1)] = 1
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_high: Annotated[float, Field(ge=0)] = 0.2
+    value_clip: Annotated[float, Field(gt=0)] = 0.5
+    whiten_advantages: bool = True
+    shuffle_mini_batches: bool = True
+    critic_learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    critic_max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    critic_head_seed: int = 0
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    kl_estimator: KlEstimator = "k1"
+    kl_mode: KlMode = Field(
+        default="reward",
+        description="'reward': kl_coef x per-token KL subtracted from the token rewards before GAE; "
+        "'loss': kl_coef x KL token mean added to the actor loss",
+    )
 
 
 class DistillSection(Strict):
@@ -169,9 +276,27 @@ class DistillSection(Strict):
     temperature: Annotated[float, Field(gt=0)] = 1.0
 
 
+class OfflineSection(Strict):
+    """SFT and offline KD: no rollout. Each update takes ``rollout.prompts_per_cycle`` dataset rows; a
+    row's oracle trajectory is its prompt (rendered as for rollout) followed by the ``target_column``
+    text (+ EOS with ``append_eos``). SFT: cross-entropy on those tokens. KD: the ``algorithm.distill``
+    divergence to the teacher at those positions (forward KL unless ``distill.divergence`` is set).
+
+    ``teacher_cache`` (KD only): a directory of teacher targets for every row of the dataset. It is
+    reused when it matches (same rows, teacher identity and settings), built from the teacher when
+    absent, and refused when stale or corrupt.
+    """
+
+    target_column: Literal["answer", "context"] = "answer"
+    append_eos: bool = True
+    teacher_cache: str | None = None
+
+
 class AlgorithmSection(Strict):
-    name: Literal["grpo", "opd"] = "grpo"
+    name: Literal["grpo", "opd", "ppo", "sft", "kd"] = "grpo"
     grpo: GrpoSection = Field(default_factory=GrpoSection)
+    ppo: PpoSection = Field(default_factory=PpoSection)
+    offline: OfflineSection = Field(default_factory=OfflineSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
 
@@ -195,6 +320,15 @@ class CheckpointSection(Strict):
 
 
 class MemorySection(Strict):
+    """Where frozen models live, and a hard peak-memory limit.
+
+    - ``placement: swap`` (``dual_model``, unquantized roles only): frozen teacher/reference models
+      stay on the CPU and visit the device only inside their role's phase. The student and critic
+      (trained, with optimizer state) are always resident; a shared backbone is one resident model.
+    - ``max_peak_reserved_gib``: the run fails (before that cycle's checkpoint) when a cycle's CUDA
+      peak reserved memory exceeds it. It is measured on CUDA only: a CPU run refuses it.
+    """
+
     placement: Literal["resident", "swap"] = "resident"
     max_peak_reserved_gib: Annotated[float, Field(gt=0)] | None = None
 
@@ -211,37 +345,95 @@ class MiniverlConfig(Strict):
 
     @property
     def trajectories_per_cycle(self) -> int:
+        if self.algorithm.name in OFFLINE_ALGORITHMS:
+            return self.rollout.prompts_per_cycle  # one oracle trajectory per row
         return self.rollout.prompts_per_cycle * self.rollout.samples_per_prompt
 
     @model_validator(mode="after")
     def _consistent(self) -> MiniverlConfig:
         per_cycle = self.trajectories_per_cycle
-        if self.train.gradient_accumulation_steps is None:
+        if self.algorithm.name == "ppo":
+            _check_ppo(self)
+        elif self.train.gradient_accumulation_steps is None:
             self.train.gradient_accumulation_steps = per_cycle
         elif self.train.gradient_accumulation_steps != per_cycle:
+            if self.algorithm.name in OFFLINE_ALGORITHMS:
+                raise ValueError(
+                    f"train.gradient_accumulation_steps must equal rollout.prompts_per_cycle ({per_cycle}): "
+                    f"{self.algorithm.name} makes one update per cycle from that many dataset rows"
+                )
             raise ValueError(
                 "train.gradient_accumulation_steps must equal rollout.prompts_per_cycle x "
                 f"rollout.samples_per_prompt ({per_cycle}): strict on-policy training makes one "
                 "optimizer update per cycle from that cycle's fresh trajectories"
             )
-        if self.algorithm.name == "opd" and self.models.teacher is None:
-            raise ValueError("algorithm opd needs models.teacher")
+        if self.algorithm.name in ("opd", "kd") and self.models.teacher is None:
+            raise ValueError(f"algorithm {self.algorithm.name} needs models.teacher")
+        if self.algorithm.name == "kd" and "divergence" not in self.algorithm.distill.model_fields_set:
+            self.algorithm.distill.divergence = "forward_kl"  # classic KD: KL(teacher || student)
+        if self.algorithm.offline.teacher_cache is not None and self.algorithm.name != "kd":
+            raise ValueError("algorithm.offline.teacher_cache is for algorithm kd")
         if self.algorithm.name == "grpo" and self.algorithm.grpo.kl_coef > 0 and self.models.reference is None:
             raise ValueError("algorithm.grpo.kl_coef > 0 needs models.reference")
+        uses_rm = any(t.name == REWARD_MODEL_TERM for t in self.algorithm.rewards)
+        if uses_rm and self.models.reward is None:
+            raise ValueError(f"algorithm.rewards names {REWARD_MODEL_TERM!r} but models.reward is not configured")
+        if self.models.reward is not None and not uses_rm:
+            raise ValueError(
+                f"models.reward is configured but unused: add {{name: {REWARD_MODEL_TERM}, weight: ...}} "
+                "to algorithm.rewards"
+            )
+        if self.algorithm.name != "ppo" and self.models.critic is not None:
+            raise ValueError(f"models.critic is PPO's role; algorithm {self.algorithm.name} does not use it")
+        if self.memory.placement == "swap" and self.models.runtime == "dual_model":
+            for role in ("teacher", "reference"):
+                spec = getattr(self.models, role)
+                if spec is not None and spec.quantization != "none":
+                    raise ValueError(
+                        f"memory.placement swap is refused for the quantized models.{role}: bitsandbytes "
+                        "parameters cannot be moved between devices safely; use placement resident"
+                    )
         if self.models.runtime == "shared_backbone":
-            _check_shared_backbone(self.models, self.memory)
+            _check_shared_backbone(self.models, self.memory, needs_teacher=self.algorithm.name in ("opd", "kd"))
         return self
 
 
-def _check_shared_backbone(models: ModelsSection, memory: MemorySection) -> None:
+def _check_ppo(config: MiniverlConfig) -> None:
+    ppo = config.algorithm.ppo
+    per_cycle = config.trajectories_per_cycle
+    if per_cycle % ppo.mini_batches:
+        raise ValueError(
+            f"algorithm.ppo.mini_batches ({ppo.mini_batches}) must divide the trajectories per cycle "
+            f"({per_cycle} = rollout.prompts_per_cycle x rollout.samples_per_prompt)"
+        )
+    per_mini = per_cycle // ppo.mini_batches
+    if config.train.gradient_accumulation_steps is None:
+        config.train.gradient_accumulation_steps = per_mini
+    elif config.train.gradient_accumulation_steps != per_mini:
+        raise ValueError(
+            f"train.gradient_accumulation_steps must equal the trajectories of one PPO mini-batch ({per_mini} = "
+            f"{per_cycle} per cycle / algorithm.ppo.mini_batches {ppo.mini_batches})"
+        )
+    if ppo.kl_coef > 0 and config.models.reference is None:
+        raise ValueError("algorithm.ppo.kl_coef > 0 needs models.reference")
+    if config.models.critic is None:
+        lora = config.models.student.lora
+        config.models.critic = ModelSpec(source="student", lora=lora.model_copy() if lora is not None else None)
+    if config.models.runtime == "shared_backbone" and config.models.critic.source != "student":
+        raise ValueError("runtime shared_backbone: models.critic must be source 'student' (an adapter on the base)")
+
+
+def _check_shared_backbone(models: ModelsSection, memory: MemorySection, *, needs_teacher: bool) -> None:
     student = models.student
     for role in ("teacher", "reference"):
         spec: ModelSpec | None = getattr(models, role)
         if spec is None:
-            if role == "teacher":
+            if role == "teacher" and needs_teacher:
                 raise ValueError("runtime shared_backbone needs models.teacher with a pinned adapter")
             continue
         if spec.adapter is None:
+            if role == "reference" and spec.source == "student" and spec.privileged_context is None:
+                continue  # the frozen base itself: every adapter disabled while the reference runs
             raise ValueError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
         if spec.adapter.source == "local" and spec.adapter.sha256 is None:
             raise ValueError(f"runtime shared_backbone: models.{role}.adapter (local) needs sha256")
@@ -259,6 +451,11 @@ def _check_shared_backbone(models: ModelsSection, memory: MemorySection) -> None
         raise ValueError(
             "memory.placement swap is refused for a quantized shared backbone: bitsandbytes "
             "parameters cannot be moved between devices safely; use placement resident"
+        )
+    if memory.placement == "swap":
+        raise ValueError(
+            "memory.placement swap is refused for a shared backbone: it is one resident model with "
+            "nothing to swap; use placement resident (or runtime dual_model)"
         )
 
 

@@ -38,13 +38,16 @@ def build_runtime(
     auto: AutoPolicy | None = None,
     placement: str = "resident",
     activation_checkpointing: int = 0,
+    critic_seed: int = 0,
 ) -> RoleRuntime:
     """Build the runtime ``models.runtime`` names. ``loader`` replaces model loading (tests, gate).
 
     ``auto`` is the cost model of ``trajectory_batch_size: auto`` (default: by device and dtype).
-    ``placement`` is ``memory.placement``; a quantized shared backbone refuses ``swap``.
+    ``placement`` is ``memory.placement``: ``swap`` keeps dual_model's frozen roles on the CPU between
+    their phases; a shared backbone refuses it.
     ``activation_checkpointing`` > 0 recomputes every n-th student decoder layer in backward
     (peak activation memory of a physical batch drops from all layers to ~one layer).
+    ``critic_seed`` seeds the PPO value head (``models.critic``).
     """
     if models.runtime == "shared_backbone":
         from miniverl.runtime.shared import SharedBackboneRuntime
@@ -56,9 +59,16 @@ def build_runtime(
             auto=auto,
             placement=placement,
             activation_checkpointing=activation_checkpointing,
+            critic_seed=critic_seed,
         )
     from miniverl.runtime.dual import DualModelRuntime
 
     return DualModelRuntime(
-        models, device=device, loader=loader, auto=auto, activation_checkpointing=activation_checkpointing
+        models,
+        placement=placement,
+        device=device,
+        loader=loader,
+        auto=auto,
+        activation_checkpointing=activation_checkpointing,
+        critic_seed=critic_seed,
     )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from miniverl.runtime.batching import PhysicalBatch
 
-RoleName = Literal["student", "teacher", "reference"]
+RoleName = Literal["student", "teacher", "reference", "critic"]
 BatchSize = int | Literal["auto"]
 
 
@@ -96,6 +96,18 @@ class RoleRuntime(Protocol):
 
     def save_student_adapter(self, directory: str) -> None:
         """Write a standard PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
+
+    @property
+    def value_head(self) -> torch.nn.Linear:
+        """PPO's scalar value head ``Linear(H, 1)`` (fp32); ``KeyError`` without a critic role."""
+
+    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The critic's LoRA and value-head tensors (its own optimizer); empty without a critic."""
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]: ...
+
+    def save_critic(self, directory: str) -> None:
+        """Write the critic: a PEFT adapter directory plus ``value_head.safetensors``."""
 
     def role_manifest(self) -> Mapping[str, Any]:
         """Logical roles and immutable provenance (content digests, never local paths)."""

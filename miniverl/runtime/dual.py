@@ -4,7 +4,11 @@
 * teacher: a separate frozen model: any source, or ``source: student`` (a frozen copy of the
   student's base), optionally with a pinned frozen adapter. A ``privileged_context`` teacher is the
   frozen base: the controller builds its context-bearing rows, the runtime just scores them;
-* reference: optional, frozen, same rules as the teacher.
+* reference: optional, frozen, same rules as the teacher;
+* ``memory.placement: swap``: frozen (unquantized) teacher/reference models stay on the CPU and
+  are moved to the device for the duration of ``use(role)`` only;
+* critic (PPO): a separate model (``source: student`` = a copy of the student's base) with its own
+  trainable LoRA (adapter name ``critic``) and a scalar value head; its own optimizer.
 
 Teacher and reference built from the very same spec share one physical frozen model; they stay
 two logical roles.
@@ -20,9 +24,16 @@ import torch
 
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import ModelSpec, ModelsSection
+from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
+from miniverl.runtime.critic import (
+    CRITIC_ADAPTER,
+    build_value_head,
+    named_critic_parameters,
+    save_critic,
+)
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
@@ -51,6 +62,8 @@ class DualModelRuntime:
         loader: BaseLoader | None = None,
         auto: AutoPolicy | None = None,
         activation_checkpointing: int = 0,
+        critic_seed: int = 0,
+        placement: str = "resident",
     ) -> None:
         load = loader or default_loader
         self._device = torch.device(device)
@@ -92,7 +105,41 @@ class DualModelRuntime:
             model, info, owner = entry
             self._handles[role] = ModelRoleHandle(role, model, device=self._device, trainable=False, auto=self.auto)
             self._manifest[role] = {**info, "physical_model": owner}  # the role whose load it shares
+        self._critic: Any = None
+        self._value_head: torch.nn.Linear | None = None
+        if models.critic is not None:
+            self._load_critic(models, load, settings, critic_seed)
         self._active: list[RoleName] = []
+        self._swap = placement == "swap"
+        self.swap_transfers = 0
+        if self._swap:
+            for role in FROZEN_ROLES:
+                if role in self._handles:
+                    if getattr(models, role).quantization != "none":
+                        raise ConfigError(f"memory.placement swap is refused for the quantized models.{role}")
+                    self._handles[role].model.to("cpu")
+            release_device_memory(self._device)
+
+    def _load_critic(self, models: ModelsSection, load: BaseLoader, settings: LoadSettings, seed: int) -> None:
+        spec = models.critic
+        assert spec is not None and spec.lora is not None  # the schema fills the default
+        loaded = load(base_spec_for(spec, models.student), settings)
+        disable_cpu_weight_repack(loaded.model)
+        self._critic = attach_student_lora(loaded.model, spec.lora, adapter_name=CRITIC_ADAPTER)
+        self._critic.train()
+        self._value_head = build_value_head(self._critic, seed=seed, device=self._device)
+        self._handles["critic"] = ModelRoleHandle(
+            "critic", self._critic, device=self._device, trainable=True, auto=self.auto
+        )
+        self._manifest["critic"] = {
+            "base": loaded.identity,
+            "base_is_student_base": spec.source == "student",
+            "quantization": spec.quantization,
+            "lora": spec.lora.model_dump(mode="json"),
+            "adapter_name": CRITIC_ADAPTER,
+            "value_head": {"hidden_size": int(self._value_head.in_features), "seed": seed, "dtype": "float32"},
+            "physical_model": "critic",
+        }
 
     @staticmethod
     def _load_frozen(
@@ -135,11 +182,21 @@ class DualModelRuntime:
     def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
         if role not in self._handles:
             raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
+        handle = self._handles[role]
+        swap = self._swap and role in FROZEN_ROLES and role not in self._active
+        if swap:
+            handle.model.to(self._device)
+            self.swap_transfers += 1
         self._active.append(role)
         try:
-            yield self._handles[role]
+            yield handle
         finally:
             self._active.pop()
+            if swap:
+                handle.model.to("cpu")
+                self.swap_transfers += 1
+                if self._device.type == "cuda":
+                    torch.cuda.empty_cache()
 
     @contextmanager
     def generation_model(self) -> Iterator[Any]:
@@ -161,12 +218,30 @@ class DualModelRuntime:
     def save_student_adapter(self, directory: str) -> None:
         save_peft_adapter(self._student, STUDENT_ADAPTER, directory)
 
+    # ------------------------------------------------------------------ critic (PPO)
+    @property
+    def value_head(self) -> torch.nn.Linear:
+        if self._value_head is None:
+            raise KeyError("runtime has no critic role (models.critic)")
+        return self._value_head
+
+    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        yield from named_critic_parameters(self._critic, self.value_head)
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_critic_parameters()]
+
+    def save_critic(self, directory: str) -> None:
+        save_critic(self._critic, self.value_head, directory)
+
     def role_manifest(self) -> Mapping[str, Any]:
         return {"runtime": self.runtime, "roles": dict(self._manifest)}
 
     def close(self) -> None:
         self._handles.clear()
         self._student = None
+        self._critic = None
+        self._value_head = None
         release_device_memory(self._device)
 
 

@@ -1,7 +1,9 @@
 """``models.runtime: shared_backbone``: one physical base, one adapter per role.
 
 The base carries a trainable ``student`` LoRA, a frozen ``teacher`` adapter (required, pinned) and
-an optional frozen ``reference`` adapter; teacher and reference are distinct adapters (and roles)
+an optional frozen ``reference`` (a pinned adapter, or ``source: student`` without one: the frozen
+base, run with every adapter disabled), and for PPO a trainable ``critic`` adapter (with a
+scalar value head outside the base, its own optimizer); teacher and reference are distinct adapters (and roles)
 even when they load the same artifact. ``use(role)`` switches the active adapter:
 
 * the switch walks a precomputed list of LoRA layers (no module-tree walk), so it is cheap;
@@ -12,7 +14,7 @@ even when they load the same artifact. ``use(role)`` switches the active adapter
   already active is a no-op (no switch at all);
 * the module mode follows the role: ``train()`` for the student, ``eval()`` for frozen roles.
 
-A quantized shared backbone is resident: ``placement: swap`` is refused.
+A shared backbone is one resident model: ``placement: swap`` is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
+from miniverl.runtime.critic import (
+    CRITIC_ADAPTER,
+    build_value_head,
+    named_critic_parameters,
+    save_critic,
+)
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
@@ -47,13 +55,11 @@ FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
 def check_shared_models(models: ModelsSection, placement: str) -> None:
     """The runtime-side twin of the config check: refuse what one backbone cannot carry."""
     student = models.student
-    if models.teacher is None:
-        raise ConfigError("runtime shared_backbone needs models.teacher with a pinned adapter")
     for role in FROZEN_ROLES:
         spec: ModelSpec | None = getattr(models, role)
         if spec is None:
             continue
-        if spec.adapter is None:
+        if spec.adapter is None and not (role == "reference" and spec.source == "student"):
             raise ConfigError(f"runtime shared_backbone: models.{role} needs a pinned adapter")
         if spec.privileged_context is not None:
             raise ConfigError(f"runtime shared_backbone: models.{role} is an adapter role, not privileged_context")
@@ -70,6 +76,11 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
             "memory.placement swap is refused for a quantized shared backbone: bitsandbytes parameters "
             "cannot be moved between devices safely; use placement resident"
         )
+    if placement == "swap":
+        raise ConfigError(
+            "memory.placement swap is refused for a shared backbone: it is one resident model with nothing "
+            "to swap; use placement resident (or runtime dual_model)"
+        )
 
 
 class SharedBackboneRuntime:
@@ -84,6 +95,7 @@ class SharedBackboneRuntime:
         auto: AutoPolicy | None = None,
         activation_checkpointing: int = 0,
         placement: str = "resident",
+        critic_seed: int = 0,
     ) -> None:
         check_shared_models(models, placement)
         load = loader or default_loader
@@ -98,6 +110,7 @@ class SharedBackboneRuntime:
         if activation_checkpointing:
             enable_activation_checkpointing(self._model, activation_checkpointing)
         self._tokenizer = base.tokenizer
+        self._base_roles: set[RoleName] = set()
         self._manifest: dict[str, Any] = {
             "student": {
                 "adapter_name": "student",
@@ -107,18 +120,32 @@ class SharedBackboneRuntime:
         }
         for role in FROZEN_ROLES:
             spec: ModelSpec | None = getattr(models, role)
-            if spec is None or spec.adapter is None:
+            if spec is None:
+                continue
+            if spec.adapter is None:  # the reference is the frozen base: adapters disabled in its phase
+                self._base_roles.add(role)
+                self._manifest[role] = {"adapter_name": None, "adapter": None, "frozen_base": True, "trainable": False}
                 continue
             resolved = resolve_adapter(spec.adapter)
             load_frozen_adapter(self._model, resolved, adapter_name=role)
             self._manifest[role] = {"adapter_name": role, "adapter": resolved.provenance, "trainable": False}
+        self._value_head: torch.nn.Linear | None = None
+        if models.critic is not None:
+            self._add_critic(models, critic_seed)
         self._base_identity = {"base": base.identity, "quantization": models.student.quantization}
         self._layers = [m for m in self._model.modules() if hasattr(m, "set_adapter") and hasattr(m, "lora_A")]
-        self._student_params = [p for n, p in self._model.named_parameters() if ".student." in n and "lora_" in n]
-        self._frozen_params = [p for n, p in self._model.named_parameters() if "lora_" in n and ".student." not in n]
+        named = list(self._model.named_parameters())
+        self._student_names = [n for n, _ in named if ".student." in n and "lora_" in n]
+        self._student_params = [p for n, p in named if ".student." in n and "lora_" in n]
+        self._critic_params = [p for n, p in named if f".{CRITIC_ADAPTER}." in n and "lora_" in n]
+        trained = {id(p) for p in (*self._student_params, *self._critic_params)}
+        self._frozen_params = [p for n, p in named if "lora_" in n and id(p) not in trained]
+        trainable_roles = ("student", CRITIC_ADAPTER)
         self._handles: dict[RoleName, ModelRoleHandle] = {
-            role: ModelRoleHandle(role, self._model, device=self._device, trainable=role == "student", auto=self.auto)
-            for role in ("student", *FROZEN_ROLES)
+            role: ModelRoleHandle(
+                role, self._model, device=self._device, trainable=role in trainable_roles, auto=self.auto
+            )
+            for role in ("student", *FROZEN_ROLES, "critic")
             if role == "student" or role in self._manifest
         }
         self._modules = list(self._model.modules())
@@ -133,9 +160,36 @@ class SharedBackboneRuntime:
             self._switch("student")
         self.switch_count, self.switch_seconds = 0, 0.0
 
+    def _add_critic(self, models: ModelsSection, seed: int) -> None:
+        """A second trainable LoRA (``critic``) on the shared base, plus the value head."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import TaskType
+
+        spec = models.critic
+        assert spec is not None and spec.lora is not None
+        lora = spec.lora
+        self._model.add_adapter(
+            CRITIC_ADAPTER,
+            PeftLoraConfig(
+                r=lora.r,
+                lora_alpha=int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha,  # type: ignore[arg-type]
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                bias="none",
+                task_type=TaskType.CAUSAL_LM,
+            ),
+        )
+        self._value_head = build_value_head(self._model, seed=seed, device=self._device)
+        self._manifest["critic"] = {
+            "adapter_name": CRITIC_ADAPTER,
+            "lora": lora.model_dump(mode="json"),
+            "trainable": True,
+            "value_head": {"hidden_size": int(self._value_head.in_features), "seed": seed, "dtype": "float32"},
+        }
+
     def _guard_grads(self) -> None:
-        """Only the student adapter is trainable, whatever peft did to ``requires_grad``."""
-        for param in self._student_params:
+        """Only the student (and critic) adapters are trainable, whatever peft did to ``requires_grad``."""
+        for param in (*self._student_params, *self._critic_params):
             param.requires_grad_(True)
         for param in self._frozen_params:
             param.requires_grad_(False)
@@ -149,14 +203,18 @@ class SharedBackboneRuntime:
         trainability, and module modes are set through a precomputed flat module list.
         """
         start = time.perf_counter()
+        base_only = role in self._base_roles
+        adapter = "student" if base_only else role  # a frozen-base role keeps any adapter, all disabled
         if self._fast_switch:
             for layer in self._layers:
-                layer._active_adapter = [role]
+                layer._active_adapter = [adapter]
+                layer._disable_adapters = base_only
         else:
             for layer in self._layers:
-                layer.set_adapter(role, inference_mode=True)
+                layer.set_adapter(adapter, inference_mode=True)
+                layer._disable_adapters = base_only
             self._guard_grads()
-        self._model.base_model.active_adapter = role
+        self._model.base_model.active_adapter = adapter
         training = role == "student"
         for module in self._modules:
             module.__dict__["training"] = training
@@ -204,15 +262,30 @@ class SharedBackboneRuntime:
                 self._model.train(self._active == "student")
 
     def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        for name, param in self._model.named_parameters():
-            if param.requires_grad:
-                yield name, param
+        """The student adapter only (the critic's adapter has its own optimizer)."""
+        yield from zip(self._student_names, self._student_params, strict=True)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.named_trainable_parameters()]
 
     def save_student_adapter(self, directory: str) -> None:
         save_peft_adapter(self._model, "student", directory)
+
+    # ------------------------------------------------------------------ critic (PPO)
+    @property
+    def value_head(self) -> torch.nn.Linear:
+        if self._value_head is None:
+            raise KeyError("runtime has no critic role (models.critic)")
+        return self._value_head
+
+    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        yield from named_critic_parameters(self._model, self.value_head)
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_critic_parameters()]
+
+    def save_critic(self, directory: str) -> None:
+        save_critic(self._model, self.value_head, directory)
 
     def role_manifest(self) -> Mapping[str, Any]:
         return {"runtime": self.runtime, "backbone": dict(self._base_identity), "roles": dict(self._manifest)}
@@ -222,6 +295,9 @@ class SharedBackboneRuntime:
         self._layers.clear()
         self._modules.clear()
         self._student_params.clear()
+        self._student_names.clear()
+        self._critic_params.clear()
         self._frozen_params.clear()
+        self._value_head = None
         self._model = None
         release_device_memory(self._device)

@@ -100,8 +100,15 @@ def write_checkpoint(
     student_params: Mapping[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
     save_adapter: Any,
+    *,
+    extra_tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    extra_dirs: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``checkpoints_root/step-N`` atomically; ``save_adapter(dir)`` writes the PEFT adapter."""
+    """Write ``checkpoints_root/step-N`` atomically; ``save_adapter(dir)`` writes the PEFT adapter.
+
+    ``extra_tensors`` (file name -> tensors) and ``extra_dirs`` (directory name -> writer) carry an
+    algorithm's own state, e.g. PPO's critic parameters, its optimizer and its exported adapter.
+    """
     final = checkpoints_root / step_dir_name(state.step)
     if final.exists():
         raise CheckpointError(f"checkpoint {final.name} already exists")
@@ -123,6 +130,10 @@ def write_checkpoint(
             },
         )
         save_adapter(str(tmp / ADAPTER_DIR))
+        for file_name, tensors in (extra_tensors or {}).items():
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp / file_name)
+        for dir_name, writer in (extra_dirs or {}).items():
+            writer(str(tmp / dir_name))
         files = {
             p.relative_to(tmp).as_posix(): CheckpointFile(sha256=sha256_file(p), bytes=p.stat().st_size)
             for p in sorted(tmp.rglob("*"))
@@ -151,6 +162,16 @@ def read_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     """Student params, optimizer tensors and state.json of a verified checkpoint (RNG restored separately)."""
     state = json.loads((directory / STATE).read_text(encoding="utf-8"))
     return load_file(directory / STUDENT_PARAMS), load_file(directory / OPTIMIZER), state
+
+
+def read_extra_tensors(directory: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """The algorithm's own tensor files of a verified checkpoint."""
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {directory.name} lacks {', '.join(missing)}; it belongs to another algorithm"
+        )
+    return {n: load_file(directory / n) for n in names}
 
 
 def restore_rng_from(directory: Path, state: dict[str, Any]) -> None:

@@ -1,4 +1,8 @@
-"""The training controller: cycles of rollout -> score -> update, checkpoints, metrics. Thin by design."""
+"""The training controller: cycles of rollout -> score -> algorithm -> checkpoint, and metrics. Thin by design.
+
+Everything algorithm-specific (roles, targets/advantages, the optimizer step(s), extra checkpoint
+state) lives in :mod:`miniverl.training.algorithms`.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +19,27 @@ from typing import Any
 import torch
 
 from miniverl import progress
-from miniverl.algorithms import grpo_advantages
 from miniverl.canonical import atomic_write_text, canonical_json
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
-from miniverl.errors import CheckpointError
+from miniverl.errors import CheckpointError, MiniverlError
 from miniverl.records import MetricsLine, PlanRecord
-from miniverl.rewards import CompositeReward, RewardScore, reward_meta
+from miniverl.rewards import RewardScore
+from miniverl.rewards.reward_model import MixedReward, RewardModel
 from miniverl.rollout.hf import Trajectory
 from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
+from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
 from miniverl.training.checkpoint_files import list_checkpoints
-from miniverl.training.update import UpdateSequence, UpdateStats, grpo_update, opd_update
+
+
+class MemoryLimitError(MiniverlError):
+    """A cycle's CUDA peak reserved memory exceeded ``memory.max_peak_reserved_gib``."""
+
+
+#: the points ``on_phase`` is called at, in cycle order (a kill at any of them must resume exactly)
+PHASES = ("rollout", "score", "update", "checkpoint")
 
 
 @dataclass
@@ -61,6 +73,7 @@ class Controller:
         *,
         on_update: Callable[[int], None] | None = None,
         progress: Callable[[int, int, MetricsLine], None] | None = None,
+        on_phase: Callable[[str, int], None] | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -69,30 +82,40 @@ class Controller:
         self.run_dir = run_dir
         self.on_update = on_update
         self.progress = progress
+        self.on_phase = on_phase
         self.order = prompt_order(self.rows, shuffle=config.data.shuffle, seed=config.run.seed)
-        self.reward = CompositeReward([(t.name, t.weight, t.params) for t in config.algorithm.rewards])
-        train = config.train
-        self.optimizer = torch.optim.AdamW(
-            runtime.trainable_parameters(),
-            lr=train.learning_rate,
-            betas=train.adam_betas,
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-        )
+        reward_model = None
+        if config.models.reward is not None:
+            reward_model = RewardModel(
+                config.models.reward,
+                device=runtime.device,
+                student_tokenizer=runtime.tokenizer,
+                expected_identity=plan.models.get("reward"),
+            )
+        self.reward = MixedReward(config.algorithm.rewards, reward_model)
+        self.algorithm = build_algorithm(config, runtime)
+        self.algorithm.prepare(self.rows)
+        self.optimizer = self.algorithm.actor.optimizer
         self.state = Progress()
 
     # -- checkpoint I/O ---------------------------------------------------------------------
     def restore(self, directory: Path, record: Any) -> None:
         params, opt_tensors, state = ckpt.read_checkpoint(directory)
-        named = dict(self.runtime.named_trainable_parameters())
+        named = self.algorithm.actor.named()
         if set(named) != set(params):
             raise CheckpointError(f"checkpoint {directory.name} does not match this plan's adapter")
         with torch.no_grad():
             for name, tensor in params.items():
                 named[name].copy_(tensor.to(named[name].device, named[name].dtype))
         ckpt.optimizer_from_tensors(self.optimizer, opt_tensors, state["optimizer"])
-        ckpt.restore_rng_from(directory, state)
         extra = state["extra"]
+        names = sorted(self.algorithm.state_tensors())
+        if names:
+            try:
+                self.algorithm.load_state(ckpt.read_extra_tensors(directory, names), extra.get("algorithm", {}))
+            except (KeyError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {directory.name}: {exc}") from None
+        ckpt.restore_rng_from(directory, state)
         self.state = Progress(step=record.step, data_cursor=record.data_cursor)
         self.state.metrics = [MetricsLine.model_validate(m) for m in extra["metrics"]]
 
@@ -109,15 +132,30 @@ class Controller:
             config_digest=self.plan.config_digest,
             extra={
                 "metrics": [m.model_dump(mode="json") for m in self.state.metrics],
+                "algorithm": self.algorithm.state_json(),
             },
         )
-        params = dict(self.runtime.named_trainable_parameters())
+        params = self.algorithm.actor.named()
         root = self.run_dir / "checkpoints"
-        ckpt.write_checkpoint(root, state, params, self.optimizer, self.runtime.save_student_adapter)
+        extra_dirs = {"critic": self.runtime.save_critic} if self.runtime.has_role("critic") else None
+        ckpt.write_checkpoint(
+            root,
+            state,
+            params,
+            self.optimizer,
+            self.runtime.save_student_adapter,
+            extra_tensors=self.algorithm.state_tensors(),
+            extra_dirs=extra_dirs,
+        )
         for old in list_checkpoints(root)[: -self.config.checkpoint.keep_last]:
             shutil.rmtree(old)
 
     # -- one cycle ----------------------------------------------------------------------------
+    def _phase(self, name: str, cycle_index: int) -> None:
+        """``on_phase(name, cycle_index)``: ``cycle_index`` is the updates done before this cycle."""
+        if self.on_phase is not None:
+            self.on_phase(name, cycle_index)
+
     def _rollout(self, prompts: list[PromptRow]) -> list[Trajectory]:
         from miniverl.rollout.hf import generate_group
 
@@ -140,129 +178,96 @@ class Controller:
         return sampled
 
     def _score(self, prompts: list[PromptRow], trajectories: list[Trajectory]) -> list[RewardScore]:
-        by_id = {row.prompt_id: row for row in prompts}
-        scores = []
-        for traj in trajectories:
-            row = by_id[traj.prompt_id]
-            meta = reward_meta(row, response_token_count=traj.response_token_count, sample_index=traj.sample_index)
-            scores.append(self.reward.score(row.prompt, traj.response_text, **meta))
-        return scores
+        return self.reward.score_batch(prompts, trajectories)
 
-    def _advantages(self, trajectories: list[Trajectory], rewards: list[float]) -> list[float]:
-        g = self.config.algorithm.grpo
-        scores = torch.tensor(rewards, dtype=torch.float64)
-        adv = grpo_advantages(scores, [t.group_id for t in trajectories], norm_by_std=g.norm_by_std, eps=g.eps)
-        return [float(a) for a in adv]
-
-    def _update_sequences(
-        self, prompts: list[PromptRow], trajectories: list[Trajectory], advantages: list[float] | None
-    ) -> list[UpdateSequence]:
-        from miniverl.rollout.hf import encode_prompt
-
-        teacher = self.config.models.teacher
-        context = teacher.privileged_context if teacher is not None else None
-        by_id = {row.prompt_id: row for row in prompts}
-        teacher_prompts: dict[str, list[int]] = {}
-        sequences = []
-        for index, traj in enumerate(trajectories):
-            teacher_ids = teacher_start = None
-            if self.config.algorithm.name == "opd":
-                if context is not None:
-                    if traj.prompt_id not in teacher_prompts:
-                        row = by_id[traj.prompt_id]
-                        text = context.template.format(prompt=row.prompt, context=getattr(row, context.column))
-                        teacher_prompts[traj.prompt_id] = encode_prompt(
-                            self.runtime.tokenizer, text, use_chat_template=self.config.rollout.use_chat_template
-                        )
-                    t_prompt = teacher_prompts[traj.prompt_id]
-                else:
-                    t_prompt = list(traj.prompt_token_ids)
-                teacher_ids = tuple(t_prompt + list(traj.response_token_ids))
-                teacher_start = len(t_prompt)
-            sequences.append(
-                UpdateSequence(
-                    student_ids=tuple(traj.prompt_token_ids + traj.response_token_ids),
-                    response_start=len(traj.prompt_token_ids),
-                    teacher_ids=teacher_ids,
-                    teacher_response_start=teacher_start,
-                    response_len=len(traj.response_token_ids),
-                    advantage=advantages[index] if advantages is not None else 0.0,
-                )
-            )
-        return sequences
-
-    def _optimizer_step(self) -> tuple[float, float]:
-        params = self.runtime.trainable_parameters()
-        before = [p.detach().clone() for p in params]
-        max_norm = self.config.train.max_grad_norm
-        grads = [p.grad for p in params if p.grad is not None]
-        if max_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        delta = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(params, before, strict=True)))
-        return grad_norm, delta
+    def _reward_model_metrics(self, scores: list[RewardScore]) -> dict[str, float]:
+        rm = self.reward.rm
+        if rm is None:
+            return {}
+        values = [s.components["reward_model"] for s in scores]
+        return {
+            "reward_model/mean": statistics.fmean(values),
+            "reward_model/std": statistics.pstdev(values),
+            "reward_model/transfers": float(rm.transfers),
+            "reward_model/offloaded_after_phase": float(rm.location == "cpu"),
+        }
 
     def run_cycle(self) -> MetricsLine:
         cycle_start = time.perf_counter()
         cfg = self.config
+        index = self.state.step
         prompts = cycle_prompts(self.rows, self.order, self.state.data_cursor, cfg.rollout.prompts_per_cycle)
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
+        self._phase("rollout", index)
         n = len(prompts) * cfg.rollout.samples_per_prompt
         progress.phase("rollout", f"{n} sequences, <= {cfg.rollout.max_new_tokens} new tokens each")
-        trajectories = self._rollout(prompts)
-        scores = self._score(prompts, trajectories)
+        on_policy = self.algorithm.on_policy
+        if on_policy:
+            trajectories = self._rollout(prompts)
+        else:  # SFT / KD: the dataset's oracle trajectories, nothing sampled and nothing to score
+            trajectories = self.algorithm.oracle_trajectories(prompts, policy_version=self.state.step)
+        self._phase("score", index)
+        scores = self._score(prompts, trajectories) if on_policy else []
         rollout_seconds = time.perf_counter() - cycle_start
-        rewards = [score.total for score in scores]
+        batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores)
+        rewards = batch.rewards
         groups: dict[str, list[float]] = {}
-        for traj, reward in zip(trajectories, rewards, strict=True):
+        for traj, reward in zip(trajectories, rewards, strict=False):
             groups.setdefault(traj.group_id, []).append(reward)
-        group_std = max(statistics.pstdev(values) for values in groups.values())
-        advantages = None
-        if cfg.algorithm.name == "grpo":
-            advantages = self._advantages(trajectories, rewards)
-        sequences = self._update_sequences(prompts, trajectories, advantages)
+        group_std = max(statistics.pstdev(values) for values in groups.values()) if groups else None
+        self._phase("update", index)
         progress.phase("update", f"{sum(len(t.response_token_ids) for t in trajectories)} response tokens")
         update_start = time.perf_counter()
-        stats: UpdateStats = (
-            grpo_update(self.runtime, sequences, cfg)
-            if cfg.algorithm.name == "grpo"
-            else opd_update(self.runtime, sequences, cfg)
-        )
-        grad_norm, delta = self._optimizer_step()
+        result: AlgorithmStep = self.algorithm.update(batch, step=self.state.step)
         update_seconds = time.perf_counter() - update_start
         self.state.step += 1
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
-        self._write_trajectories(trajectories, scores, advantages)
+        self._write_trajectories(trajectories, scores, result.advantages)
         cuda = self.runtime.device.type == "cuda"
         line = MetricsLine(
             step=self.state.step,
             cycle=self.state.step,
             policy_version=self.state.step - 1,
             algorithm=cfg.algorithm.name,
-            loss=stats.loss,
-            reward_mean=statistics.fmean(rewards),
-            reward_std=statistics.pstdev(rewards),
+            loss=result.loss,
+            reward_mean=statistics.fmean(rewards) if rewards else None,
+            reward_std=statistics.pstdev(rewards) if rewards else None,
             reward_std_within_group_max=group_std,
-            nonzero_advantages=sum(abs(a) > 0 for a in advantages) if advantages is not None else None,
-            kl=stats.kl,
-            grad_norm=grad_norm,
-            adapter_delta_norm=delta,
-            response_tokens=stats.tokens,
+            nonzero_advantages=result.nonzero_advantages,
+            kl=result.kl,
+            grad_norm=result.grad_norm,
+            adapter_delta_norm=result.adapter_delta_norm,
+            response_tokens=result.tokens,
             trajectories=len(trajectories),
             rollout_seconds=rollout_seconds,
             update_seconds=update_seconds,
             cycle_seconds=time.perf_counter() - cycle_start,
             peak_reserved_bytes=torch.cuda.max_memory_reserved(self.runtime.device) if cuda else None,
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.runtime.device) if cuda else None,
+            algorithm_metrics={
+                k: v
+                for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores)}.items())
+                if math.isfinite(v)
+            },
         )
+        self._check_memory_limit(line)
         self.state.metrics.append(line)
+        self._phase("checkpoint", index)
         self._checkpoint()
         self._write_metrics()
         return line
+
+    def _check_memory_limit(self, line: MetricsLine) -> None:
+        limit = self.config.memory.max_peak_reserved_gib
+        if limit is None or line.peak_reserved_bytes is None:
+            return
+        peak = line.peak_reserved_bytes / 2**30
+        if peak > limit:
+            raise MemoryLimitError(
+                f"cycle {line.cycle} reserved {peak:.3f} GiB at peak, above memory.max_peak_reserved_gib "
+                f"{limit:g}; lower the batch sizes or raise the limit (the cycle was not checkpointed)"
+            )
 
     def _write_trajectories(
         self, trajectories: list[Trajectory], scores: list[RewardScore], advantages: list[float] | None
@@ -270,11 +275,11 @@ class Controller:
         records = [
             TrajectoryRecord.from_trajectory(
                 traj,
-                reward=score.total,
-                reward_components=score.components,
+                reward=scores[i].total if scores else None,
+                reward_components=scores[i].components if scores else None,
                 advantage=advantages[i] if advantages is not None else None,
             )
-            for i, (traj, score) in enumerate(zip(trajectories, scores, strict=True))
+            for i, traj in enumerate(trajectories)
         ]
         path = self.run_dir / "trajectories" / f"cycle-{self.state.step:06d}.jsonl"
         write_trajectories_jsonl(path, records)
@@ -284,9 +289,11 @@ class Controller:
         atomic_write_text(self.run_dir / "metrics.jsonl", text)
 
     def release(self) -> None:
-        """Drop the optimizer state and the runtime reference so teardown can free device memory."""
-        self.optimizer.state.clear()
-        self.optimizer.param_groups.clear()
+        """Drop the optimizer states and the runtime reference so teardown can free device memory."""
+        self.algorithm.actor.release()
+        self.algorithm.release()
+        self.reward.close()
+        del self.algorithm
         del self.runtime
 
     def run(self) -> None:

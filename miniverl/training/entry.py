@@ -37,7 +37,10 @@ def run_from_plan(
     resume: bool = False,
     progress: bool = False,
     on_update: Any = None,
+    on_phase: Any = None,
 ) -> dict[str, Any]:
+    """``on_update(step)`` after each update and ``on_phase(name, step)`` before each cycle phase
+    (:data:`~miniverl.training.controller.PHASES`) are hooks for tests that interrupt a run."""
     _check_run_id(run_id)
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
@@ -73,7 +76,7 @@ def run_from_plan(
         import torch  # noqa: F401
     except ImportError:
         raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
-    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, on_update)
+    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
 
 
 def _train(
@@ -85,7 +88,7 @@ def _train(
     run_id: str,
     found: Any,
     progress: bool,
-    on_update: Any,
+    hooks: tuple[Any, Any],
 ) -> dict[str, Any]:
     import torch
 
@@ -100,6 +103,11 @@ def _train(
         _seed_everything(config)
         device = resolve_device(config.models.device)
         cuda = device.type == "cuda"
+        if config.memory.max_peak_reserved_gib is not None and not cuda:
+            raise UsageError(
+                "memory.max_peak_reserved_gib is enforced from CUDA's peak reserved memory, and this run is on "
+                f"{device.type}; remove it for a {device.type} run"
+            )
         if cuda:
             torch.cuda.synchronize(device)
             _release_library_caches(torch)
@@ -114,6 +122,7 @@ def _train(
             device=device,
             placement=config.memory.placement,
             activation_checkpointing=config.train.activation_checkpointing,
+            critic_seed=config.algorithm.ppo.critic_head_seed,
         )
         controller = None
         load_peaks = (
@@ -135,7 +144,9 @@ def _train(
                 )
                 atomic_write_json(run_dir / "run.json", manifest.model_dump(mode="json"), pretty=True)
             reporter = _progress_reporter(plan.updates) if progress else None
-            controller = Controller(config, plan, runtime, rows, run_dir, on_update=on_update, progress=reporter)
+            controller = Controller(
+                config, plan, runtime, rows, run_dir, on_update=hooks[0], progress=reporter, on_phase=hooks[1]
+            )
             resumed_from = None
             if found is not None:
                 controller.restore(found[0], found[1])
@@ -186,7 +197,7 @@ def _train(
             reward_mean=_reward_mean(metrics),
             reward_std_within_group_max=max((m.reward_std_within_group_max or 0.0 for m in metrics), default=None),
             nonzero_advantages=sum(m.nonzero_advantages or 0 for m in metrics)
-            if config.algorithm.name == "grpo"
+            if config.algorithm.name in ("grpo", "ppo")
             else None,
             adapter_changed_each_update=bool(metrics) and all(m.adapter_delta_norm > 0 for m in metrics),
             wall_seconds=wall,
@@ -237,7 +248,8 @@ def _progress_reporter(total: int) -> Any:
 
     def report(step: int, _total: int, line: Any) -> None:
         console.print(
-            f"[bold]update {step}/{total}[/bold] loss {line.loss:.4f} reward {line.reward_mean:.3f} "
+            f"[bold]update {step}/{total}[/bold] loss {line.loss:.4f} "
+            f"reward {line.reward_mean if line.reward_mean is not None else float('nan'):.3f} "
             f"tokens {line.response_tokens} {line.cycle_seconds:.1f}s"
         )
 
@@ -253,6 +265,6 @@ def _release_library_caches(torch: Any) -> None:
 def _reward_mean(metrics: list[MetricsLine]) -> float | None:
     """Mean reward over every trajectory of the run (each update's mean weighted by its trajectories)."""
     total = sum(m.trajectories for m in metrics)
-    if total == 0:
-        return None
+    if total == 0 or all(m.reward_mean is None for m in metrics):
+        return None  # nothing was scored (SFT / KD)
     return sum((m.reward_mean or 0.0) * m.trajectories for m in metrics) / total

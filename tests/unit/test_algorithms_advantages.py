@@ -117,7 +117,7 @@ def test_gae_matches_brute_force_with_holes_and_padding(gamma, lam):
     torch.testing.assert_close(ret, ref_ret, rtol=1e-12, atol=1e-12)
     assert bool((adv[~mask] == 0).all()) and bool((ret[~mask] == 0).all())
 
-    white, ret2 = gae_advantages(garbage_r, garbage_v, mask, gamma=gamma, lam=lam)
+    white, ret2 = gae_advantages(garbage_r, garbage_v, mask, gamma=gamma, lam=lam, whiten=True)
     sel = ref_adv[mask]
     torch.testing.assert_close(white[mask], (sel - sel.mean()) / torch.sqrt(sel.var() + 1e-8), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(ret2, ref_ret, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,295 @@
+"""PPO with a critic: token-level values, GAE, clipped policy and value losses, several updates per rollout.
+
+Roles: student (the actor), critic (LoRA + scalar value head, its own AdamW at
+``algorithm.ppo.critic_learning_rate``), and a reference when ``kl_coef > 0``. One cycle:
+
+1. with the rollout weights, under ``no_grad``: the actor's log-probs :math:`\\log\\pi_{old}`, the
+   reference's (KL), the critic's values :math:`V_{old}` at every response token;
+2. token rewards: the trajectory's score on its last response token, minus
+   ``kl_coef * kl_penalty(old, ref, kl_estimator)`` on every token with ``kl_mode: reward``;
+3. :func:`~miniverl.algorithms.gae_advantages` (gamma, lam), whitened over the rollout batch
+   (``whiten_advantages``), returns = advantages + values (unwhitened);
+4. ``ppo_epochs`` passes over ``mini_batches`` mini-batches (order reshuffled per epoch from a
+   generator seeded by (run seed, update, epoch), so resume replays it): one actor step on the
+   token-mean PPO-clip loss (+ the KL loss with ``kl_mode: loss``) and one critic step on the
+   clipped value loss per mini-batch.
+
+The strict one-update OPD rule does not apply: the ratio to the rollout policy and its clip are
+what keep the later updates proximal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from miniverl.algorithms import (
+    chunked_token_logprobs,
+    explained_variance,
+    gae_advantages,
+    kl_penalty,
+    masked_whiten,
+    policy_loss_metrics,
+    ppo_clip_token_losses,
+    value_clip_fraction,
+    value_clip_loss,
+)
+from miniverl.config.schema import MiniverlConfig
+from miniverl.runtime.base import RoleName, RoleRuntime
+from miniverl.runtime.critic import values_from_hidden
+from miniverl.training import checkpoint as ckpt
+from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch, TrainedParameters
+from miniverl.training.update import UpdateSequence, physical_batches, rows_of, targets_of
+
+CRITIC_PARAMS = "critic_params.safetensors"
+CRITIC_OPTIMIZER = "critic_optimizer.safetensors"
+
+
+class Ppo(Algorithm):
+    name = "ppo"
+    roles = ("critic",)
+
+    def __init__(self, config: MiniverlConfig, runtime: RoleRuntime, actor: TrainedParameters) -> None:
+        super().__init__(config, runtime, actor)
+        train = config.train
+        ppo = config.algorithm.ppo
+        self.critic = TrainedParameters(
+            list(runtime.named_critic_parameters()),
+            lr=ppo.critic_learning_rate,
+            betas=train.adam_betas,
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+            max_grad_norm=ppo.critic_max_grad_norm,
+        )
+
+    def required_roles(self, config: MiniverlConfig) -> tuple[RoleName, ...]:
+        return ("critic", "reference") if config.algorithm.ppo.kl_coef > 0 else ("critic",)
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        opt_tensors, _ = ckpt.optimizer_to_tensors(self.critic.optimizer)
+        params = {n: p.detach().cpu().contiguous() for n, p in self.critic.named().items()}
+        return {CRITIC_PARAMS: params, CRITIC_OPTIMIZER: opt_tensors}
+
+    def state_json(self) -> dict[str, Any]:
+        _, meta = ckpt.optimizer_to_tensors(self.critic.optimizer)
+        return {"critic_optimizer": meta}
+
+    def load_state(self, tensors: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
+        named = self.critic.named()
+        params = tensors[CRITIC_PARAMS]
+        if set(params) != set(named):
+            raise ValueError("checkpoint critic tensors do not match this plan's critic")
+        with torch.no_grad():
+            for name, tensor in params.items():
+                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        ckpt.optimizer_from_tensors(self.critic.optimizer, dict(tensors[CRITIC_OPTIMIZER]), meta["critic_optimizer"])
+
+    def release(self) -> None:
+        self.critic.release()
+
+    # ------------------------------------------------------------------ one cycle
+    def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
+        ppo = self.config.algorithm.ppo
+        seqs = batch.sequences()
+        if any(s.response_len < 1 for s in seqs):
+            raise ValueError("PPO needs at least one response token per trajectory")
+        old_logp, ref_logp, old_values = self._rollout_tensors(seqs)
+        n, t_len = len(seqs), max(s.response_len for s in seqs)
+        dev = old_logp[0].device
+        mask = torch.zeros(n, t_len, dtype=torch.bool, device=dev)
+        rewards = torch.zeros(n, t_len, dtype=torch.float32, device=dev)
+        values = torch.zeros_like(rewards)
+        for i, s in enumerate(seqs):
+            mask[i, : s.response_len] = True
+            rewards[i, s.response_len - 1] = batch.rewards[i]
+            values[i, : s.response_len] = old_values[i]
+        metrics: dict[str, float] = {}
+        if ppo.kl_coef > 0 and ppo.kl_mode == "reward":
+            assert ref_logp is not None
+            kl_tok = torch.zeros_like(rewards)
+            for i, s in enumerate(seqs):
+                kl_tok[i, : s.response_len] = kl_penalty(old_logp[i], ref_logp[i], ppo.kl_estimator)
+            rewards = rewards - ppo.kl_coef * kl_tok
+            metrics["actor/reward_kl_penalty"] = float(kl_tok[mask].mean())
+        adv, returns = gae_advantages(rewards, values, mask, gamma=ppo.gamma, lam=ppo.lam)
+        metrics.update(_data_metrics(adv, returns, values, mask))
+        if ppo.whiten_advantages:
+            adv = masked_whiten(adv, mask)
+        per_traj_adv = [float(adv[i, : s.response_len].mean()) for i, s in enumerate(seqs)]
+        start = [p.detach().clone() for p in self.actor.params]
+        critic_start = [p.detach().clone() for p in self.critic.params]
+        sums: dict[str, list[float]] = {}
+        per_mini = self.config.train.gradient_accumulation_steps or n
+        for epoch in range(ppo.ppo_epochs):
+            for mini in _mini_batches(n, per_mini, self._order_seed(step, epoch), shuffle=ppo.shuffle_mini_batches):
+                part = [seqs[i] for i in mini]
+                tok = {
+                    "old": torch.cat([old_logp[i] for i in mini]),
+                    "ref": torch.cat([ref_logp[i] for i in mini]) if ref_logp is not None else None,
+                    "adv": torch.cat([adv[i, : seqs[i].response_len] for i in mini]),
+                    "ret": torch.cat([returns[i, : seqs[i].response_len] for i in mini]),
+                    "val": torch.cat([old_values[i] for i in mini]),
+                }
+                for key, value in self._actor_step(part, tok).items():
+                    sums.setdefault(key, []).append(value)
+                for key, value in self._critic_step(part, tok).items():
+                    sums.setdefault(key, []).append(value)
+        for key, values_list in sums.items():
+            metrics[key] = sum(values_list) / len(values_list)
+        metrics["actor/updates"] = float(len(sums["actor/pg_loss"]))
+        metrics["critic/updates"] = float(len(sums["critic/vf_loss"]))
+        metrics["critic/delta_norm"] = _delta(self.critic.params, critic_start)
+        return AlgorithmStep(
+            loss=metrics["actor/pg_loss"],
+            kl=metrics.get("actor/kl_loss", metrics.get("actor/reward_kl_penalty")),
+            tokens=int(mask.sum()),
+            grad_norm=metrics["actor/grad_norm"],
+            adapter_delta_norm=_delta(self.actor.params, start),
+            advantages=per_traj_adv,
+            metrics=metrics,
+        )
+
+    def _order_seed(self, step: int, epoch: int) -> int:
+        digest = hashlib.sha256(f"ppo-minibatch:{self.config.run.seed}:{step}:{epoch}".encode()).hexdigest()
+        return int(digest[:15], 16)
+
+    @torch.no_grad()
+    def _rollout_tensors(
+        self, seqs: Sequence[UpdateSequence]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor]]:
+        """Per trajectory: the rollout actor's log-probs, the reference's (if KL) and the critic's values."""
+        rt, chunk = self.runtime, self.config.train.logprob_chunk_size
+        n = len(seqs)
+        old: list[torch.Tensor] = [torch.empty(0)] * n
+        ref: list[torch.Tensor] = [torch.empty(0)] * n
+        vals: list[torch.Tensor] = [torch.empty(0)] * n
+        use_ref = self.config.algorithm.ppo.kl_coef > 0
+        for index_list in physical_batches(rt, seqs, self.config.train.trajectory_batch_size):
+            part = [seqs[i] for i in index_list]
+            rows, targets = rows_of(part, teacher=False), targets_of(part, rt.device)
+            sizes = [s.response_len for s in part]
+            with rt.use("student") as student:
+                hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
+                logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
+            if use_ref:
+                with rt.use("reference") as reference:
+                    hidden = reference.selected_hidden(rows, trajectory_batch_size=len(part))
+                    ref_lp, _ = chunked_token_logprobs(hidden, reference.head_weight, targets, chunk_size=chunk)
+                for i, piece in zip(index_list, ref_lp.split(sizes), strict=True):
+                    ref[i] = piece
+            with rt.use("critic") as critic:
+                value = values_from_hidden(rt.value_head, critic.selected_hidden(rows, trajectory_batch_size=len(part)))
+            for i, lp, v in zip(index_list, logp.split(sizes), value.split(sizes), strict=True):
+                old[i], vals[i] = lp, v
+        return old, ref if use_ref else None, vals
+
+    def _actor_step(self, part: list[UpdateSequence], tok: dict[str, Any]) -> dict[str, float]:
+        ppo, rt, chunk = self.config.algorithm.ppo, self.runtime, self.config.train.logprob_chunk_size
+        total = sum(s.response_len for s in part)
+        offsets = _offsets(part)
+        loss_sum = kl_sum = 0.0
+        logps, ents = [], []
+        use_kl_loss = ppo.kl_coef > 0 and ppo.kl_mode == "loss"
+        for index_list in physical_batches(rt, part, self.config.train.trajectory_batch_size):
+            sub = [part[i] for i in index_list]
+            sel = torch.cat([torch.arange(offsets[i], offsets[i] + part[i].response_len) for i in index_list])
+            sel = sel.to(tok["old"].device)
+            with rt.use("student") as student:
+                hidden = student.selected_hidden(rows_of(sub, teacher=False), trajectory_batch_size=len(sub))
+                logp, entropy = chunked_token_logprobs(
+                    hidden, student.head_weight, targets_of(sub, rt.device), chunk_size=chunk, with_entropy=True
+                )
+            ones = torch.ones(1, logp.shape[0], dtype=torch.bool, device=logp.device)
+            losses = ppo_clip_token_losses(
+                logp[None], tok["old"][sel][None], tok["adv"][sel][None], ones,
+                clip_low=ppo.clip_low, clip_high=ppo.clip_high,
+            )  # fmt: skip
+            loss = losses.sum() / total
+            if use_kl_loss:
+                kl_tokens = kl_penalty(logp, tok["ref"][sel], ppo.kl_estimator)
+                loss = loss + ppo.kl_coef * kl_tokens.sum() / total
+                kl_sum += float(kl_tokens.detach().sum())
+            loss.backward()
+            loss_sum += float(losses.detach().sum()) / total
+            logps.append((sel, logp.detach()))
+            ents.append((sel, entropy.detach() if entropy is not None else None))
+        logp_all = torch.empty_like(tok["old"])
+        ent_all = torch.empty_like(tok["old"])
+        for (sel, lp), (_, ent) in zip(logps, ents, strict=True):
+            logp_all[sel] = lp.to(logp_all.dtype)
+            if ent is not None:
+                ent_all[sel] = ent.to(ent_all.dtype)
+        stats = policy_loss_metrics(
+            logp_all[None], tok["old"][None], tok["adv"][None], torch.ones_like(logp_all, dtype=torch.bool)[None],
+            clip_low=ppo.clip_low, clip_high=ppo.clip_high, entropy=ent_all[None],
+        )  # fmt: skip
+        grad_norm, _ = self.actor.step()
+        out = {f"actor/{k}": v for k, v in stats.items()}
+        out.update({"actor/pg_loss": loss_sum, "actor/grad_norm": grad_norm})
+        if use_kl_loss:
+            out["actor/kl_loss"] = kl_sum / total
+        return out
+
+    def _critic_step(self, part: list[UpdateSequence], tok: dict[str, Any]) -> dict[str, float]:
+        ppo, rt = self.config.algorithm.ppo, self.runtime
+        total = sum(s.response_len for s in part)
+        offsets = _offsets(part)
+        loss_sum = 0.0
+        preds = torch.empty_like(tok["val"])
+        for index_list in physical_batches(rt, part, self.config.train.trajectory_batch_size):
+            sub = [part[i] for i in index_list]
+            sel = torch.cat([torch.arange(offsets[i], offsets[i] + part[i].response_len) for i in index_list])
+            sel = sel.to(tok["val"].device)
+            with rt.use("critic") as critic:
+                hidden = critic.selected_hidden(rows_of(sub, teacher=False), trajectory_batch_size=len(sub))
+                vpred = values_from_hidden(rt.value_head, hidden)
+            ones = torch.ones(1, vpred.shape[0], dtype=torch.bool, device=vpred.device)
+            count = float(vpred.shape[0])
+            loss = value_clip_loss(
+                vpred[None], tok["val"][sel][None], tok["ret"][sel][None], ones, clip_range=ppo.value_clip
+            ) * (count / total)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            preds[sel] = vpred.detach()
+        ones = torch.ones_like(preds, dtype=torch.bool)[None]
+        clipfrac = value_clip_fraction(preds[None], tok["val"][None], tok["ret"][None], ones, clip_range=ppo.value_clip)
+        grad_norm, _ = self.critic.step()
+        return {"critic/vf_loss": loss_sum, "critic/vf_clipfrac": float(clipfrac), "critic/grad_norm": grad_norm}
+
+
+def _offsets(part: Sequence[UpdateSequence]) -> list[int]:
+    out, acc = [], 0
+    for s in part:
+        out.append(acc)
+        acc += s.response_len
+    return out
+
+
+def _mini_batches(n: int, per_mini: int, seed: int, *, shuffle: bool) -> list[list[int]]:
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if shuffle else list(range(n))
+    return [order[i : i + per_mini] for i in range(0, n, per_mini)]
+
+
+def _delta(params: Sequence[torch.Tensor], before: Sequence[torch.Tensor]) -> float:
+    return math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(params, before, strict=True)))
+
+
+@torch.no_grad()
+def _data_metrics(
+    adv: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """verl's ``compute_data_metrics`` critic side, on the rollout batch (before whitening)."""
+    a, r, v = adv[mask], returns[mask], values[mask]
+    return {
+        "critic/advantages/mean": float(a.mean()),
+        "critic/advantages/max": float(a.max()),
+        "critic/advantages/min": float(a.min()),
+        "critic/returns/mean": float(r.mean()),
+        "critic/values/mean": float(v.mean()),
+        "critic/vf_explained_var": float(explained_variance(values, returns, mask)),
+    }
