@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_bench.set_defaults(handler=cmd_bench)
     from miniverl.bench.rollout_args import add_rollout_arguments
 
-    rollout_bench = bench_sub.add_parser("rollout", help="decode throughput: fast engine vs HF loop vs generate")
+    rollout_bench = bench.add_parser("rollout", help="decode throughput: fast engine vs HF loop vs generate")
     add_rollout_arguments(rollout_bench)
     rollout_bench.add_argument("--json", action="store_true")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
