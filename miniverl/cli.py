@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollout_bench = bench.add_parser("rollout", help="decode throughput: fast engine vs HF loop vs generate")
     add_rollout_arguments(rollout_bench)
-    rollout_bench.add_argument("--json", action="store_true")
+    rollout_bench.add_argument("--json", action="store_true", help="print the result as JSON")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")

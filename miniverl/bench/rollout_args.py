@@ -13,15 +13,19 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=ROLLOUT_MODELS, default="tiny")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    parser.add_argument("--model", choices=ROLLOUT_MODELS, default="tiny", help="model shape (random weights)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to decode")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on CUDA, fp32 on CPU"
+    )
     parser.add_argument("--batches", type=_int_list, default=(16, 64), help="comma-separated, e.g. 16,64")
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--slow-repeats", type=int, default=1)
-    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=PATHS)
-    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--new-tokens", type=int, default=256, help="fixed decode length per sample")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length per sample")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per cell (plans, graphs)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per fast cell (median reported)")
+    parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per slow (HF) cell")
+    parser.add_argument(
+        "--paths", type=lambda s: tuple(s.split(",")), default=PATHS, help=f"comma-separated of {','.join(PATHS)}"
+    )
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiler summary")
     parser.add_argument("--out", required=True, help="output directory")
