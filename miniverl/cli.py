@@ -141,6 +141,18 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_handoff(args: argparse.Namespace) -> int:
+    from miniverl.handoff.cli import run_handoff
+
+    return run_handoff(args, _emit)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from miniverl.handoff.cli import run_diagnose
+
+    return run_diagnose(args, _emit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="miniverl", description="RL post-training and distillation on one device.")
     parser.add_argument("--version", action="version", version=__version__)
@@ -205,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_bench = bench_sub.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
     runtime_bench.set_defaults(handler=cmd_bench)
+
+    handoff = add("handoff", cmd_handoff, "compile a plan or run into a verl 0.9 launch bundle")
+    handoff.add_argument("source", metavar="RUN_OR_PLAN")
+    handoff.add_argument("--out", required=True, help="bundle directory (must not exist)")
+    add("diagnose", cmd_diagnose, "check a bundle against the installed verl (no Ray, no GPU)").add_argument("bundle")
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")
     schemas.add_argument("--out", default="manifests/miniverl")

@@ -1,0 +1,170 @@
+"""``miniverl diagnose BUNDLE``: would verl 0.9 launch this bundle? Checked locally, without Ray or a GPU.
+
+1. the manifest's file hashes match (``bundle_modified``);
+2. verl is importable (otherwise exit 2) and is the manifest's version (``verl_version_mismatch``);
+3. the bundle's YAML composes with verl's own Hydra defaults (``compose_failed``);
+4. verl's own ``validate_config`` passes on the composed config (``verl_validation_failed``);
+5. the reward file imports and has verl's signature, and its terms resolve (``reward_import_failed``);
+6. the Parquet file has verl's columns (``dataset_columns``);
+7. a bundled base model directory is present (``model_missing``).
+
+``launch_status`` is ``ready`` or the first blocker's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import inspect
+import io
+from pathlib import Path
+from typing import Any
+
+from miniverl.errors import UsageError
+from miniverl.handoff.manifest import read_manifest, verify_files
+
+VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
+REWARD_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def diagnose(bundle: Path) -> dict[str, Any]:
+    manifest = read_manifest(bundle)
+    if importlib.util.find_spec("verl") is None:
+        raise UsageError(
+            f"verl is not installed in this environment; diagnose needs verl {manifest.verl_version} "
+            "(a separate venv, e.g. `nox -s verl`)"
+        )
+    root = bundle.resolve()
+    checks: dict[str, Any] = {}
+    blockers: list[dict[str, str]] = []
+
+    def block(code: str, detail: str) -> None:
+        blockers.append({"code": code, "detail": detail})
+
+    problems = verify_files(root, manifest)
+    checks["files"] = {"verified": len(manifest.files), "problems": problems}
+    if problems:
+        block("bundle_modified", "; ".join(problems[:5]))
+    verl_version = importlib.metadata.version("verl")
+    checks["verl_version"] = verl_version
+    if verl_version != manifest.verl_version:
+        block("verl_version_mismatch", f"installed verl {verl_version}, bundle compiled for {manifest.verl_version}")
+
+    from miniverl.handoff.standins import install_vllm_standins
+
+    stand_ins = install_vllm_standins()
+    checks["stand_ins"] = stand_ins
+    config = None
+    try:
+        config = _compose(root, manifest.config_name, _launch_overrides(root, manifest))
+        checks["compose"] = "ok"
+    except Exception as exc:
+        block("compose_failed", _one_line(exc))
+    if config is not None:
+        try:
+            checks["validate_config"] = _validate(config)
+        except Exception as exc:
+            block("verl_validation_failed", _one_line(exc))
+    try:
+        checks["reward"] = _check_reward(root / "reward_fn.py")
+    except Exception as exc:
+        block("reward_import_failed", _one_line(exc))
+    try:
+        checks["dataset"] = _check_dataset(root / "data" / "train.parquet")
+    except Exception as exc:
+        block("dataset_columns", _one_line(exc))
+    if manifest.model.binding == "bundle" and not (root / "model" / "config.json").is_file():
+        block("model_missing", "model/config.json is absent")
+    checks["model"] = {
+        "binding": manifest.model.binding,
+        "resolved": "in the bundle" if manifest.model.binding == "bundle" else "by launch.sh at launch time",
+    }
+    status = "ready" if not blockers else blockers[0]["code"]
+    return {
+        "bundle": bundle.name,
+        "launch_status": status,
+        "blockers": blockers,
+        "compiler": manifest.compiler,
+        "ir_digest": manifest.ir_digest,
+        "rules_digest": manifest.rules_digest,
+        "checks": checks,
+        "ray_started": False,
+    }
+
+
+def _launch_overrides(root: Path, manifest: Any) -> list[str]:
+    """The same locations launch.sh passes (absolute only in this process, never written)."""
+    overrides = [
+        f"data.train_files={root / 'data' / 'train.parquet'}",
+        f"data.val_files={root / 'data' / 'train.parquet'}",
+        f"reward.custom_reward_function.path={root / 'reward_fn.py'}",
+        f"trainer.default_local_dir={root / 'checkpoints'}",
+    ]
+    if manifest.model.binding == "bundle":
+        overrides.append(f"actor_rollout_ref.model.path={root / 'model'}")
+    if manifest.adapter is not None:
+        overrides.append(f"actor_rollout_ref.model.lora_adapter_path={root / 'adapter'}")
+    return overrides
+
+
+def _compose(root: Path, config_name: str, overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(root / "config"), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _validate(config: Any) -> dict[str, Any]:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    use_ref = bool(need_reference_policy(config))
+    use_critic = bool(need_critic(config))
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        validate_config(config=config, use_reference_policy=use_ref, use_critic=use_critic)
+    return {
+        "passed": True,
+        "use_reference_policy": use_ref,
+        "use_critic": use_critic,
+        "adv_estimator": str(config.algorithm.adv_estimator),
+        "rollout": str(config.actor_rollout_ref.rollout.name),
+        "verl_said": [line for line in printed.getvalue().splitlines() if line.strip()][-3:],
+    }
+
+
+def _check_reward(path: Path) -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("miniverl_bundle_reward_fn", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, "compute_score", None)
+    if not callable(fn):
+        raise ImportError(f"{path.name} has no compute_score")
+    names = tuple(inspect.signature(fn).parameters)
+    if names[: len(REWARD_PARAMETERS)] != REWARD_PARAMETERS:
+        raise TypeError(f"compute_score{names} is not verl's (data_source, solution_str, ground_truth, extra_info)")
+    from miniverl.handoff.reward_bridge import build_reward
+
+    reward = build_reward(module.TERMS)
+    return {"function": "compute_score", "terms": reward.names}
+
+
+def _check_dataset(path: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    if tuple(schema.names) != VERL_COLUMNS:
+        raise ValueError(f"columns {schema.names}, expected {list(VERL_COLUMNS)}")
+    reward_model = schema.field("reward_model").type
+    if "ground_truth" not in [reward_model.field(i).name for i in range(reward_model.num_fields)]:
+        raise ValueError("reward_model has no ground_truth")
+    return {"rows": pq.read_metadata(path).num_rows, "columns": list(schema.names)}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
