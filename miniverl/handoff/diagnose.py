@@ -66,6 +66,10 @@ def diagnose(bundle: Path) -> dict[str, Any]:
             checks["validate_config"] = _validate(config)
         except Exception as exc:
             block("verl_validation_failed", _one_line(exc))
+        mismatched = _overlay_mismatches(root / "config" / f"{manifest.config_name}.yaml", config)
+        checks["overlay"] = {"applied": not mismatched, "mismatched": mismatched}
+        if mismatched:
+            block("overlay_not_applied", ", ".join(mismatched[:5]))
     try:
         checks["reward"] = _check_reward(root / "reward_fn.py")
     except Exception as exc:
@@ -74,8 +78,16 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         checks["dataset"] = _check_dataset(root / "data" / "train.parquet")
     except Exception as exc:
         block("dataset_columns", _one_line(exc))
-    if manifest.model.binding == "bundle" and not (root / "model" / "config.json").is_file():
+    model_dir = root / "model"
+    if manifest.model.binding == "bundle" and not (model_dir / "config.json").is_file():
         block("model_missing", "model/config.json is absent")
+    elif manifest.model.binding == "bundle" and not blockers:
+        try:
+            checks["verl_dataset"] = _load_with_verl(root, model_dir, config)
+        except Exception as exc:
+            block("verl_dataset_failed", _one_line(exc))
+    else:
+        checks["verl_dataset"] = "skipped: the tokenizer is resolved at launch (hub or builtin model)"
     checks["model"] = {
         "binding": manifest.model.binding,
         "resolved": "in the bundle" if manifest.model.binding == "bundle" else "by launch.sh at launch time",
@@ -133,6 +145,69 @@ def _validate(config: Any) -> dict[str, Any]:
         "rollout": str(config.actor_rollout_ref.rollout.name),
         "verl_said": [line for line in printed.getvalue().splitlines() if line.strip()][-3:],
     }
+
+
+def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
+    """Keys of the bundle's YAML whose composed value differs (verl defaults must not win)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    overlay = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
+    resolved = OmegaConf.to_container(composed, resolve=False)
+    located = {"data.train_files", "data.val_files", "reward.custom_reward_function.path", "trainer.default_local_dir"}
+    located |= {"actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_adapter_path"}
+    out: list[str] = []
+
+    def walk(node: Any, have: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                child = have.get(key) if isinstance(have, dict) else None
+                walk(value, child, f"{prefix}.{key}" if prefix else str(key))
+        elif prefix not in located and node != have:
+            out.append(prefix)
+
+    walk({k: v for k, v in overlay.items() if k not in ("hydra", "defaults")}, resolved, "")
+    return out
+
+
+def _load_with_verl(root: Path, model_dir: Path, config: Any) -> dict[str, Any]:
+    """verl's own RLHFDataset over the bundle's Parquet with the bundled tokenizer (CPU only)."""
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    with contextlib.redirect_stdout(io.StringIO()):
+        dataset = RLHFDataset(
+            data_files=[str(root / "data" / "train.parquet")], tokenizer=tokenizer, config=config.data
+        )
+        first = dataset[0]
+    reward = _reward_probe(root, model_dir, first)
+    return {"rows": len(dataset), "first_keys": sorted(first), "reward_probe": reward}
+
+
+def _reward_probe(root: Path, model_dir: Path, row: dict[str, Any]) -> float:
+    """Call the bundle's compute_score once the way verl's naive reward manager does."""
+    import os
+
+    from miniverl.handoff.reward_bridge import TOKENIZER_ENV
+
+    spec = importlib.util.spec_from_file_location("miniverl_bundle_reward_probe", root / "reward_fn.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ground_truth = row["reward_model"]["ground_truth"]
+    previous = os.environ.get(TOKENIZER_ENV)
+    os.environ[TOKENIZER_ENV] = str(model_dir)
+    try:
+        value = module.compute_score(
+            row["data_source"], f"The answer is {ground_truth}.", ground_truth, row["extra_info"]
+        )
+    finally:
+        if previous is None:
+            os.environ.pop(TOKENIZER_ENV, None)
+        else:
+            os.environ[TOKENIZER_ENV] = previous
+    return float(value)
 
 
 def _check_reward(path: Path) -> dict[str, Any]:
