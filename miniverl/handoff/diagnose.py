@@ -176,7 +176,7 @@ def _load_with_verl(root: Path, model_dir: Path, config: Any) -> dict[str, Any]:
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         dataset = RLHFDataset(
             data_files=[str(root / "data" / "train.parquet")], tokenizer=tokenizer, config=config.data
         )
