@@ -6,7 +6,9 @@
 4. verl's own ``validate_config`` passes on the composed config (``verl_validation_failed``);
 5. the reward file imports and has verl's signature, and its terms resolve (``reward_import_failed``);
 6. the Parquet file has verl's columns (``dataset_columns``);
-7. a bundled base model directory is present (``model_missing``).
+7. a run's start adapter agrees with the YAML's LoRA (``adapter_mismatch``);
+8. a bundled base model directory is present (``model_missing``); with it, verl's RLHFDataset
+   loads the Parquet and ``compute_score`` is called once (``verl_dataset_failed``).
 
 ``launch_status`` is ``ready`` or the first blocker's code.
 """
@@ -78,6 +80,11 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         checks["dataset"] = _check_dataset(root / "data" / "train.parquet")
     except Exception as exc:
         block("dataset_columns", _one_line(exc))
+    if manifest.adapter is not None:
+        try:
+            checks["adapter"] = _check_adapter(root / "adapter", config)
+        except Exception as exc:
+            block("adapter_mismatch", _one_line(exc))
     model_dir = root / "model"
     if manifest.model.binding == "bundle" and not (model_dir / "config.json").is_file():
         block("model_missing", "model/config.json is absent")
@@ -168,6 +175,33 @@ def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
 
     walk({k: v for k, v in overlay.items() if k not in ("hydra", "defaults")}, resolved, "")
     return out
+
+
+def _check_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
+    """verl loads the start adapter with its own adapter_config.json: it must agree with the YAML's LoRA."""
+    import json
+
+    found = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    if config is None:
+        raise ValueError("the config did not compose; the adapter cannot be compared")
+    model = config.actor_rollout_ref.model
+    want = {
+        "r": int(model.lora_rank),
+        "lora_alpha": int(model.lora_alpha),
+        "target_modules": sorted(model.target_modules),
+    }
+    have = {
+        "r": found.get("r"),
+        "lora_alpha": found.get("lora_alpha"),
+        "target_modules": sorted(found.get("target_modules") or []),
+    }
+    if have != want:
+        raise ValueError(f"adapter_config.json {have} differs from actor_rollout_ref.model {want}")
+    return {
+        "r": have["r"],
+        "lora_alpha": have["lora_alpha"],
+        "base_model_name_or_path": found.get("base_model_name_or_path"),
+    }
 
 
 def _load_with_verl(root: Path, model_dir: Path, config: Any) -> dict[str, Any]:

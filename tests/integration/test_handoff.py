@@ -156,3 +156,29 @@ def test_diagnose_without_verl_exits_2(cli, write_config, tiny_model_dir, prompt
     assert cli("handoff", "plan.json", "--out", "bundle").code == 0
     result = cli("diagnose", "bundle")
     assert result.code == 2 and "verl is not installed" in result.err and result.err.count("\n") == 1
+
+
+def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
+    """launch.sh through a stand-in `python` on PATH that records its arguments (no verl, no GPU)."""
+    import os
+    import subprocess
+
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    assert cli("handoff", "plan.json", "--out", "bundle").code == 0
+    fake = workdir / "bin"
+    fake.mkdir()
+    (fake / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$MINIVERL_HANDOFF_TOKENIZER" "$@"\n')
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "launch.sh", "trainer.n_gpus_per_node=8"], cwd=workdir / "bundle", env=env,
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    here = str((workdir / "bundle").resolve())
+    cwd, tokenizer, *argv = done.stdout.splitlines()
+    assert cwd == here and tokenizer == f"{here}/model"
+    assert argv[:4] == ["-m", "verl.trainer.main_ppo", f"--config-path={here}/config", "--config-name=miniverl_grpo"]
+    assert f"actor_rollout_ref.model.path={here}/model" in argv
+    assert f"data.train_files={here}/data/train.parquet" in argv
+    assert f"reward.custom_reward_function.path={here}/reward_fn.py" in argv
+    assert argv[-1] == "trainer.n_gpus_per_node=8"

@@ -76,3 +76,15 @@ def test_rules_and_ir_digests_reach_the_report(cli, prompts, workdir: Path) -> N
     manifest = json.loads((bundle / "manifest.json").read_text())
     _, report = _diagnose(cli, bundle)
     assert (report["ir_digest"], report["rules_digest"]) == (manifest["ir_digest"], manifest["rules_digest"])
+
+
+def test_run_bundle_with_adapter_is_ready(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = tiny_config(tiny_model_dir)
+    config["train"]["cycles"] = 1
+    planned = cli("plan", str(write_config(config)), "--out", "plan.json")
+    assert planned.code == 0, planned.err
+    assert cli("run", "--plan", "plan.json", "--run-id", "r").code == 0
+    assert cli("handoff", "runs/r", "--out", "bundle").code == 0
+    code, report = _diagnose(cli, workdir / "bundle")
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    assert report["checks"]["adapter"]["r"] == 4 and report["checks"]["overlay"]["applied"]
