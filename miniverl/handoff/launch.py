@@ -18,11 +18,11 @@ def _model_resolution(ir: ExperimentIR) -> str:
     if binding.binding == "hub":
         fetch = (
             "from huggingface_hub import snapshot_download; "
-            f"print(snapshot_download({binding.model_id!r}, revision={binding.revision!r}))"
+            f"print(snapshot_download({json.dumps(binding.model_id)}, revision={json.dumps(binding.revision)}))"
         )
         return f'MODEL_PATH="${{{MODEL_ENV}:-$(python -c {shlex.quote(fetch)})}}"'
     if binding.binding == "builtin":
-        pick = "import json, sys; print(json.load(sys.stdin)['path'])"
+        pick = 'import json, sys; print(json.load(sys.stdin)["path"])'
         name = shlex.quote(str(binding.model_id))
         fetch = f"python -m miniverl models fetch {name} --json | python -c {shlex.quote(pick)}"
         return f'MODEL_PATH="${{{MODEL_ENV}:-$({fetch})}}"'
