@@ -66,7 +66,8 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
     lora = models.student.lora
     assert lora is not None  # ModelsSection fills it in
     per_cycle = config.trajectories_per_cycle
-    micro = per_cycle if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), per_cycle)
+    wanted = per_cycle if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), per_cycle)
+    micro = max(d for d in range(1, wanted + 1) if per_cycle % d == 0)  # verl splits the step evenly
     terms = tuple(RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params)) for t in config.algorithm.rewards)
     assert train.max_grad_norm is not None  # refused above otherwise
     return ExperimentIR(

@@ -121,6 +121,8 @@ def test_ir_maps_the_grpo_fields() -> None:
     assert actor["fsdp_config"]["model_dtype"] == "bf16"
     assert verl["actor_rollout_ref"]["model"]["path"] == "Qwen/Qwen3-0.6B"
     assert verl["trainer"]["n_gpus_per_node"] == 1 and verl["trainer"]["total_training_steps"] == 2
+    assert _compile(train__trajectory_batch_size=3).rollout.micro_batch_per_gpu == 2  # 8 trajectories: even split
+    assert _compile(train__trajectory_batch_size="auto").rollout.micro_batch_per_gpu == 8
 
 
 def test_ir_forbids_unknown_fields() -> None:
