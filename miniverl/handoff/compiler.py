@@ -48,8 +48,11 @@ RESERVED = {
 
 def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
     """The IR of a plan, choosing the compiler from the algorithm."""
-    if config.algorithm.name == "opd":
+    name = str(config.algorithm.name)
+    if name == "opd":
         raise refuse("strict_opd_reverse_kl", "algorithm.name: opd")
+    if name != "grpo":  # PPO plans belong to compiler v2
+        require_compiler(COMPILER_V2 if name == "ppo" else f"none-for-{name}")
     return compile_v1(plan, config, start_adapter=start_adapter)
 
 

@@ -238,3 +238,10 @@ def test_bundle_manifest_schema_has_not_drifted() -> None:
     from miniverl.handoff.manifest import SCHEMA_PATH, schema_text
 
     assert (ROOT / SCHEMA_PATH).read_text() == schema_text(), "regenerate manifests/handoff/bundle-manifest.schema.json"
+
+
+def test_a_ppo_plan_is_sent_to_compiler_v2_not_compiled_as_grpo() -> None:
+    config = _config()
+    config.algorithm.__dict__["name"] = "ppo"  # what the PPO config work will allow; v1 must not take it
+    with pytest.raises(Exception, match="verl-rl-v0.9-single-gpu-v2.*not available"):
+        compile_plan_ir(_plan(config), config)
