@@ -243,5 +243,5 @@ def test_bundle_manifest_schema_has_not_drifted() -> None:
 def test_a_ppo_plan_is_sent_to_compiler_v2_not_compiled_as_grpo() -> None:
     config = _config()
     config.algorithm.__dict__["name"] = "ppo"  # what the PPO config work will allow; v1 must not take it
-    with pytest.raises(Exception, match="verl-rl-v0.9-single-gpu-v2.*not available"):
+    with pytest.raises(Exception, match=r"verl-rl-v0\.9-single-gpu-v2 .* not available"):
         compile_plan_ir(_plan(config), config)
