@@ -7,7 +7,9 @@
 5. the reward file imports and has verl's signature, and its terms resolve (``reward_import_failed``);
 6. the Parquet file has verl's columns (``dataset_columns``);
 7. a run's start adapter agrees with the YAML's LoRA (``adapter_mismatch``);
-8. a bundled base model directory is present (``model_missing``); with it, verl's RLHFDataset
+8. ``bash launch.sh --cfg job`` composes through verl's own ``main_ppo`` Hydra entry
+   (``launch_script_failed``);
+9. a bundled base model directory is present (``model_missing``); with it, verl's RLHFDataset
    loads the Parquet and ``compute_score`` is called once (``verl_dataset_failed``).
 
 ``launch_status`` is ``ready`` or the first blocker's code.
@@ -72,6 +74,11 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         checks["overlay"] = {"applied": not mismatched, "mismatched": mismatched}
         if mismatched:
             block("overlay_not_applied", ", ".join(mismatched[:5]))
+    if config is not None:
+        try:
+            checks["launch_script"] = _dry_launch(root, config)
+        except Exception as exc:
+            block("launch_script_failed", _one_line(exc))
     try:
         checks["reward"] = _check_reward(root / "reward_fn.py")
     except Exception as exc:
@@ -175,6 +182,52 @@ def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
 
     walk({k: v for k, v in overlay.items() if k not in ("hydra", "defaults")}, resolved, "")
     return out
+
+
+def _dry_launch(root: Path, config: Any) -> dict[str, Any]:
+    """``bash launch.sh --cfg job``: verl's own ``hydra.main`` entry composes and prints the config, runs nothing.
+
+    The base model is not resolved (``MINIVERL_MODEL_PATH`` is set to what the YAML names), so no
+    download happens; everything else is the exact command line a launch uses.
+    """
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    model = config.actor_rollout_ref.model.path
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MINIVERL_MODEL_PATH": str(model),
+        "HYDRA_FULL_ERROR": "0",
+    }
+    done = subprocess.run(
+        ["bash", str(root / "launch.sh"), "--cfg", "job"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        raise RuntimeError(f"launch.sh --cfg job exited {done.returncode}: {tail[0]}")
+    printed = yaml.safe_load(done.stdout)
+    expected = {
+        "algorithm.adv_estimator": str(config.algorithm.adv_estimator),
+        "data.train_files": str(root / "data" / "train.parquet"),
+        "actor_rollout_ref.model.lora_rank": int(config.actor_rollout_ref.model.lora_rank),
+    }
+    for dotted, want in expected.items():
+        node = printed
+        for part in dotted.split("."):
+            node = node[part]
+        if node != want:
+            raise RuntimeError(f"launch.sh composes {dotted}={node!r}, expected {want!r}")
+    return {"entry": "python -m verl.trainer.main_ppo", "composed": True, "checked": sorted(expected)}
 
 
 def _check_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def test_grpo_example_bundle_is_ready(cli, prompts, workdir: Path) -> None:
     assert checks["overlay"]["applied"] is True
     assert checks["reward"]["terms"] == ["calculator_exact", "target_length"]
     assert checks["model"]["binding"] == "builtin"
+    assert checks["launch_script"]["composed"] is True  # launch.sh --cfg job through verl's main_ppo
     if NO_VLLM:
         assert checks["stand_ins"] == ["verl.workers.rollout.vllm_rollout", "verl.workers.rollout.vllm_rollout.utils"]
 
