@@ -65,43 +65,32 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         checks["compose"] = "ok"
     except Exception as exc:
         block("compose_failed", _one_line(exc))
-    if config is not None:
+
+    def run(code: str, key: str, check: Any, *args: Any) -> None:
         try:
-            checks["validate_config"] = _validate(config)
+            checks[key] = check(*args)
         except Exception as exc:
-            block("verl_validation_failed", _one_line(exc))
-        mismatched = _overlay_mismatches(root / "config" / f"{manifest.config_name}.yaml", config)
-        checks["overlay"] = {"applied": not mismatched, "mismatched": mismatched}
-        if mismatched:
-            block("overlay_not_applied", ", ".join(mismatched[:5]))
+            block(code, _one_line(exc))
+
     if config is not None:
-        try:
-            checks["launch_script"] = _dry_launch(root, config)
-        except Exception as exc:
-            block("launch_script_failed", _one_line(exc))
-    try:
-        checks["reward"] = _check_reward(root / "reward_fn.py")
-    except Exception as exc:
-        block("reward_import_failed", _one_line(exc))
-    try:
-        checks["dataset"] = _check_dataset(root / "data" / "train.parquet")
-    except Exception as exc:
-        block("dataset_columns", _one_line(exc))
+        run("verl_validation_failed", "validate_config", _validate, config)
+        run(
+            "overlay_not_applied", "overlay", _overlay_applied, root / "config" / f"{manifest.config_name}.yaml", config
+        )
+        run("launch_script_failed", "launch_script", _dry_launch, root, config)
+    run("reward_import_failed", "reward", _check_reward, root / "reward_fn.py")
+    run("dataset_columns", "dataset", _check_dataset, root / "data" / "train.parquet")
     if manifest.adapter is not None:
-        try:
-            checks["adapter"] = _check_adapter(root / "adapter", config)
-        except Exception as exc:
-            block("adapter_mismatch", _one_line(exc))
+        run("adapter_mismatch", "adapter", _check_adapter, root / "adapter", config)
     model_dir = root / "model"
-    if manifest.model.binding == "bundle" and not (model_dir / "config.json").is_file():
-        block("model_missing", "model/config.json is absent")
-    elif manifest.model.binding == "bundle" and not blockers:
-        try:
-            checks["verl_dataset"] = _load_with_verl(root, model_dir, config)
-        except Exception as exc:
-            block("verl_dataset_failed", _one_line(exc))
-    else:
+    if manifest.model.binding != "bundle":
         checks["verl_dataset"] = "skipped: the tokenizer is resolved at launch (hub or builtin model)"
+    elif not (model_dir / "config.json").is_file():
+        block("model_missing", "model/config.json is absent")
+    elif blockers:
+        checks["verl_dataset"] = "skipped: earlier blockers"
+    else:
+        run("verl_dataset_failed", "verl_dataset", _load_with_verl, root, model_dir, config)
     checks["model"] = {
         "binding": manifest.model.binding,
         "resolved": "in the bundle" if manifest.model.binding == "bundle" else "by launch.sh at launch time",
@@ -159,6 +148,13 @@ def _validate(config: Any) -> dict[str, Any]:
         "rollout": str(config.actor_rollout_ref.rollout.name),
         "verl_said": [line for line in printed.getvalue().splitlines() if line.strip()][-3:],
     }
+
+
+def _overlay_applied(yaml_path: Path, composed: Any) -> dict[str, Any]:
+    mismatched = _overlay_mismatches(yaml_path, composed)
+    if mismatched:
+        raise ValueError(f"composed values differ from the bundle's YAML at {', '.join(mismatched[:5])}")
+    return {"applied": True}
 
 
 def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
