@@ -135,3 +135,47 @@ def lint_workflows(session: nox.Session) -> None:
     workflows = sorted(str(p) for p in __import__("pathlib").Path(".github/workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
     session.run("zizmor", "--offline", ".github/workflows")
+
+
+# --- verl handoff (owned by miniverl/handoff): verl 0.9.1 in its own venv ------------------------------
+VERL_STACK = "known-good/verl-0.9.1-cpu.txt"
+VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytest==9.2.0")
+
+
+@nox.session(python=PYTHON)
+def verl(session: nox.Session) -> None:
+    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`."""
+    import json
+    from pathlib import Path
+
+    report = Path(session.create_tmp()) / "pip-dry-run.json"
+    install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS, "-e", ".")
+    session.run("python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", str(report), *install)
+    planned = json.loads(report.read_text())["install"]
+    cuda = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in planned if _is_cuda(p)]
+    if cuda:
+        session.error(f"refusing to install CUDA wheels into the CPU verl venv: {', '.join(cuda)}")
+    session.install(*install)
+    # verl 0.9.1's wheel installs a top-level `tests` package that shadows this repository's tests/;
+    # verl never imports it at run time, so the session venv drops it.
+    session.run("python", "-c", _DROP_VERL_TESTS)
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_handoff_verl.py",
+        *session.posargs, env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl"},
+    )  # fmt: skip
+
+
+def _is_cuda(package: dict) -> bool:
+    name = package["metadata"]["name"].lower()
+    version = package["metadata"]["version"]
+    return name.startswith(("nvidia-", "cuda-", "triton")) or (name == "torch" and not version.endswith("+cpu"))
+
+
+_DROP_VERL_TESTS = """
+import pathlib, shutil, sysconfig
+root = pathlib.Path(sysconfig.get_paths()["purelib"])
+record = next(root.glob("verl-0.9.1.dist-info/RECORD")).read_text()
+if "tests/__init__.py" in record and (root / "tests").is_dir():
+    shutil.rmtree(root / "tests")
+    print("removed verl's top-level tests package from", root.name)
+"""

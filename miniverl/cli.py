@@ -234,6 +234,18 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_handoff(args: argparse.Namespace) -> int:
+    from miniverl.handoff.cli import run_handoff
+
+    return run_handoff(args, _emit)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from miniverl.handoff.cli import run_diagnose
+
+    return run_diagnose(args, _emit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="miniverl",
@@ -326,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(rollout_bench)
     rollout_bench.add_argument("--json", action="store_true", help="print the result as JSON")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
+
+    handoff = add("handoff", cmd_handoff, "compile a plan or run into a verl 0.9 launch bundle")
+    handoff.add_argument("source", metavar="RUN_OR_PLAN")
+    handoff.add_argument("--out", required=True, help="bundle directory (must not exist)")
+    add("diagnose", cmd_diagnose, "check a bundle against the installed verl (no Ray, no GPU)").add_argument("bundle")
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")
     schemas.add_argument("--out", default="manifests/miniverl", metavar="DIR", help="target directory")

@@ -1,0 +1,238 @@
+"""``miniverl handoff RUN_OR_PLAN --out BUNDLE``: a self-contained verl 0.9 launch directory.
+
+Layout (every path relative to the bundle; no absolute path is written anywhere)::
+
+    config/miniverl_grpo.yaml   the verl Hydra overlay (defaults: ppo_trainer)
+    data/train.parquet          prompts in verl's columns
+    reward_fn.py                verl custom_reward_function calling miniverl's reward code
+    adapter/                    the LoRA adapter to start from (from a run only)
+    model/                      the base model directory (local models only)
+    ir.json  rules.json         the compiled IR and the rules table (canonical JSON)
+    launch.sh                   python -m verl.trainer.main_ppo with this config
+    manifest.json               every file's sha256, the IR and rules digests (written last)
+
+The bundle is built in a temporary sibling directory and renamed into place; an existing
+``--out`` is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from miniverl import __version__
+from miniverl.canonical import atomic_write_bytes, atomic_write_text, canonical_bytes, fsync_tree, sha256_file
+from miniverl.config.loader import validate_config
+from miniverl.config.plan import load_plan
+from miniverl.config.schema import MiniverlConfig
+from miniverl.data import load_prompts
+from miniverl.errors import DataError, UsageError
+from miniverl.handoff.compiler import compile_plan_ir
+from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR, emit_verl_config, model_path, render_yaml
+from miniverl.handoff.ir import ExperimentIR, ir_digest
+from miniverl.handoff.launch import launch_script, reward_file
+from miniverl.handoff.manifest import (
+    MANIFEST_NAME,
+    AdapterBinding,
+    BundleManifest,
+    BundleSource,
+    ModelBinding,
+    file_entries,
+)
+from miniverl.handoff.rules import load_rules, rules_digest
+from miniverl.records import PlanRecord
+
+CONFIG_NAME = "miniverl_grpo"
+VERL_SCHEMA = pa.schema(
+    [
+        pa.field("data_source", pa.string(), nullable=False),
+        pa.field("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])), nullable=False),
+        pa.field("ability", pa.string(), nullable=False),
+        pa.field("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())]), nullable=False),
+        pa.field(
+            "extra_info",
+            pa.struct(
+                [
+                    ("index", pa.int64()),
+                    ("prompt_id", pa.string()),
+                    ("prompt", pa.string()),
+                    ("context", pa.string()),
+                    ("task", pa.string()),
+                ]
+            ),
+            nullable=False,
+        ),
+    ]
+)
+
+
+def handoff(source: Path, out: Path) -> dict[str, Any]:
+    """Compile ``source`` (a plan.json or a run directory) into a bundle at ``out``."""
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"bundle target {out} already exists; choose another --out (bundles are never overwritten)")
+    plan, config, run_dir = _resolve_source(source)
+    ir = compile_plan_ir(plan, config, start_adapter=run_dir is not None)
+    tmp = out.parent / f".tmp-handoff-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+        adapter = _write_adapter(run_dir, tmp, model_path(ir)) if run_dir is not None else None
+        _write_contents(tmp, ir, plan, config)
+        manifest = BundleManifest(
+            miniverl_version=__version__,
+            compiler=ir.compiler,
+            verl_version=ir.verl_version,
+            ir_digest=ir_digest(ir),
+            rules_digest=rules_digest(ir.compiler),
+            source=_source_record(plan, run_dir, adapter),
+            model=ModelBinding(
+                binding=ir.model.binding,
+                model_id=ir.model.model_id,
+                revision=ir.model.revision,
+                identity_digest=ir.model.identity_digest,
+            ),
+            adapter=adapter,
+            config_name=CONFIG_NAME,
+            launch="bash launch.sh",
+            deviations=list(ir.deviations),
+            files=file_entries(tmp),
+        )
+        atomic_write_bytes(
+            tmp / MANIFEST_NAME, json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
+        )
+        fsync_tree(tmp)
+        if out.exists():
+            raise UsageError(f"bundle target {out} appeared while writing; nothing was overwritten")
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "out": str(out),
+        "compiler": ir.compiler,
+        "ir_digest": manifest.ir_digest,
+        "rules_digest": manifest.rules_digest,
+        "manifest_sha256": sha256_file(out / MANIFEST_NAME),
+        "files": sorted(manifest.files),
+        "deviations": manifest.deviations,
+    }
+
+
+def _resolve_source(source: Path) -> tuple[PlanRecord, MiniverlConfig, Path | None]:
+    if source.is_dir():
+        from miniverl.artifacts.rundir import read_plan, require_run_dir
+
+        require_run_dir(source)
+        plan = read_plan(source)
+        config = validate_config(dict(plan.config), origin=str(source / "plan.json"))
+        return plan, config, source
+    if not source.is_file():
+        raise UsageError(f"{source} is neither a plan.json nor a run directory")
+    plan, config = load_plan(source)
+    return plan, config, None
+
+
+def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: MiniverlConfig) -> None:
+    header = (
+        f"verl {ir.verl_version} config written by miniverl {__version__} handoff ({ir.compiler}).\n"
+        f"IR sha256 {ir_digest(ir)}; plan sha256 {plan.plan_digest}.\n"
+        "Launch with `bash launch.sh`; it passes the bundle's locations on the command line."
+    )
+    atomic_write_text(root / "config" / f"{CONFIG_NAME}.yaml", render_yaml(emit_verl_config(ir), header=header))
+    atomic_write_bytes(root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256))
+    atomic_write_text(root / ir.reward.function_file, reward_file(ir))
+    atomic_write_text(root / "launch.sh", launch_script(ir, CONFIG_NAME))
+    os.chmod(root / "launch.sh", 0o755)
+    atomic_write_bytes(root / "ir.json", canonical_bytes(ir.model_dump(mode="json")) + b"\n")
+    atomic_write_bytes(root / "rules.json", canonical_bytes(load_rules(ir.compiler).model_dump(mode="json")) + b"\n")
+    if ir.model.binding == "bundle":
+        _copy_model(config, root / MODEL_DIR)
+
+
+def verl_parquet_bytes(path: Path, sha256: str) -> bytes:
+    """The plan's prompts in verl's RLHFDataset columns (deterministic Parquet bytes)."""
+    if not path.is_file():
+        raise DataError(f"data file not found: {path} (bound by the plan; run handoff where the plan was made)")
+    if sha256_file(path) != sha256:
+        raise DataError(f"data file {path} changed since `miniverl plan` (sha256 mismatch); re-run plan")
+    rows = load_prompts(path)
+    table = pa.table(
+        {
+            "data_source": [f"miniverl/{r.task}" for r in rows],
+            "prompt": [[{"role": "user", "content": r.prompt}] for r in rows],
+            "ability": [r.task for r in rows],
+            "reward_model": [{"style": "rule", "ground_truth": r.answer} for r in rows],
+            "extra_info": [
+                {"index": i, "prompt_id": r.prompt_id, "prompt": r.prompt, "context": r.context, "task": r.task}
+                for i, r in enumerate(rows)
+            ],
+        },
+        schema=VERL_SCHEMA,
+    )
+    sink = io.BytesIO()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=False,
+        write_statistics=False,
+        row_group_size=max(1, table.num_rows),
+    )
+    return sink.getvalue()
+
+
+def _copy_model(config: MiniverlConfig, target: Path) -> None:
+    student = config.models.student
+    assert student.path is not None
+    src = Path(student.path)
+    if not (src / "config.json").is_file():
+        raise UsageError(f"models.student.path {student.path} is not a Hugging Face model directory (no config.json)")
+    shutil.copytree(src, target, symlinks=False, ignore=shutil.ignore_patterns(".*"))
+
+
+def _write_adapter(run_dir: Path, root: Path, base_name: str) -> AdapterBinding:
+    """Export the run's last checkpoint (verified PEFT reload), keep the PEFT files, strip local paths."""
+    from miniverl.artifacts.export import export_run
+
+    staging = root.parent / f"{root.name}-export"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        result = export_run(run_dir, staging)
+        target = root / ADAPTER_DIR
+        target.mkdir()
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            shutil.copyfile(staging / name, target / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    config_path = target / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text(encoding="utf-8"))
+    adapter_config["base_model_name_or_path"] = base_name
+    atomic_write_text(config_path, json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    reload = result["reload"]
+    return AdapterBinding(
+        checkpoint_step=int(result["step"]),
+        reload_max_abs_logit_diff=float(reload["max_abs_logit_diff"]),
+        reload_tolerance=float(reload["tolerance"]),
+    )
+
+
+def _source_record(plan: PlanRecord, run_dir: Path | None, adapter: AdapterBinding | None) -> BundleSource:
+    if run_dir is None:
+        return BundleSource(kind="plan", plan_digest=plan.plan_digest)
+    from miniverl.artifacts.rundir import read_manifest
+
+    return BundleSource(
+        kind="run",
+        plan_digest=plan.plan_digest,
+        run_id=read_manifest(run_dir).run_id,
+        checkpoint_step=adapter.checkpoint_step if adapter else None,
+    )

@@ -1,0 +1,34 @@
+"""The ``handoff`` and ``diagnose`` subcommands (registered in :mod:`miniverl.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Emit = Callable[[argparse.Namespace, dict[str, Any], str], None]
+
+
+def run_handoff(args: argparse.Namespace, emit: Emit) -> int:
+    from miniverl.handoff.bundle import handoff
+
+    result = handoff(Path(args.source), Path(args.out))
+    human = (
+        f"bundle written to {args.out} ({result['compiler']}): IR {result['ir_digest'][:16]}, "
+        f"rules {result['rules_digest'][:16]}; check it with `miniverl diagnose {args.out}` where verl is installed"
+    )
+    emit(args, result, human)
+    return 0
+
+
+def run_diagnose(args: argparse.Namespace, emit: Emit) -> int:
+    from miniverl.handoff.diagnose import diagnose
+
+    report = diagnose(Path(args.bundle))
+    lines = [f"launch_status: {report['launch_status']}"]
+    lines += [f"  blocker {b['code']}: {b['detail']}" for b in report["blockers"]]
+    if report["checks"].get("stand_ins"):
+        lines.append(f"  vLLM stand-ins: {', '.join(report['checks']['stand_ins'])}")
+    emit(args, report, "\n".join(lines))
+    return 0 if report["launch_status"] == "ready" else 1

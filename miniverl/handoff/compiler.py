@@ -1,0 +1,186 @@
+"""Compiler ``verl-rl-v0.9-single-gpu-v1``: a miniverl GRPO plan -> :class:`ExperimentIR`.
+
+Every decision here follows a rule of ``rules_v1.json``; a field verl cannot express exactly
+raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation).
+Compiler ids ``-v2`` (PPO with critic and reward model) and ``-v4`` (direct-config) are reserved
+and refused as not available in this version.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from miniverl.canonical import sha256_json
+from miniverl.config.schema import IMMUTABLE_REVISION, MiniverlConfig
+from miniverl.errors import UsageError
+from miniverl.handoff.ir import (
+    COMPILER_V1,
+    COMPILER_V2,
+    COMPILER_V4,
+    DataIR,
+    ExperimentIR,
+    GrpoIR,
+    LoraIR,
+    ModelBindingIR,
+    OptimIR,
+    RewardIR,
+    RewardTermIR,
+    RolloutIR,
+    ScheduleIR,
+    SourceIR,
+)
+from miniverl.handoff.rules import refuse
+from miniverl.records import PlanRecord
+
+#: verl's compute_grpo_outcome_advantage epsilon (fixed in verl 0.9).
+VERL_GRPO_EPS = 1e-6
+#: Prompt budget (tokens) written to data.max_prompt_length; verl fails loudly on longer prompts
+#: (data.truncation: error), it never truncates silently.
+MAX_PROMPT_LENGTH = 1024
+#: Rewards whose value depends on the response token count (re-counted from the decoded text in verl).
+TOKEN_COUNT_REWARDS = frozenset({"target_length"})
+TRAIN_FILE = "data/train.parquet"
+RESERVED = {
+    COMPILER_V2: "PPO with a critic and a reward model (needs miniverl's PPO config)",
+    COMPILER_V4: "direct-config from a native verl YAML",
+}
+
+
+def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
+    """The IR of a plan, choosing the compiler from the algorithm."""
+    name = str(config.algorithm.name)
+    if name == "opd":
+        raise refuse("strict_opd_reverse_kl", "algorithm.name: opd")
+    if name != "grpo":  # PPO plans belong to compiler v2
+        require_compiler(COMPILER_V2 if name == "ppo" else f"none-for-{name}")
+    return compile_v1(plan, config, start_adapter=start_adapter)
+
+
+def require_compiler(compiler_id: str) -> None:
+    if compiler_id in RESERVED:
+        raise UsageError(f"compiler {compiler_id} ({RESERVED[compiler_id]}) is not available in this miniverl")
+    if compiler_id != COMPILER_V1:
+        raise UsageError(f"unknown compiler {compiler_id!r}; available: {COMPILER_V1}")
+
+
+def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
+    _refusals(config)
+    models, rollout, grpo, train = config.models, config.rollout, config.algorithm.grpo, config.train
+    lora = models.student.lora
+    assert lora is not None  # ModelsSection fills it in
+    per_cycle = config.trajectories_per_cycle
+    wanted = per_cycle if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), per_cycle)
+    micro = max(d for d in range(1, wanted + 1) if per_cycle % d == 0)  # verl splits the step evenly
+    terms = tuple(RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params)) for t in config.algorithm.rewards)
+    assert train.max_grad_norm is not None  # refused above otherwise
+    return ExperimentIR(
+        compiler=COMPILER_V1,
+        source=SourceIR(
+            plan_digest=plan.plan_digest, config_digest=plan.config_digest, miniverl_version=plan.miniverl_version
+        ),
+        model=_model_binding(plan, config),
+        lora=LoraIR(
+            rank=lora.r,
+            alpha=int(lora.alpha),
+            target_modules=tuple(lora.target_modules),
+            start_adapter="bundle" if start_adapter else "fresh",
+        ),
+        data=DataIR(
+            train_file=TRAIN_FILE,
+            rows=plan.data.rows,
+            source_sha256=plan.data.sha256,
+            shuffle=config.data.shuffle,
+            seed=config.run.seed,
+            max_prompt_length=MAX_PROMPT_LENGTH,
+        ),
+        rollout=RolloutIR(
+            prompts_per_step=rollout.prompts_per_cycle,
+            samples_per_prompt=rollout.samples_per_prompt,
+            max_response_length=rollout.max_new_tokens,
+            do_sample=rollout.temperature > 0,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k if rollout.top_k > 0 else -1,
+            micro_batch_per_gpu=micro,
+        ),
+        algorithm=GrpoIR(
+            clip_ratio_low=grpo.clip_low,
+            clip_ratio_high=grpo.clip_high,
+            norm_adv_by_std=grpo.norm_by_std,
+            use_kl_loss=False,
+            kl_loss_coef=0.0,
+        ),
+        optim=OptimIR(
+            lr=train.learning_rate,
+            weight_decay=train.weight_decay,
+            betas=(float(train.adam_betas[0]), float(train.adam_betas[1])),
+            eps=train.adam_eps,
+            clip_grad=train.max_grad_norm,
+        ),
+        schedule=ScheduleIR(
+            total_training_steps=train.cycles,
+            save_freq=config.checkpoint.every_updates,
+            max_ckpt_to_keep=config.checkpoint.keep_last,
+            experiment_name=config.run.name,
+            seed=config.run.seed,
+        ),
+        reward=RewardIR(
+            terms=terms,
+            needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
+        ),
+        deviations=_deviations(config),
+    )
+
+
+def _refusals(config: MiniverlConfig) -> None:
+    models, student = config.models, config.models.student
+    if models.runtime == "shared_backbone":
+        raise refuse("shared_backbone_adapters", "models.runtime: shared_backbone")
+    if student.source == "gguf":
+        raise refuse("gguf_weights", f"models.student.path: {student.path}")
+    if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
+        raise refuse("mutable_revision", f"revision {student.revision!r}")
+    if student.quantization == "nf4":
+        raise refuse("nf4_quantization", "models.student.quantization: nf4")
+    lora = student.lora
+    if lora is None or not lora.enabled:
+        raise refuse("lora_disabled")
+    if float(lora.alpha) != int(lora.alpha):
+        raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}")
+    if lora.dropout != 0:
+        raise refuse("lora_dropout", f"dropout {lora.dropout}")
+    if config.algorithm.grpo.kl_coef > 0:
+        raise refuse("grpo_kl_not_exact", f"kl_coef {config.algorithm.grpo.kl_coef}")
+    if config.algorithm.grpo.eps != VERL_GRPO_EPS:
+        raise refuse("grpo_eps", f"eps {config.algorithm.grpo.eps}")
+    if not config.rollout.use_chat_template:
+        raise refuse("no_chat_template")
+    if config.train.max_grad_norm is None:
+        raise refuse("no_grad_clip")
+
+
+def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
+    student = config.models.student
+    binding: Literal["hub", "builtin", "bundle"] = (
+        "hub" if student.source == "hub" else "builtin" if student.source == "builtin" else "bundle"
+    )
+    return ModelBindingIR(
+        binding=binding,
+        model_id=student.model_id if binding != "bundle" else None,
+        revision=student.revision if binding == "hub" else None,
+        identity_digest=sha256_json(plan.models.get("student", {})),
+        dtype=config.models.dtype,
+        gradient_checkpointing=config.train.activation_checkpointing > 0,
+    )
+
+
+def _deviations(config: MiniverlConfig) -> tuple[str, ...]:
+    out = [
+        "engine_numerics: FSDP actor and vLLM rollout kernels (bitwise results differ from miniverl's HF eager path)"
+    ]
+    if any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in config.algorithm.rewards):
+        out.append(
+            "response_token_count_retokenized: verl's reward function gets decoded text; the token count "
+            "is re-counted with the actor's tokenizer (EOS excluded, as in miniverl)"
+        )
+    return tuple(out)

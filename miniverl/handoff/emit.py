@@ -1,0 +1,145 @@
+"""An :class:`ExperimentIR` -> a verl 0.9 Hydra config (``ppo_trainer`` layout).
+
+The emitted YAML is an overlay: ``defaults: [ppo_trainer, _self_]`` with verl's own config
+directory on the Hydra search path (``pkg://verl.trainer.config``), so verl supplies every
+default and the bundle states only what the experiment decides. Paths are relative to the
+bundle; ``launch.sh`` passes their locations on the command line at launch time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from miniverl.handoff.ir import ExperimentIR, GrpoIR
+
+SEARCHPATH = "pkg://verl.trainer.config"
+PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+ROLLOUT_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
+
+
+def model_path(ir: ExperimentIR) -> str:
+    """What ``actor_rollout_ref.model.path`` says in the YAML (launch.sh replaces it at launch)."""
+    if ir.model.binding in ("hub", "builtin"):
+        assert ir.model.model_id is not None
+        return ir.model.model_id
+    return MODEL_DIR
+
+
+def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
+    """The verl config overlay as plain data (dict key order is the YAML's order)."""
+    algo = ir.algorithm
+    assert isinstance(algo, GrpoIR)  # v2 adds PpoIR here
+    precision = PRECISION[ir.model.dtype]
+    micro = ir.rollout.micro_batch_per_gpu
+    fsdp = {"model_dtype": precision, "dtype": ROLLOUT_DTYPE[ir.model.dtype]}
+    model: dict[str, Any] = {
+        "path": model_path(ir),
+        "lora_rank": ir.lora.rank,
+        "lora_alpha": ir.lora.alpha,
+        "target_modules": list(ir.lora.target_modules),
+        "enable_gradient_checkpointing": ir.model.gradient_checkpointing,
+    }
+    if ir.lora.start_adapter == "bundle":
+        model["lora_adapter_path"] = ADAPTER_DIR
+    return {
+        "hydra": {"searchpath": [SEARCHPATH]},
+        "defaults": ["ppo_trainer", "_self_"],
+        "data": {
+            "train_files": ir.data.train_file,
+            "val_files": ir.data.train_file,
+            "prompt_key": "prompt",
+            "reward_fn_key": "data_source",
+            "train_batch_size": ir.rollout.prompts_per_step,
+            "max_prompt_length": ir.data.max_prompt_length,
+            "max_response_length": ir.rollout.max_response_length,
+            "shuffle": ir.data.shuffle,
+            "seed": ir.data.seed,
+            "truncation": "error",
+            "filter_overlong_prompts": False,
+            "dataloader_num_workers": 0,
+        },
+        "actor_rollout_ref": {
+            "model": model,
+            "actor": {
+                "strategy": "fsdp",
+                "ppo_mini_batch_size": ir.rollout.prompts_per_step,
+                "ppo_micro_batch_size_per_gpu": micro,
+                "ppo_epochs": algo.ppo_epochs,
+                "shuffle": False,
+                "data_loader_seed": ir.schedule.seed,
+                "clip_ratio": algo.clip_ratio_low,
+                "clip_ratio_low": algo.clip_ratio_low,
+                "clip_ratio_high": algo.clip_ratio_high,
+                "loss_agg_mode": algo.loss_agg_mode,
+                "entropy_coeff": 0,
+                "use_kl_loss": algo.use_kl_loss,
+                "kl_loss_coef": algo.kl_loss_coef,
+                "kl_loss_type": algo.kl_loss_type,
+                "optim": {
+                    "lr": ir.optim.lr,
+                    "weight_decay": ir.optim.weight_decay,
+                    "betas": list(ir.optim.betas),
+                    "clip_grad": ir.optim.clip_grad,
+                    "lr_warmup_steps": 0,
+                    "lr_scheduler_type": "constant",
+                    "override_optimizer_config": {"eps": ir.optim.eps},
+                },
+                "fsdp_config": dict(fsdp),
+            },
+            "ref": {"log_prob_micro_batch_size_per_gpu": micro, "fsdp_config": dict(fsdp)},
+            "rollout": {
+                "name": ir.rollout.engine,
+                "n": ir.rollout.samples_per_prompt,
+                "temperature": ir.rollout.temperature,
+                "top_p": ir.rollout.top_p,
+                "top_k": ir.rollout.top_k,
+                "do_sample": ir.rollout.do_sample,
+                "dtype": ROLLOUT_DTYPE[ir.model.dtype],
+                "seed": ir.schedule.seed,
+                "tensor_model_parallel_size": ir.runtime.tensor_model_parallel_size,
+                "log_prob_micro_batch_size_per_gpu": micro,
+            },
+        },
+        "critic": {"enable": False},
+        "reward_model": {"enable": False},
+        "reward": {
+            "custom_reward_function": {"path": ir.reward.function_file, "name": ir.reward.function_name},
+            "reward_manager": {"name": "naive"},
+        },
+        "algorithm": {
+            "adv_estimator": algo.kind,
+            "norm_adv_by_std_in_grpo": algo.norm_adv_by_std,
+            "use_kl_in_reward": False,
+        },
+        "trainer": {
+            "project_name": "miniverl-handoff",
+            "experiment_name": ir.schedule.experiment_name,
+            "total_training_steps": ir.schedule.total_training_steps,
+            "total_epochs": 1_000_000,
+            "save_freq": ir.schedule.save_freq,
+            "max_actor_ckpt_to_keep": ir.schedule.max_ckpt_to_keep,
+            "test_freq": -1,
+            "val_before_train": False,
+            "logger": ["console"],
+            "device": ir.runtime.device,
+            "nnodes": ir.runtime.nnodes,
+            "n_gpus_per_node": ir.runtime.n_gpus_per_node,
+            "default_local_dir": "checkpoints",
+        },
+    }
+
+
+def render_yaml(config: dict[str, Any], *, header: str) -> str:
+    """Deterministic YAML (key order as built, no aliases) after a comment header."""
+
+    class _NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    body = yaml.dump(config, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comments + body

@@ -1,0 +1,161 @@
+"""The typed intermediate representation (IR) of an experiment that a verl compiler emits from.
+
+The IR says *what* the experiment is in verl's vocabulary, independent of YAML layout: the
+policy model and its LoRA, the prompts, the rollout, the algorithm, the optimizer, the schedule,
+the reward and the runtime bindings. A compiler turns a miniverl plan into an IR (refusing what
+verl cannot express exactly, see :mod:`miniverl.handoff.rules`), then the IR into a verl 0.9
+``ppo_trainer`` config (:mod:`miniverl.handoff.emit`).
+
+``algorithm`` is a tagged union: v1 (GRPO) fills :class:`GrpoIR`; the v2 PPO compiler adds a
+``PpoIR`` (critic, GAE, reward model) to the union without touching the other sections, and v4
+(direct-config) records the native YAML's bytes in ``source``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from miniverl.canonical import sha256_json
+
+CompilerId = Literal["verl-rl-v0.9-single-gpu-v1", "verl-rl-v0.9-single-gpu-v2", "verl-rl-v0.9-single-gpu-v4"]
+COMPILER_V1: Final = "verl-rl-v0.9-single-gpu-v1"
+COMPILER_V2: Final = "verl-rl-v0.9-single-gpu-v2"
+COMPILER_V4: Final = "verl-rl-v0.9-single-gpu-v4"
+VERL_VERSION: Final = "0.9.1"
+
+
+class IRModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceIR(IRModel):
+    """Where the experiment came from: a miniverl plan (v1/v2) or a native verl YAML (v4)."""
+
+    kind: Literal["miniverl_plan"] = "miniverl_plan"
+    plan_digest: str
+    config_digest: str
+    miniverl_version: str
+
+
+class ModelBindingIR(IRModel):
+    """How the policy's base weights reach verl.
+
+    ``hub``: ``actor_rollout_ref.model.path`` is the hub id; ``launch.sh`` resolves the pinned
+    ``revision`` with huggingface_hub (verl's HFModelConfig has no revision key).
+    ``builtin``: an embedded miniverl model, resolved at launch with ``miniverl models fetch``.
+    ``bundle``: the base directory is copied into the bundle as ``model/``.
+    """
+
+    binding: Literal["hub", "builtin", "bundle"]
+    model_id: str | None = None
+    revision: str | None = None
+    identity_digest: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    gradient_checkpointing: bool
+
+
+class LoraIR(IRModel):
+    rank: Annotated[int, Field(ge=1)]
+    alpha: Annotated[int, Field(ge=1)]
+    target_modules: tuple[str, ...]
+    start_adapter: Literal["fresh", "bundle"] = "fresh"
+
+
+class DataIR(IRModel):
+    train_file: str
+    rows: Annotated[int, Field(ge=1)]
+    source_sha256: str
+    shuffle: bool
+    seed: int
+    max_prompt_length: Annotated[int, Field(ge=1)]
+
+
+class RolloutIR(IRModel):
+    engine: Literal["vllm"] = "vllm"
+    prompts_per_step: Annotated[int, Field(ge=1)]
+    samples_per_prompt: Annotated[int, Field(ge=1)]
+    max_response_length: Annotated[int, Field(ge=1)]
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    micro_batch_per_gpu: Annotated[int, Field(ge=1)]
+
+
+class GrpoIR(IRModel):
+    kind: Literal["grpo"] = "grpo"
+    clip_ratio_low: float
+    clip_ratio_high: float
+    norm_adv_by_std: bool
+    loss_agg_mode: Literal["token-mean"] = "token-mean"
+    ppo_epochs: Literal[1] = 1
+    mini_batches_per_step: Literal[1] = 1
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: Literal["low_var_kl"] = "low_var_kl"
+
+
+AlgorithmIR = Annotated[GrpoIR, Field(discriminator="kind")]
+
+
+class OptimIR(IRModel):
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+    clip_grad: float
+
+
+class ScheduleIR(IRModel):
+    total_training_steps: Annotated[int, Field(ge=1)]
+    save_freq: Annotated[int, Field(ge=1)]
+    max_ckpt_to_keep: Annotated[int, Field(ge=1)]
+    experiment_name: str
+    seed: int
+
+
+class RewardTermIR(IRModel):
+    name: str
+    weight: float
+    params: dict[str, float | int | str | bool]
+
+
+class RewardIR(IRModel):
+    function_file: str = "reward_fn.py"
+    function_name: Literal["compute_score"] = "compute_score"
+    terms: tuple[RewardTermIR, ...]
+    needs_response_token_count: bool
+
+
+class RuntimeIR(IRModel):
+    """The single-GPU target the v1..v4 compilers emit for (one node, one GPU, colocated)."""
+
+    nnodes: Literal[1] = 1
+    n_gpus_per_node: Literal[1] = 1
+    device: Literal["cuda"] = "cuda"
+    tensor_model_parallel_size: Literal[1] = 1
+
+
+class ExperimentIR(IRModel):
+    kind: Literal["miniverl.verl_ir"] = "miniverl.verl_ir"
+    schema_version: Literal[1] = 1
+    compiler: CompilerId
+    verl_version: Literal["0.9.1"] = "0.9.1"
+    source: SourceIR
+    model: ModelBindingIR
+    lora: LoraIR
+    data: DataIR
+    rollout: RolloutIR
+    algorithm: AlgorithmIR
+    optim: OptimIR
+    schedule: ScheduleIR
+    reward: RewardIR
+    runtime: RuntimeIR = Field(default_factory=RuntimeIR)
+    deviations: tuple[str, ...] = ()
+
+
+def ir_digest(ir: ExperimentIR) -> str:
+    """sha256 of the IR's canonical JSON (sorted keys, compact, UTF-8)."""
+    return sha256_json(ir.model_dump(mode="json"))

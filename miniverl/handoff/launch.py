@@ -1,0 +1,74 @@
+"""The two executable files of a bundle: ``launch.sh`` and ``reward_fn.py`` (text templates)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from miniverl import __version__
+from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR
+from miniverl.handoff.ir import ExperimentIR
+from miniverl.handoff.reward_bridge import TOKENIZER_ENV
+
+MODEL_ENV = "MINIVERL_MODEL_PATH"
+
+
+def _model_resolution(ir: ExperimentIR) -> str:
+    binding = ir.model
+    if binding.binding == "hub":
+        fetch = (
+            "from huggingface_hub import snapshot_download; "
+            f"print(snapshot_download({json.dumps(binding.model_id)}, revision={json.dumps(binding.revision)}))"
+        )
+        return f'MODEL_PATH="${{{MODEL_ENV}:-$(python -c {shlex.quote(fetch)})}}"'
+    if binding.binding == "builtin":
+        pick = 'import json, sys; print(json.load(sys.stdin)["path"])'
+        name = shlex.quote(str(binding.model_id))
+        fetch = f"python -m miniverl models fetch {name} --json | python -c {shlex.quote(pick)}"
+        return f'MODEL_PATH="${{{MODEL_ENV}:-$({fetch})}}"'
+    return f'MODEL_PATH="$HERE/{MODEL_DIR}"'
+
+
+def launch_script(ir: ExperimentIR, config_name: str) -> str:
+    adapter = (
+        f'  actor_rollout_ref.model.lora_adapter_path="$HERE/{ADAPTER_DIR}" \\\n'
+        if ir.lora.start_adapter == "bundle"
+        else ""
+    )
+    return f"""#!/usr/bin/env bash
+# Written by miniverl {__version__} handoff ({ir.compiler}); runs verl {ir.verl_version} on this bundle.
+# Needs an environment with verl {ir.verl_version} (vLLM rollout, one CUDA GPU) and miniverl (the reward code).
+# {MODEL_ENV} overrides where the base model comes from. Extra arguments are Hydra overrides.
+set -euo pipefail
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+{_model_resolution(ir)}
+export {TOKENIZER_ENV}="$MODEL_PATH"
+cd "$HERE"
+exec python -m verl.trainer.main_ppo \\
+  --config-path="$HERE/config" --config-name={config_name} \\
+  actor_rollout_ref.model.path="$MODEL_PATH" \\
+{adapter}  data.train_files="$HERE/{ir.data.train_file}" data.val_files="$HERE/{ir.data.train_file}" \\
+  reward.custom_reward_function.path="$HERE/{ir.reward.function_file}" \\
+  trainer.default_local_dir="$HERE/checkpoints" \\
+  "$@"
+"""
+
+
+def reward_file(ir: ExperimentIR) -> str:
+    terms = [t.model_dump(mode="json") for t in ir.reward.terms]
+    return f'''"""verl custom_reward_function written by miniverl {__version__} handoff ({ir.compiler}).
+
+It calls miniverl's own reward code (miniverl.rewards.CompositeReward) with these terms.
+"""
+
+import json
+
+from miniverl.handoff.reward_bridge import score
+
+TERMS = json.loads({json.dumps(json.dumps(terms, sort_keys=True))})
+NEEDS_RESPONSE_TOKEN_COUNT = {ir.reward.needs_response_token_count!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return score(TERMS, NEEDS_RESPONSE_TOKEN_COUNT, data_source, solution_str, ground_truth, extra_info)
+'''

@@ -1,0 +1,94 @@
+"""The rules table: which miniverl config fields map to which verl keys, which are dropped, and why.
+
+The table is data (``rules_v1.json`` beside this module, shipped in the wheel). Each rule is one of
+
+- ``map``: the value carries over exactly to ``verl_keys``;
+- ``rebind``: a runtime binding changes (engine, device, where weights come from) but not the math;
+- ``drop``: the field has no effect in verl's run (the reason says why that is safe);
+- ``refuse``: verl cannot express it exactly; the compiler stops with the rule's ``code``.
+
+``when`` names the condition under which a rule applies (absent: always). The table's canonical
+digest is recorded in the IR's manifest and the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from miniverl.canonical import sha256_json
+from miniverl.errors import UsageError
+
+Action = Literal["map", "rebind", "drop", "refuse"]
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    action: Action
+    verl_keys: tuple[str, ...]
+    reason: str
+    code: str | None = None
+    when: str | None = None
+
+
+class RulesTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compiler: str
+    verl_version: str
+    rules: tuple[Rule, ...]
+
+
+class HandoffRefusal(UsageError):
+    """verl cannot express a plan exactly; ``code`` names the rule that refused it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"handoff refused ({code}): {message}")
+        self.code = code
+
+
+@cache
+def load_rules(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> RulesTable:
+    if compiler != "verl-rl-v0.9-single-gpu-v1":
+        raise UsageError(f"no rules table for compiler {compiler!r}")
+    text = resources.files("miniverl.handoff").joinpath("rules_v1.json").read_text(encoding="utf-8")
+    table = RulesTable.model_validate(json.loads(text))
+    for rule in table.rules:
+        if (rule.action == "refuse") != (rule.code is not None):
+            raise ValueError(f"rule {rule.field}: a refuse rule needs a code, and only a refuse rule has one")
+    return table
+
+
+def rules_digest(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> str:
+    """sha256 of the rules table's canonical JSON."""
+    return sha256_json(load_rules(compiler).model_dump(mode="json"))
+
+
+def refusal_rule(code: str, compiler: str = "verl-rl-v0.9-single-gpu-v1") -> Rule:
+    for rule in load_rules(compiler).rules:
+        if rule.code == code:
+            return rule
+    raise KeyError(f"no refusal rule with code {code!r}")
+
+
+def refuse(code: str, detail: str = "") -> HandoffRefusal:
+    """The :class:`HandoffRefusal` for the rule ``code`` (its reason, plus ``detail``)."""
+    rule = refusal_rule(code)
+    where = f"{rule.field}" + (f" ({detail})" if detail else "")
+    return HandoffRefusal(code, f"{where}: {rule.reason}")
+
+
+def render_markdown(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> str:
+    """The table as Markdown (the README's copy is checked against this by a test)."""
+    lines = ["| miniverl field | when | action | verl keys | why |", "|---|---|---|---|---|"]
+    for rule in load_rules(compiler).rules:
+        keys = "<br>".join(f"`{k}`" for k in rule.verl_keys) or "-"
+        action = f"refuse `{rule.code}`" if rule.action == "refuse" else rule.action
+        lines.append(f"| `{rule.field}` | {rule.when or ''} | {action} | {keys} | {rule.reason} |")
+    return "\n".join(lines) + "\n"

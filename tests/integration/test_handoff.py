@@ -1,0 +1,184 @@
+"""``miniverl handoff`` end to end on a tiny model (no verl needed): bundle contents, hashes, paths."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from miniverl.canonical import sha256_file
+from tests.conftest import CliResult, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _plan(cli: Callable[..., CliResult], write_config, config: dict) -> None:
+    write_config(config)
+    result = cli("plan", "config.yaml", "--out", "plan.json", "--json")
+    assert result.code == 0, result.err
+
+
+def _no_local_paths(bundle: Path, *forbidden: Path) -> None:
+    needles = [str(p) for p in forbidden] + [str(Path.home())]
+    for path in bundle.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for needle in needles:
+                assert needle.encode() not in data, f"{path.relative_to(bundle)} holds the local path {needle}"
+
+
+def test_handoff_from_plan(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    result = cli("handoff", "plan.json", "--out", "bundle", "--json")
+    assert result.code == 0, result.err
+    bundle = workdir / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["compiler"] == "verl-rl-v0.9-single-gpu-v1"
+    assert manifest["ir_digest"] == result.json()["ir_digest"]
+    plan_digest = json.loads(Path("plan.json").read_text())["plan_digest"]
+    assert manifest["source"] == {"kind": "plan", "plan_digest": plan_digest, "run_id": None, "checkpoint_step": None}
+    assert manifest["model"]["binding"] == "bundle" and manifest["adapter"] is None
+    listed = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(manifest["files"]) == listed
+    for name, entry in manifest["files"].items():
+        assert sha256_file(bundle / name) == entry["sha256"]
+    assert {
+        "config/miniverl_grpo.yaml",
+        "data/train.parquet",
+        "reward_fn.py",
+        "launch.sh",
+        "model/config.json",
+    } <= listed
+    _no_local_paths(bundle, workdir, tiny_model_dir)
+    assert not [p for p in workdir.iterdir() if p.name.startswith(".tmp-handoff")]
+
+    verl = yaml.safe_load((bundle / "config" / "miniverl_grpo.yaml").read_text())
+    assert verl["defaults"] == ["ppo_trainer", "_self_"]
+    assert set(verl) >= {"data", "actor_rollout_ref", "critic", "reward_model", "algorithm", "trainer"}
+    assert verl["actor_rollout_ref"]["rollout"]["n"] == 2 and verl["algorithm"]["adv_estimator"] == "grpo"
+
+    table = pq.read_table(bundle / "data" / "train.parquet")
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    row = table.slice(0, 1).to_pylist()[0]
+    assert row["prompt"][0]["role"] == "user" and row["data_source"] == "miniverl/calculator"
+    assert row["reward_model"]["ground_truth"] and row["extra_info"]["prompt_id"]
+
+
+def test_reward_file_matches_miniverl(cli, write_config, tiny_model_dir, prompts, workdir: Path, monkeypatch) -> None:
+    config = tiny_config(tiny_model_dir)
+    config["algorithm"]["rewards"] = [
+        {"name": "calculator_exact", "weight": 1.0},
+        {"name": "target_length", "weight": 0.5, "params": {"target_tokens": 3}},
+    ]
+    _plan(cli, write_config, config)
+    assert cli("handoff", "plan.json", "--out", "bundle").code == 0
+    spec = importlib.util.spec_from_file_location("bundle_reward", workdir / "bundle" / "reward_fn.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    row = pq.read_table(workdir / "bundle" / "data" / "train.parquet").slice(0, 1).to_pylist()[0]
+    answer = row["reward_model"]["ground_truth"]
+    monkeypatch.delenv("MINIVERL_HANDOFF_TOKENIZER", raising=False)
+    with pytest.raises(Exception, match="MINIVERL_HANDOFF_TOKENIZER"):
+        module.compute_score(row["data_source"], answer, answer, row["extra_info"])
+    monkeypatch.setenv("MINIVERL_HANDOFF_TOKENIZER", str(workdir / "bundle" / "model"))
+    from transformers import AutoTokenizer
+
+    from miniverl.rewards import CompositeReward
+
+    tokens = len(
+        AutoTokenizer.from_pretrained(str(tiny_model_dir)).encode(f"It is {answer}.", add_special_tokens=False)
+    )
+    expected = CompositeReward([("calculator_exact", 1.0, {}), ("target_length", 0.5, {"target_tokens": 3})])(
+        row["extra_info"]["prompt"], f"It is {answer}.", answer=answer, context=row["extra_info"]["context"],
+        task="calculator", prompt_id=row["extra_info"]["prompt_id"], response_token_count=tokens,
+    )  # fmt: skip
+    assert module.compute_score(row["data_source"], f"It is {answer}.", answer, row["extra_info"]) == expected
+
+
+def test_handoff_is_deterministic_and_never_overwrites(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    first = cli("handoff", "plan.json", "--out", "a", "--json").json()
+    second = cli("handoff", "plan.json", "--out", "b", "--json").json()
+    assert (first["ir_digest"], first["rules_digest"]) == (second["ir_digest"], second["rules_digest"])
+    a, b = (json.loads((workdir / d / "manifest.json").read_text())["files"] for d in ("a", "b"))
+    assert a == b
+    again = cli("handoff", "plan.json", "--out", "a")
+    assert again.code == 2 and again.err.count("\n") == 1 and "already exists" in again.err
+    assert json.loads((workdir / "a" / "manifest.json").read_text())["files"] == a
+
+
+def test_refusal_leaves_nothing(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = tiny_config(tiny_model_dir)
+    config["algorithm"]["grpo"] = {"eps": 1e-3}
+    _plan(cli, write_config, config)
+    result = cli("handoff", "plan.json", "--out", "bundle")
+    assert result.code == 2
+    assert result.err.startswith("miniverl: error: handoff refused (grpo_eps)") and result.err.count("\n") == 1
+    assert not (workdir / "bundle").exists()
+    assert not [p for p in workdir.iterdir() if p.name.startswith(".tmp-handoff")]
+
+
+def test_bad_source_is_one_line(cli, workdir: Path) -> None:
+    result = cli("handoff", "nope.json", "--out", "bundle")
+    assert result.code == 2 and "neither a plan.json nor a run directory" in result.err
+
+
+def test_handoff_from_run_carries_the_adapter(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    config = tiny_config(tiny_model_dir)
+    config["train"]["cycles"] = 1
+    _plan(cli, write_config, config)
+    assert cli("run", "--plan", "plan.json", "--run-id", "r", "--json").code == 0
+    result = cli("handoff", "runs/r", "--out", "bundle", "--json")
+    assert result.code == 0, result.err
+    bundle = workdir / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["source"]["kind"] == "run" and manifest["source"]["run_id"] == "r"
+    assert manifest["source"]["checkpoint_step"] == manifest["adapter"]["checkpoint_step"] == 1
+    assert manifest["adapter"]["reload_max_abs_logit_diff"] <= manifest["adapter"]["reload_tolerance"]
+    assert {"adapter/adapter_model.safetensors", "adapter/adapter_config.json"} <= set(manifest["files"])
+    adapter_config = json.loads((bundle / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == "model"
+    verl = yaml.safe_load((bundle / "config" / "miniverl_grpo.yaml").read_text())
+    assert verl["actor_rollout_ref"]["model"]["lora_adapter_path"] == "adapter"
+    assert 'lora_adapter_path="$HERE/adapter"' in (bundle / "launch.sh").read_text()
+    _no_local_paths(bundle, workdir, tiny_model_dir)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed here")
+def test_diagnose_without_verl_exits_2(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    assert cli("handoff", "plan.json", "--out", "bundle").code == 0
+    result = cli("diagnose", "bundle")
+    assert result.code == 2 and "verl is not installed" in result.err and result.err.count("\n") == 1
+
+
+def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
+    """launch.sh through a stand-in `python` on PATH that records its arguments (no verl, no GPU)."""
+    import os
+    import subprocess
+
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    assert cli("handoff", "plan.json", "--out", "bundle").code == 0
+    fake = workdir / "bin"
+    fake.mkdir()
+    (fake / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$MINIVERL_HANDOFF_TOKENIZER" "$@"\n')
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "launch.sh", "trainer.n_gpus_per_node=8"], cwd=workdir / "bundle", env=env,
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    here = str((workdir / "bundle").resolve())
+    cwd, tokenizer, *argv = done.stdout.splitlines()
+    assert cwd == here and tokenizer == f"{here}/model"
+    assert argv[:4] == ["-m", "verl.trainer.main_ppo", f"--config-path={here}/config", "--config-name=miniverl_grpo"]
+    assert f"actor_rollout_ref.model.path={here}/model" in argv
+    assert f"data.train_files={here}/data/train.parquet" in argv
+    assert f"reward.custom_reward_function.path={here}/reward_fn.py" in argv
+    assert argv[-1] == "trainer.n_gpus_per_node=8"
