@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
-from miniverl.config.schema import MiniverlConfig
+from miniverl.config.schema import REWARD_MODEL_TERM, MiniverlConfig, RewardTerm
 from miniverl.data import COLUMNS, PromptRow
 from miniverl.errors import ConfigError, DataError
 
@@ -71,9 +71,12 @@ def _check_rewards(config: MiniverlConfig) -> None:
     from miniverl.errors import UsageError
     from miniverl.rewards import CompositeReward
 
-    terms = config.algorithm.rewards
-    if not terms and config.algorithm.name == "grpo":
-        raise ConfigError("algorithm.rewards is empty; GRPO needs at least one reward (see `miniverl rewards list`)")
+    if not config.algorithm.rewards and config.algorithm.name in ("grpo", "ppo"):
+        raise ConfigError(
+            f"algorithm.rewards is empty; {config.algorithm.name.upper()} needs at least one reward "
+            "(see `miniverl rewards list`)"
+        )
+    terms = _rule_terms(config)
     if not terms:
         return
     try:
@@ -88,7 +91,7 @@ def _score_empty_responses(config: MiniverlConfig, rows: Sequence[PromptRow]) ->
     from miniverl.errors import UsageError
     from miniverl.rewards import CompositeReward, reward_meta
 
-    terms = config.algorithm.rewards
+    terms = _rule_terms(config)
     if not terms:
         return
     reward = CompositeReward([(t.name, t.weight, t.params) for t in terms])
@@ -97,6 +100,11 @@ def _score_empty_responses(config: MiniverlConfig, rows: Sequence[PromptRow]) ->
             reward.score(row.prompt, "", **reward_meta(row, response_token_count=0, sample_index=0))
         except UsageError as exc:
             raise DataError(f"{config.data.path}: {exc} (scoring an empty response at plan time)") from None
+
+
+def _rule_terms(config: MiniverlConfig) -> list[RewardTerm]:
+    """The rule rewards; the reward-model term is scored by ``models.reward`` (checked by the schema)."""
+    return [t for t in config.algorithm.rewards if t.name != REWARD_MODEL_TERM]
 
 
 def _check_grpo(config: MiniverlConfig) -> None:
