@@ -25,6 +25,9 @@ DATA = "data/prompts.parquet"
 MODEL = "smollm2-135m-instruct"
 DATA_ROWS = 8
 METRICS_LIMIT_BYTES = 16 << 20  # one line per update; a smoke run writes a few hundred bytes per line
+RUN_FILE_LIMIT_BYTES = 16 << 20  # summary.json, run.json, plan.json
+# The most PEFT-reload logit difference the harness accepts, by the run's dtype, whatever tolerance the CLI reports.
+RELOAD_TOLERANCE_MAX = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -41,11 +44,31 @@ class StepFacts:
 
 
 def _load(path: Path) -> dict[str, Any] | None:
+    """A run file written by the CLI: a bounded regular file holding one strict JSON object, else None."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RUN_FILE_LIMIT_BYTES:
+            return None
+        value = loads_strict(path.read_bytes(), path.name)
+    except (OSError, RecordError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _finite(value: Any) -> float | None:
+    """A finite number (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    """An integer count (booleans are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _json_step(book: CheckBook, check: str, result: CliResult, keys: tuple[str, ...]) -> dict[str, Any] | None:
@@ -81,10 +104,10 @@ def run_cli_steps(
 
     doctor = _json_step(book, "doctor", cli("doctor", ["doctor", "--json"], timeout=300), ("versions", "capabilities"))
     if doctor is not None:
-        versions = doctor.get("versions") or {}
+        versions = _dict(doctor.get("versions"))
         facts.gpu_name = doctor.get("gpu_name")
         facts.cuda_runtime = versions.get("cuda")
-        verdict = (doctor.get("capabilities") or {}).get(
+        verdict = _dict(doctor.get("capabilities")).get(
             "gpu_training" if profile.device == "cuda" else "cpu_training", {}
         )
         ok = isinstance(verdict, dict) and verdict.get("verdict") == "ok"
@@ -250,7 +273,7 @@ def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts
     completed = summary.get("status") == "completed" and summary.get("algorithm") == "opd"
     book.record(
         "run_opd",
-        completed and int(summary.get("cycles") or 0) >= 1,
+        completed and (_count(summary.get("cycles")) or 0) >= 1,
         f"status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}, cycles {summary.get('cycles')}",
     )
     for role, name in (
@@ -278,7 +301,7 @@ def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts
             inspected["status"] == "completed" and inspected["updates"] == summary.get("updates"),
             f"inspect: status {inspected['status']!r}, updates {inspected['updates']}",
         )
-    _export(cli, book, facts)
+    _export(cli, book, facts, summary.get("dtype"))
     _cuda(book, profile, summary, facts)
 
 
@@ -305,6 +328,8 @@ def read_metrics(path: Path, algorithm: str) -> tuple[list[dict[str, Any]], str 
             value = loads_strict(raw, f"{path.name} line {number}")
         except RecordError as exc:
             return [], str(exc)
+        except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
+            return [], f"{path.name} line {number} is not plain JSON ({exc.__class__.__name__})"
         if not isinstance(value, dict):
             return [], f"{path.name} line {number} is not a JSON object"
         if value.get("algorithm") != algorithm:
@@ -345,7 +370,7 @@ def _teacher_scoring(book: CheckBook, manifest: dict[str, Any], lines: list[dict
 def _optimizer_update(book: CheckBook, summary: dict[str, Any], lines: list[dict[str, Any]], why: str | None) -> None:
     """One metrics line per update (steps 1..n, n = summary updates >= 1), each with a finite adapter delta > 0."""
     updates = summary.get("updates")
-    counted = isinstance(updates, int) and not isinstance(updates, bool) and updates >= 1 and len(lines) == updates
+    counted = (_count(updates) or 0) >= 1 and len(lines) == updates
     steps_ok = [line.get("step") for line in lines] == list(range(1, len(lines) + 1))
     moved = bool(lines) and all(_positive(line, "adapter_delta_norm") for line in lines)
     book.record(
@@ -357,13 +382,13 @@ def _optimizer_update(book: CheckBook, summary: dict[str, Any], lines: list[dict
     )
 
 
-def _export(cli: CliDriver, book: CheckBook, facts: StepFacts) -> None:
+def _export(cli: CliDriver, book: CheckBook, facts: StepFacts, dtype: Any) -> None:
     result = cli("export", ["export", "runs/smoke-opd", "--out", "export", "--json"], timeout=1800)
     exported = _json_step(book, "export_reload", result, ("reload", "manifest_sha256"))
     if exported is None:
         return
     out = cli.work / "export"
-    reload = exported.get("reload") or {}
+    reload = _dict(exported.get("reload"))
     files = {
         "adapter_config": "adapter_config.json",
         "adapter_weights": "adapter_model.safetensors",
@@ -371,15 +396,17 @@ def _export(cli: CliDriver, book: CheckBook, facts: StepFacts) -> None:
     }
     present = all((out / name).is_file() for name in files.values())
     manifest_ok = present and sha256_file(out / "miniverl-manifest.json") == exported["manifest_sha256"]
-    diff, tol = reload.get("max_abs_logit_diff"), reload.get("tolerance")
-    within = isinstance(diff, int | float) and isinstance(tol, int | float) and diff <= tol
+    diff, tol = _finite(reload.get("max_abs_logit_diff")), _finite(reload.get("tolerance"))
+    ceiling = RELOAD_TOLERANCE_MAX.get(dtype) if isinstance(dtype, str) else None
+    within = diff is not None and tol is not None and ceiling is not None and 0 <= diff <= tol <= ceiling
     book.record(
         "export_reload",
-        bool(reload.get("passed")) and within and manifest_ok,
-        f"PEFT reload max |logit diff| {diff} (tolerance {tol}), files present {present}, "
+        reload.get("passed") is True and within and manifest_ok,
+        f"PEFT reload max |logit diff| {diff} (tolerance {tol}, at most {ceiling} for {str(dtype)[:20]}), "
+        f"files present {present}, "
         f"manifest sha256 {'matches' if manifest_ok else 'differs'}",
     )
-    facts.metrics["export_max_abs_logit_diff"] = diff if isinstance(diff, int | float) else None
+    facts.metrics["export_max_abs_logit_diff"] = diff
     for role, name in files.items():
         if (out / name).is_file():
             facts.evidence[role] = out / name
@@ -447,7 +474,7 @@ def _grpo(cli: CliDriver, book: CheckBook, overrides: list[str], facts: StepFact
     lines, why = read_metrics(run_dir / "metrics.jsonl", "grpo")
     updates = summary.get("updates")
     completed = summary.get("status") == "completed" and summary.get("algorithm") == "grpo"
-    counted = isinstance(updates, int) and not isinstance(updates, bool) and updates >= 1 and len(lines) == updates
+    counted = (_count(updates) or 0) >= 1 and len(lines) == updates
     learned = bool(lines) and all(
         _positive(line, "reward_std_within_group_max")
         and _positive(line, "nonzero_advantages", int)
@@ -477,7 +504,7 @@ def portable(path: Path) -> bool:
     for line in text.splitlines():
         try:
             value = json.loads(line) if path.suffix == ".jsonl" else None
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         if path.suffix == ".jsonl" and _has_path(value):
             return False

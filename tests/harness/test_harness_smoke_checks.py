@@ -45,7 +45,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("reload_manifest", "export_reload"),
         ("grpo_adv", "grpo_cycle"),
     ],
-    "c": [("teacher_role", "teacher_scoring"), ("grpo_delta", "grpo_cycle")],
+    "c": [("teacher_role", "teacher_scoring"), ("reload_tolerance", "export_reload"), ("grpo_delta", "grpo_cycle")],
     "d": [("metrics_nan", "teacher_scoring"), ("metrics_nan", "optimizer_update"), ("grpo_plan_data", "grpo_plan")],
     "e": [("plan_digest", "plan")],
 }
@@ -180,6 +180,8 @@ GOOD = {"algorithm": "opd", "step": 1, "kl": 0.1, "response_tokens": 3, "traject
         (b"\n", "not valid UTF-8 JSON"),
         (b'{"algorithm":"grpo"}\n', "not 'opd'"),
         (b"\xff\n", "not valid UTF-8 JSON"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", "not plain JSON (RecursionError)"),
+        (b'{"algorithm":"opd","kl":' + b"9" * 5000 + b"}\n", "not plain JSON (ValueError)"),
     ],
 )
 def test_read_metrics_refuses(tmp_path: Path, body: bytes, why: str) -> None:
@@ -187,6 +189,19 @@ def test_read_metrics_refuses(tmp_path: Path, body: bytes, why: str) -> None:
     path.write_bytes(body)
     lines, reason = read_metrics(path, "opd")
     assert lines == [] and reason is not None and why in reason
+
+
+def test_run_files_are_read_strictly(tmp_path: Path) -> None:
+    from harness.steps import _load
+
+    path = tmp_path / "summary.json"
+    for body in (b'{"status":"completed","status":"failed"}', b'{"x":NaN}', b"[]", b"{", b"[" * 100_000):
+        path.write_bytes(body)
+        assert _load(path) is None, body
+    path.write_bytes(b'{\n  "status": "completed"\n}\n')
+    assert _load(path) == {"status": "completed"}
+    os.mkfifo(tmp_path / "fifo.json")
+    assert _load(tmp_path / "fifo.json") is None
 
 
 def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -> None:

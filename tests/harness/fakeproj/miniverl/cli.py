@@ -33,6 +33,7 @@ BAD_VALUES = {
     "inspect_updates": "inspect: updates differ from the run's summary",
     "reload_diff": "export: reload max |logit diff| above tolerance (still claims passed)",
     "reload_manifest": "export: manifest_sha256 is not the written manifest's",
+    "reload_tolerance": "export: reports a tolerance of 1.0 and a diff of 0.5 (claims passed)",
     "grpo_std": "run (GRPO): reward_std_within_group_max 0",
     "grpo_adv": "run (GRPO): nonzero_advantages 0",
     "grpo_delta": "run (GRPO): adapter_delta_norm 0",
@@ -210,11 +211,12 @@ def main(argv=None):
         _write(out / "adapter_config.json", b'{"r": 8}')
         _write(out / "adapter_model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
         sha = _write(out / "miniverl-manifest.json", b'{"kind": "adapter"}')
-        diff = 0.5 if "reload_diff" in bad else 0.0
+        diff = 0.5 if "reload_diff" in bad or "reload_tolerance" in bad else 0.0
+        tolerance = 1.0 if "reload_tolerance" in bad else 0.0001
         _out(
             {
                 "out": str(out),
-                "reload": {"max_abs_logit_diff": diff, "tolerance": 0.0001, "passed": True},
+                "reload": {"max_abs_logit_diff": diff, "tolerance": tolerance, "passed": diff <= tolerance},
                 "manifest_sha256": hashlib.sha256(sha.encode()).hexdigest() if "reload_manifest" in bad else sha,
             }
         )
