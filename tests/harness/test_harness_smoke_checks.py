@@ -180,8 +180,8 @@ GOOD = {"algorithm": "opd", "step": 1, "kl": 0.1, "response_tokens": 3, "traject
         (b"\n", "not valid UTF-8 JSON"),
         (b'{"algorithm":"grpo"}\n', "not 'opd'"),
         (b"\xff\n", "not valid UTF-8 JSON"),
-        (b"[" * 100_000 + b"]" * 100_000 + b"\n", "not plain JSON (RecursionError)"),
-        (b'{"algorithm":"opd","kl":' + b"9" * 5000 + b"}\n", "not plain JSON (ValueError)"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", "line 1"),
+        (b'{"algorithm":"opd","kl":' + b"9" * 5000 + b"}\n", "line 1"),
     ],
 )
 def test_read_metrics_refuses(tmp_path: Path, body: bytes, why: str) -> None:
