@@ -36,6 +36,7 @@ ARCHIVE_MEMBERS = {
     "adapter_weights": "release-smoke/adapter/adapter_model.safetensors",
     "adapter_manifest": "release-smoke/adapter/miniverl-manifest.json",
     "grpo_summary": "release-smoke/grpo/summary.json",
+    "grpo_metrics": "release-smoke/grpo/metrics.jsonl",
     "workload_backend_matrix": "v011/backend-matrix.json",
     "workload_grpo_cycles": "v012/grpo-cycles.json",
     "workload_ppo_rm_handoff": "v013/ppo-rm-handoff.json",

