@@ -340,9 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
 
     handoff = add("handoff", cmd_handoff, "compile a plan or run into a verl 0.9 launch bundle")
-    handoff.add_argument("source", metavar="RUN_OR_PLAN")
+    handoff.add_argument("source", metavar="RUN_OR_PLAN", help="a run directory (resumes its adapter) or a plan.json")
     handoff.add_argument("--out", required=True, help="bundle directory (must not exist)")
-    add("diagnose", cmd_diagnose, "check a bundle against the installed verl (no Ray, no GPU)").add_argument("bundle")
+    diagnose = add("diagnose", cmd_diagnose, "check a bundle against the installed verl (no Ray, no GPU)")
+    diagnose.add_argument("bundle", metavar="BUNDLE", help="a directory written by `miniverl handoff`")
 
     schemas = add("schemas", cmd_schemas, "write the JSON Schemas of every miniverl file format")
     schemas.add_argument("--out", default="manifests/miniverl", metavar="DIR", help="target directory")
