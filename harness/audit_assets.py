@@ -53,16 +53,9 @@ class AssetChecks:
         return "exactly the canonical top-level names, each a regular file (dist/ a directory)"
 
     def candidate(self) -> str:
-        given = read_regular(
-            self.req.candidate_manifest, "--candidate-manifest", max_bytes=MANIFEST_MAX_BYTES, check="assets_candidate"
+        published = self._published_copy(
+            self.req.candidate_manifest, "candidate-manifest.json", MANIFEST_MAX_BYTES, "assets_candidate"
         )
-        published = read_regular(
-            self.root / "candidate-manifest.json",
-            "candidate-manifest.json",
-            max_bytes=MANIFEST_MAX_BYTES,
-            check="assets_candidate",
-        )
-        _require(published == given, "assets_candidate", "candidate-manifest.json differs from the candidate's")
         m = self.manifest = parse_record(CandidateManifest, published, "candidate-manifest.json")
         dist = self.root / "dist"
         names = sorted(p.name for p in list(dist.iterdir())[:3])
@@ -88,18 +81,18 @@ class AssetChecks:
         return "dist/, SHA256SUMS and candidate-manifest.json equal the candidate"
 
     def qualification(self) -> str:
-        given = read_regular(
-            self.req.qualification, "--qualification", max_bytes=RECORD_MAX_BYTES, check="assets_qualification"
+        published = self._published_copy(
+            self.req.qualification, "qualification.json", RECORD_MAX_BYTES, "assets_qualification"
         )
-        published = read_regular(
-            self.root / "qualification.json",
-            "qualification.json",
-            max_bytes=RECORD_MAX_BYTES,
-            check="assets_qualification",
-        )
-        _require(published == given, "assets_qualification", "qualification.json differs from the one given")
         self.qual, self.qual_bytes = parse_record(Qualification, published, "qualification.json"), published
         return "qualification.json equals the one given"
+
+    def _published_copy(self, given: Path, name: str, limit: int, check: str) -> bytes:
+        """The asset ``name``, which must be byte-equal to the file the auditor was given."""
+        want = read_regular(given, f"the given {name}", max_bytes=limit, check=check)
+        data = read_regular(self.root / name, name, max_bytes=limit, check=check)
+        _require(data == want, check, f"{name} differs from the one given")
+        return data
 
     def archive(self) -> str:
         q, m = self.qual, self.manifest

@@ -35,14 +35,18 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def regular_file_size(path: Path, what: str, *, check: str, error: type[HarnessError] = VerificationError) -> int:
-    """The size of ``path`` when it is a regular file (``lstat``: symlinks refused); a named error otherwise."""
+def _lstat(path: Path, what: str, check: str, error: type[HarnessError]) -> os.stat_result:
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except FileNotFoundError:
         raise error(f"{what} does not exist", check=check) from None
     except OSError as exc:
         raise error(f"{what} cannot be examined: {exc.strerror or exc.__class__.__name__}", check=check) from None
+
+
+def regular_file_size(path: Path, what: str, *, check: str, error: type[HarnessError] = VerificationError) -> int:
+    """The size of ``path`` when it is a regular file (``lstat``: symlinks refused); a named error otherwise."""
+    st = _lstat(path, what, check, error)
     if not stat.S_ISREG(st.st_mode):
         raise error(f"{what} is {_kind(st.st_mode)}, not a regular file", check=check)
     return st.st_size
@@ -70,11 +74,6 @@ def read_regular(
 
 def require_directory(path: Path, what: str, *, check: str, error: type[HarnessError] = VerificationError) -> None:
     """``path`` is a real directory (not a symlink to one)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise error(f"{what} does not exist", check=check) from None
-    except OSError as exc:
-        raise error(f"{what} cannot be examined: {exc.strerror or exc.__class__.__name__}", check=check) from None
+    st = _lstat(path, what, check, error)
     if not stat.S_ISDIR(st.st_mode):
         raise error(f"{what} is {_kind(st.st_mode)}, not a directory", check=check)
