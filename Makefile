@@ -6,7 +6,7 @@ NOX := $(TOOLS)/bin/nox
 PROFILE ?= cpu-reference
 LEVEL ?= release_smoke
 
-.PHONY: test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
+.PHONY: verl test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
 $(NOX):
 	$(PYTHON) -m venv $(TOOLS)
@@ -41,3 +41,7 @@ harness-tests: $(NOX)
 
 lint-workflows: $(NOX)
 	$(NOX) -s lint_workflows
+
+# The handoff check against the real verl 0.9.1 in its own venv (it pins transformers < 5.11).
+verl: $(NOX)
+	$(NOX) -s verl
