@@ -198,7 +198,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--keep-work", action="store_true")
         s.add_argument("--model-cache", help="MINIVERL_CACHE for the installed CLI (runner-local, never uploaded)")
         s.add_argument(
-            "--skip-grpo", action="store_true", help="skip the GRPO cycle (recorded as skipped, not required)"
+            "--skip-grpo",
+            action="store_true",
+            help="skip the GRPO cycle (local diagnosis only: the auditor's policy requires it)",
         )
     st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
     st.add_argument("action", choices=["check", "record", "describe"])
