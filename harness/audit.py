@@ -107,7 +107,7 @@ class Auditor:
 
     def commit(self) -> str:
         m = self._m()
-        _require(
+        require(
             m.source_commit == self.req.commit,
             "source_commit",
             f"candidate was built from {m.source_commit}, not {self.req.commit}",
@@ -123,17 +123,17 @@ class Auditor:
 
     def binding(self) -> str:
         q, m = self._q(), self._m()
-        _require(
+        require(
             q.candidate.manifest_sha256 == sha256_bytes(self.manifest_bytes or b""),
             "candidate_binding",
             "qualification was made from a different candidate manifest",
         )
-        _require(
+        require(
             q.candidate.source_commit == self.req.commit,
             "source_commit",
             f"qualification binds commit {q.candidate.source_commit}, not {self.req.commit}",
         )
-        _require(
+        require(
             q.candidate.wheel == m.wheel
             and q.candidate.sdist == m.sdist
             and q.candidate.workflow == m.workflow
@@ -148,20 +148,20 @@ class Auditor:
         built, ran = m.workflow, q.execution.workflow
         for label, binding in (("candidate", built), ("qualification", ran)):
             if isinstance(binding, GithubActionsBinding):
-                _require(
+                require(
                     binding.run_attempt == 1,
                     "run_attempt",
                     f"{label} came from run attempt {binding.run_attempt}; only attempt 1 is accepted",
                 )
         if isinstance(built, GithubActionsBinding) or isinstance(ran, GithubActionsBinding):
-            _require(built == ran, "same_run", "candidate and qualification are not from the same workflow run")
+            require(built == ran, "same_run", "candidate and qualification are not from the same workflow run")
             assert isinstance(built, GithubActionsBinding)
             return f"same run {built.run_id} attempt 1"
         return "local build and local qualification (cannot authorize a release)"
 
     def level(self) -> str:
         q = self._q()
-        _require(
+        require(
             q.level == self.req.level, "level", f"qualification level is {q.level}, the gate needs {self.req.level}"
         )
         return f"level {q.level}"
@@ -169,24 +169,24 @@ class Auditor:
     def profile(self) -> str:
         q = self._q()
         known = PROFILES.get(q.profile.name)
-        _require(known is not None, "profile", f"profile {q.profile.name!r} is not a harness profile")
+        require(known is not None, "profile", f"profile {q.profile.name!r} is not a harness profile")
         assert known is not None
-        _require(
+        require(
             profile_sha256(known) == q.profile.sha256
             and known.can_authorize_release == q.profile.can_authorize_release
             and known.known_good == q.profile.known_good,
             "profile",
             f"profile {q.profile.name!r} in the record differs from the harness's definition",
         )
-        _require(
+        require(
             self.req.profile in (None, q.profile.name),
             "profile",
             f"qualification used profile {q.profile.name}, expected {self.req.profile}",
         )
-        _require(known.device == q.environment.device, "profile", f"profile runs on {known.device}")
+        require(known.device == q.environment.device, "profile", f"profile runs on {known.device}")
         want = self.req.required_gpu_name
         have = q.environment.gpu.name if q.environment.gpu else None
-        _require(
+        require(
             known.required_gpu_name == want and have == want,
             "gpu_name",
             f"measured GPU {have!r}, profile {known.required_gpu_name!r}, required {want!r}",
@@ -200,12 +200,12 @@ class Auditor:
             self.req.known_good, self.req.candidate_dir / m.sdist.filename, m.version, profile.known_good
         )
         digest = sha256_bytes(data)
-        _require(
+        require(
             digest == self.req.known_good_sha256,
             "known_good_sha256",
             f"known-good/{profile.known_good}.json ({source}) hashes to {digest}, not --known-good-sha256",
         )
-        _require(
+        require(
             q.profile.known_good_sha256 == digest == q.environment.known_good_sha256,
             "known_good_sha256",
             "the qualification was made against another known-good stack",
@@ -213,12 +213,12 @@ class Auditor:
         descriptor = parse_record(
             KnownGoodDescriptor, data, f"known-good/{profile.known_good}.json", check="known_good"
         )
-        _require(
+        require(
             descriptor.name == profile.known_good and descriptor.required_gpu_name == profile.required_gpu_name,
             "known_good",
             f"the known-good descriptor names {descriptor.name!r} for GPU {descriptor.required_gpu_name!r}",
         )
-        _require(
+        require(
             q.profile.known_good_status == descriptor.status,
             "known_good",
             f"the record says the stack is {q.profile.known_good_status}, the descriptor says {descriptor.status}",
@@ -229,8 +229,8 @@ class Auditor:
     def status(self) -> str:
         q, profile = self._q(), self._profile()
         problems = policy.derived_status(q, profile)
-        _require(not problems, "qualification_status", "; ".join(problems[:3]))
-        _require(q.status == "passed", "qualification_status", f"qualification status is {q.status}")
+        require(not problems, "qualification_status", "; ".join(problems[:3]))
+        require(q.status == "passed", "qualification_status", f"qualification status is {q.status}")
         return f"re-derived from the harness policy: {len(q.checks.executed)} checks executed, all required passed"
 
     def principal_records(self) -> str:
@@ -238,10 +238,10 @@ class Auditor:
         wanted = policy.principals(q.level)
         bound = {a.role: a for a in q.artifacts if a.role.startswith("principal_")}
         extra = sorted(set(bound) - {p.artifact_role for p in wanted})
-        _require(not extra, "principal_records", f"principal roles not used by level {q.level}: {extra}")
+        require(not extra, "principal_records", f"principal roles not used by level {q.level}: {extra}")
         for role in wanted:
             art = bound.get(role.artifact_role)
-            _require(
+            require(
                 art is not None and art.path == role.filename,
                 "principal_records",
                 f"{role.filename} is not bound by qualification.json as {role.artifact_role}",
@@ -250,19 +250,19 @@ class Auditor:
             path = locate(art)
             _verify_file(path, art)
             record = load_record(WorkloadRecord, path, role.filename, check="principal_records")
-            _require(
+            require(
                 (record.name, record.level, record.profile) == (role.workload, role.level, q.profile.name),
                 "principal_records",
                 f"{role.filename} is named {record.name!r} at level {record.level} on {record.profile}; "
                 f"its role needs {role.workload!r} at {role.level} on {q.profile.name}",
             )
-            _require(
+            require(
                 record.source_commit == q.candidate.source_commit and record.wheel_sha256 == q.candidate.wheel.sha256,
                 "principal_records",
                 f"{role.filename} binds another commit or wheel",
             )
             problems = policy.check_problems(record.checks, policy.required_checks(profile, role.workload))
-            _require(
+            require(
                 not problems and record.status == "passed",
                 "principal_records",
                 f"{role.filename}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
@@ -273,13 +273,13 @@ class Auditor:
         q, locate = self._q(), self._locate()
         subordinate = [a for a in q.artifacts if not a.role.startswith("principal_")]
         for art in subordinate:
-            _require(
+            require(
                 art.role in ARCHIVE_MEMBERS and EVIDENCE_PATHS.get(art.role) == art.path,
                 "evidence_roles",
                 f"artifact {art.path} has role {art.role!r}, which the harness does not map to that path",
             )
         missing = [r for r in policy.SMOKE_EVIDENCE_ROLES if r not in {a.role for a in subordinate}]
-        _require(not missing, "evidence_roles", f"required evidence is not bound: {missing}")
+        require(not missing, "evidence_roles", f"required evidence is not bound: {missing}")
         for art in subordinate:
             _verify_file(locate(art), art)
         return f"{len(subordinate)} evidence files re-verified (regular files, bytes, sha256)"
@@ -333,7 +333,7 @@ class Auditor:
         )
 
 
-def _chain(a: Auditor) -> list[VerificationCheck]:
+def chain_checks(a: Auditor) -> list[VerificationCheck]:
     if a.check("candidate", a.candidate):
         a.check("source_commit", a.commit)
     if a.check("qualification_schema", a.qualification) and a.manifest is not None:
@@ -356,7 +356,7 @@ def verify_chain(req: AuditRequest, locate: Callable[[Artifact], Path] | None = 
     """The chain verification: what ``release-verification.json`` publishes (no asset-layout checks)."""
     validate_request(req)
     a = Auditor(replace(req, assets_dir=None), locate=locate)
-    return a.verification(_chain(a))
+    return a.verification(chain_checks(a))
 
 
 def audit(req: AuditRequest) -> ReleaseVerification:
@@ -369,7 +369,7 @@ def audit(req: AuditRequest) -> ReleaseVerification:
     return audit_assets(req)
 
 
-def _require(condition: bool, check: str, message: str) -> None:
+def require(condition: bool, check: str, message: str) -> None:
     if not condition:
         raise VerificationError(message, check=check)
 

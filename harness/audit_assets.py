@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from harness.audit import Auditor, AuditRequest, _chain, _require
+from harness.audit import Auditor, AuditRequest, chain_checks, require
 from harness.candidate import SUMS, sums_text
 from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract, verify_headers
 from harness.jsonio import sha256_bytes, sha256_file
@@ -41,7 +41,7 @@ class AssetChecks:
             if len(entries) > len(TOP_LEVEL):
                 break
             entries[path.name] = path
-        _require(
+        require(
             set(entries) == TOP_LEVEL,
             "assets_layout",
             f"top level must be exactly the canonical names; extra {sorted(set(entries) - TOP_LEVEL)[:5]}, "
@@ -59,7 +59,7 @@ class AssetChecks:
         m = self.manifest = parse_record(CandidateManifest, published, "candidate-manifest.json")
         dist = self.root / "dist"
         names = sorted(p.name for p in list(dist.iterdir())[:3])
-        _require(
+        require(
             names == sorted([m.wheel.filename, m.sdist.filename]),
             "assets_dist",
             "dist/ must hold exactly the candidate wheel and sdist",
@@ -67,13 +67,13 @@ class AssetChecks:
         for digest in (m.wheel, m.sdist):
             path = dist / digest.filename
             size = regular_file_size(path, f"dist/{digest.filename}", check="assets_dist")
-            _require(
+            require(
                 size == digest.bytes and sha256_file(path) == digest.sha256,
                 "assets_dist",
                 f"dist/{digest.filename} differs from the candidate manifest",
             )
         sums = read_regular(self.root / SUMS, SUMS, max_bytes=SUMS_MAX_BYTES, check="assets_sha256sums")
-        _require(
+        require(
             sums == sums_text([m.wheel, m.sdist]).encode(),
             "assets_sha256sums",
             "SHA256SUMS must list exactly the wheel then the sdist",
@@ -91,29 +91,27 @@ class AssetChecks:
         """The asset ``name``, which must be byte-equal to the file the auditor was given."""
         want = read_regular(given, f"the given {name}", max_bytes=limit, check=check)
         data = read_regular(self.root / name, name, max_bytes=limit, check=check)
-        _require(data == want, check, f"{name} differs from the one given")
+        require(data == want, check, f"{name} differs from the one given")
         return data
 
     def archive(self) -> str:
         q, m = self.qual, self.manifest
-        _require(q is not None and m is not None, "evidence_archive", "the candidate or qualification is unreadable")
+        require(q is not None and m is not None, "evidence_archive", "the candidate or qualification is unreadable")
         assert q is not None and m is not None
         manifest = load_record(
             EvidenceManifest, self.root / ARCHIVE_MANIFEST, ARCHIVE_MANIFEST, check="evidence_archive"
         )
         archive = self.root / ARCHIVE
         size = regular_file_size(archive, ARCHIVE, check="evidence_archive")
-        _require(
+        require(
             manifest.archive.filename == ARCHIVE
             and manifest.archive.bytes == size
             and manifest.archive.sha256 == sha256_file(archive),
             "evidence_archive",
             "archive bytes differ from its manifest",
         )
-        _require(
-            manifest.source_commit == q.candidate.source_commit, "evidence_archive", "archive binds another commit"
-        )
-        _require(
+        require(manifest.source_commit == q.candidate.source_commit, "evidence_archive", "archive binds another commit")
+        require(
             manifest.qualification_sha256 == sha256_bytes(self.qual_bytes),
             "evidence_archive",
             "archive binds another qualification.json",
@@ -124,14 +122,14 @@ class AssetChecks:
             if not a.role.startswith("principal_")
         }
         listed = {mem.name: mem for mem in manifest.members}
-        _require(
+        require(
             set(listed) == set(expected),
             "evidence_archive",
             "the archive manifest's members differ from the qualification's evidence",
         )
         for name, mem in listed.items():
             art = expected[name]
-            _require(
+            require(
                 (mem.bytes, mem.sha256, mem.role) == (art.bytes, art.sha256, art.role),
                 "evidence_archive",
                 f"member {name} differs from its qualification artifact",
@@ -141,7 +139,7 @@ class AssetChecks:
         total = sum(b for _, b in order)
         files = safe_extract(archive, self.scratch, max_member=max((b for _, b in order), default=0), max_total=total)
         for name, path in files.items():
-            _require(
+            require(
                 (path.stat().st_size, sha256_file(path)) == (listed[name].bytes, listed[name].sha256),
                 "evidence_archive",
                 f"member {name} differs from its manifest entry",
@@ -160,7 +158,7 @@ class AssetChecks:
     def sums(self) -> str:
         want = "".join(f"{sha256_file(self.root / n)}  {n}\n" for n in QUALIFICATION_ASSETS).encode()
         got = read_regular(self.root / QUAL_SUMS, QUAL_SUMS, max_bytes=SUMS_MAX_BYTES, check="qualification_sha256sums")
-        _require(
+        require(
             got == want,
             "qualification_sha256sums",
             "qualification-SHA256SUMS must cover the nine assets in canonical order with their hashes",
@@ -177,19 +175,19 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
             outer.check("assets_qualification", checks.qualification)
             outer.check("evidence_archive", checks.archive)
         chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
-        chain_checks = _chain(chain)
-        published = chain.verification(chain_checks)
+        verified = chain_checks(chain)
+        published = chain.verification(verified)
         if outer.checks and outer.checks[0].passed:
             outer.check("qualification_sha256sums", checks.sums)
             outer.check("release_verification", lambda: _same_verification(req, published))
-        return chain.verification(chain_checks + outer.checks)
+        return chain.verification(verified + outer.checks)
 
 
 def _same_verification(req: AuditRequest, recomputed: ReleaseVerification) -> str:
     assert req.assets_dir is not None
     path = req.assets_dir / RELEASE_VERIFICATION
     data = read_regular(path, RELEASE_VERIFICATION, max_bytes=RECORD_MAX_BYTES, check="release_verification")
-    _require(
+    require(
         data == record_bytes(recomputed),
         "release_verification",
         "release-verification.json is not byte-equal to the verification recomputed from the chain",
