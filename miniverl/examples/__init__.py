@@ -17,6 +17,7 @@ from miniverl.errors import UsageError
 EXAMPLES: dict[str, str] = {
     "grpo": "GRPO with calculator + length rewards on the embedded SmolLM2 (learns on CPU)",
     "opd": "strict on-policy distillation from a privileged-context teacher (the same base seeing the worked answer)",
+    "ppo": "PPO with a critic (second LoRA + value head), GAE, rule rewards and a tiny reward-model role",
 }
 FILES = ("config.yaml", "prompts.parquet")
 

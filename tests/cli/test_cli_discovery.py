@@ -13,7 +13,7 @@ from tests.cli.test_cli_errors import assert_clean_error
 from tests.conftest import CliResult
 
 
-@pytest.mark.parametrize("example", ["grpo", "opd"])
+@pytest.mark.parametrize("example", ["grpo", "opd", "ppo"])
 def test_init_writes_a_config_that_plans(cli: Callable[..., CliResult], workdir: Path, example: str) -> None:
     result = cli("init", "proj", "--example", example, "--json")
     assert result.code == 0, result.err
@@ -34,7 +34,7 @@ def test_init_refuses_to_overwrite(cli: Callable[..., CliResult], workdir: Path)
     assert cli("init", ".", "--quiet").code == 0
     assert_clean_error(cli("init", "."), 2, "already has config.yaml, prompts.parquet")
     assert cli("init", ".", "--force", "--quiet").code == 0
-    assert_clean_error(cli("init", ".", "--example", "ppo"), 2, "invalid choice: 'ppo'")
+    assert_clean_error(cli("init", ".", "--example", "dpo"), 2, "invalid choice: 'dpo'")
 
 
 def test_rewards_list(cli: Callable[..., CliResult]) -> None:
@@ -97,5 +97,5 @@ def test_wheel_ships_the_examples(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("miniverl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for example in ("grpo", "opd"):
+    for example in ("grpo", "opd", "ppo"):
         assert {f"miniverl/examples/{example}/config.yaml", f"miniverl/examples/{example}/prompts.jsonl"} <= names
