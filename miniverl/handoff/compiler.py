@@ -51,8 +51,12 @@ def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: 
     name = str(config.algorithm.name)
     if name == "opd":
         raise refuse("strict_opd_reverse_kl", "algorithm.name: opd")
-    if name != "grpo":  # PPO plans belong to compiler v2
-        require_compiler(COMPILER_V2 if name == "ppo" else f"none-for-{name}")
+    if name == "ppo":  # PPO with a critic belongs to compiler v2
+        raise refuse("ppo_compiler_v2", "ppo")
+    if name in ("sft", "kd"):
+        raise refuse("offline_algorithm", name)
+    if name != "grpo":
+        raise UsageError(f"no verl compiler for algorithm {name!r}")
     return compile_v1(plan, config, start_adapter=start_adapter)
 
 
@@ -149,6 +153,10 @@ def _refusals(config: MiniverlConfig) -> None:
         raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}")
     if lora.dropout != 0:
         raise refuse("lora_dropout", f"dropout {lora.dropout}")
+    if models.critic is not None:
+        raise refuse("critic_compiler_v2")
+    if models.reward is not None:
+        raise refuse("reward_model_compiler_v2", f"models.reward source {models.reward.source}")
     if config.algorithm.grpo.kl_coef > 0:
         raise refuse("grpo_kl_not_exact", f"kl_coef {config.algorithm.grpo.kl_coef}")
     if config.algorithm.grpo.eps != VERL_GRPO_EPS:

@@ -243,5 +243,28 @@ def test_bundle_manifest_schema_has_not_drifted() -> None:
 def test_a_ppo_plan_is_sent_to_compiler_v2_not_compiled_as_grpo() -> None:
     config = _config()
     config.algorithm.__dict__["name"] = "ppo"  # what the PPO config work will allow; v1 must not take it
-    with pytest.raises(Exception, match=r"verl-rl-v0\.9-single-gpu-v2 .* not available"):
+    with pytest.raises(HandoffRefusal, match=r"verl-rl-v0\.9-single-gpu-v2\), which is not available") as caught:
         compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "ppo_compiler_v2"
+
+
+@pytest.mark.parametrize("name", ["sft", "kd"])
+def test_offline_algorithms_are_refused(name: str) -> None:
+    base = _config().model_dump(mode="json")
+    base["algorithm"]["name"] = name
+    base["train"]["gradient_accumulation_steps"] = None
+    base["models"]["teacher"] = {"source": "student", "privileged_context": {}}
+    config = validate_config(base, origin="test")
+    with pytest.raises(HandoffRefusal) as caught:
+        compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "offline_algorithm"
+
+
+def test_a_grpo_plan_with_a_reward_model_is_refused_by_v1() -> None:
+    base = _config().model_dump(mode="json")
+    base["models"]["reward"] = {"source": "tiny"}
+    base["algorithm"]["rewards"].append({"name": "reward_model", "weight": 0.5})
+    config = validate_config(base, origin="test")
+    with pytest.raises(HandoffRefusal) as caught:
+        compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "reward_model_compiler_v2"
