@@ -8,10 +8,10 @@ and refused as not available in this version.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from miniverl.canonical import sha256_json
-from miniverl.config.schema import IMMUTABLE_REVISION, MiniverlConfig
+from miniverl.config.schema import IMMUTABLE_REVISION, MiniverlConfig, ModelSpec
 from miniverl.errors import UsageError
 from miniverl.handoff.ir import (
     COMPILER_V1,
@@ -111,8 +111,7 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
             clip_ratio_low=grpo.clip_low,
             clip_ratio_high=grpo.clip_high,
             norm_adv_by_std=grpo.norm_by_std,
-            use_kl_loss=False,
-            kl_loss_coef=0.0,
+            **_grpo_kl(config),
         ),
         optim=OptimIR(
             lr=train.learning_rate,
@@ -157,14 +156,62 @@ def _refusals(config: MiniverlConfig) -> None:
         raise refuse("critic_compiler_v2")
     if models.reward is not None:
         raise refuse("reward_model_compiler_v2", f"models.reward source {models.reward.source}")
-    if config.algorithm.grpo.kl_coef > 0:
-        raise refuse("grpo_kl_not_exact", f"kl_coef {config.algorithm.grpo.kl_coef}")
+    grpo = config.algorithm.grpo
+    if grpo.kl_coef > 0:
+        if grpo.kl_estimator == "k3":
+            raise refuse("kl_k3_clamped", f"kl_coef {grpo.kl_coef}, kl_estimator k3")
+        if not _reference_is_actor_base(config):
+            raise refuse("reference_not_actor_base", _describe(config.models.reference))
     if config.algorithm.grpo.eps != VERL_GRPO_EPS:
         raise refuse("grpo_eps", f"eps {config.algorithm.grpo.eps}")
     if not config.rollout.use_chat_template:
         raise refuse("no_chat_template")
     if config.train.max_grad_norm is None:
         raise refuse("no_grad_clip")
+
+
+def _grpo_kl(config: MiniverlConfig) -> dict[str, Any]:
+    """GRPO's KL to the reference as verl's KL loss (``kl_mode: loss``) or in-reward KL (``reward``)."""
+    g = config.algorithm.grpo
+    if g.kl_coef == 0:
+        return {"use_kl_loss": False, "kl_loss_coef": 0.0}
+    kind = g.kl_estimator
+    assert kind != "k3"  # refused above
+    if g.kl_mode == "loss":
+        return {"use_kl_loss": True, "kl_loss_coef": g.kl_coef, "kl_loss_type": kind}
+    return {"use_kl_loss": False, "kl_loss_coef": 0.0, "use_kl_in_reward": True, "kl_reward_coef": g.kl_coef,
+            "kl_penalty": kind}  # fmt: skip
+
+
+def _reference_is_actor_base(config: MiniverlConfig) -> bool:
+    """verl's reference for a LoRA actor is the actor's base with the adapter disabled (ref_in_actor)."""
+    ref, student = config.models.reference, config.models.student
+    if ref is None or ref.adapter is not None or ref.privileged_context is not None or ref.quantization != "none":
+        return False
+    if ref.source == "student":
+        return True
+    same = (ref.source, ref.model_id, ref.revision, ref.path) == (
+        student.source,
+        student.model_id,
+        student.revision,
+        student.path,
+    )
+    return same
+
+
+def _describe(spec: ModelSpec | None) -> str:
+    if spec is None:
+        return "no models.reference"
+    parts = [f"source {spec.source}"]
+    if spec.model_id or spec.path:
+        parts.append(str(spec.model_id or spec.path))
+    if spec.adapter is not None:
+        parts.append(f"adapter {spec.adapter.path}")
+    if spec.privileged_context is not None:
+        parts.append("privileged_context")
+    if spec.quantization != "none":
+        parts.append(spec.quantization)
+    return ", ".join(parts)
 
 
 def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:

@@ -110,11 +110,7 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
             "custom_reward_function": {"path": ir.reward.function_file, "name": ir.reward.function_name},
             "reward_manager": {"name": "naive"},
         },
-        "algorithm": {
-            "adv_estimator": algo.kind,
-            "norm_adv_by_std_in_grpo": algo.norm_adv_by_std,
-            "use_kl_in_reward": False,
-        },
+        "algorithm": _algorithm_section(algo),
         "trainer": {
             "project_name": "miniverl-handoff",
             "experiment_name": ir.schedule.experiment_name,
@@ -131,6 +127,18 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
             "default_local_dir": "checkpoints",
         },
     }
+
+
+def _algorithm_section(algo: GrpoIR) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "adv_estimator": algo.kind,
+        "norm_adv_by_std_in_grpo": algo.norm_adv_by_std,
+        "use_kl_in_reward": algo.use_kl_in_reward,
+    }
+    if algo.use_kl_in_reward:  # a fixed controller: the coefficient never adapts
+        section["kl_penalty"] = algo.kl_penalty
+        section["kl_ctrl"] = {"type": "fixed", "kl_coef": algo.kl_reward_coef}
+    return section
 
 
 def render_yaml(config: dict[str, Any], *, header: str) -> str:

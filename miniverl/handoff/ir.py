@@ -84,6 +84,11 @@ class RolloutIR(IRModel):
     micro_batch_per_gpu: Annotated[int, Field(ge=1)]
 
 
+#: verl 0.9 ``kl_penalty`` names whose formula equals miniverl's estimator of the same name (verl's
+#: ``k3`` is its clamped ``low_var_kl``, so miniverl's unclamped ``k3`` has no verl name).
+KlType = Literal["k1", "k2", "low_var_kl"]
+
+
 class GrpoIR(IRModel):
     kind: Literal["grpo"] = "grpo"
     clip_ratio_low: float
@@ -94,7 +99,10 @@ class GrpoIR(IRModel):
     mini_batches_per_step: Literal[1] = 1
     use_kl_loss: bool
     kl_loss_coef: float
-    kl_loss_type: Literal["low_var_kl"] = "low_var_kl"
+    kl_loss_type: KlType = "low_var_kl"
+    use_kl_in_reward: bool = False
+    kl_reward_coef: float = 0.0
+    kl_penalty: KlType = "k1"
 
 
 AlgorithmIR = Annotated[GrpoIR, Field(discriminator="kind")]

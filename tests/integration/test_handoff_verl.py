@@ -89,3 +89,17 @@ def test_run_bundle_with_adapter_is_ready(cli, write_config, tiny_model_dir, pro
     code, report = _diagnose(cli, workdir / "bundle")
     assert code == 0 and report["launch_status"] == "ready", report["blockers"]
     assert report["checks"]["adapter"]["r"] == 4 and report["checks"]["overlay"]["applied"]
+
+
+@pytest.mark.parametrize(("mode", "estimator"), [("loss", "low_var_kl"), ("reward", "k1")])
+def test_grpo_kl_bundle_is_ready_with_verls_reference(
+    cli, write_config, tiny_model_dir, prompts, workdir, mode, estimator
+):
+    config = tiny_config(tiny_model_dir)
+    config["models"]["reference"] = {"source": "student"}
+    config["algorithm"]["grpo"] = {"kl_coef": 0.05, "kl_estimator": estimator, "kl_mode": mode}
+    bundle = _bundle(cli, write_config(config), "bundle")
+    code, report = _diagnose(cli, bundle)
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    checks = report["checks"]
+    assert checks["validate_config"]["use_reference_policy"] is True and checks["overlay"]["applied"]

@@ -185,14 +185,55 @@ def test_refuses_shared_backbone() -> None:
     assert caught.value.code == "shared_backbone_adapters"
 
 
-def test_refuses_grpo_kl() -> None:
+def _kl_config(reference: dict[str, Any], **grpo: Any) -> MiniverlConfig:
     base = _config().model_dump(mode="json")
-    base["algorithm"]["grpo"]["kl_coef"] = 0.01
-    base["models"]["reference"] = {"source": "student"}
-    config = validate_config(base, origin="test")
+    base["algorithm"]["grpo"].update({"kl_coef": 0.01, **grpo})
+    base["models"]["reference"] = reference
+    return validate_config(base, origin="test")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "low_var_kl"])
+def test_grpo_kl_loss_maps_to_verl_kl_loss(estimator: str) -> None:
+    config = _kl_config({"source": "student"}, kl_estimator=estimator, kl_mode="loss")
+    verl = emit_verl_config(compile_plan_ir(_plan(config), config))
+    actor = verl["actor_rollout_ref"]["actor"]
+    assert (actor["use_kl_loss"], actor["kl_loss_coef"], actor["kl_loss_type"]) == (True, 0.01, estimator)
+    assert verl["algorithm"]["use_kl_in_reward"] is False
+
+
+def test_grpo_kl_reward_maps_to_verl_in_reward_kl_with_a_fixed_controller() -> None:
+    same_base = {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}
+    config = _kl_config(same_base, kl_estimator="k1", kl_mode="reward")
+    verl = emit_verl_config(compile_plan_ir(_plan(config), config))
+    assert verl["actor_rollout_ref"]["actor"]["use_kl_loss"] is False
+    algorithm = verl["algorithm"]
+    assert algorithm["use_kl_in_reward"] is True and algorithm["kl_penalty"] == "k1"
+    assert algorithm["kl_ctrl"] == {"type": "fixed", "kl_coef": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("reference", "grpo", "code"),
+    [
+        ({"source": "student"}, {"kl_estimator": "k3"}, "kl_k3_clamped"),
+        (
+            {"source": "hub", "model_id": "other/model", "revision": HUB_REVISION},
+            {"kl_estimator": "k1"},
+            "reference_not_actor_base",
+        ),
+        (
+            {"source": "student", "adapter": {"source": "hub", "path": "org/ref", "revision": HUB_REVISION}},
+            {"kl_mode": "reward", "kl_estimator": "low_var_kl"},
+            "reference_not_actor_base",
+        ),
+    ],
+)
+def test_grpo_kl_that_verl_cannot_express_is_refused(
+    reference: dict[str, Any], grpo: dict[str, Any], code: str
+) -> None:
+    config = _kl_config(reference, **grpo)
     with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
-    assert caught.value.code == "grpo_kl_not_exact"
+    assert caught.value.code == code
 
 
 def test_reserved_compilers_are_refused_by_name() -> None:
