@@ -2,8 +2,8 @@
 
 Every decision here follows a rule of ``rules_v1.json``; a field verl cannot express exactly
 raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation).
-Compiler ids ``-v2`` (PPO with critic and reward model) and ``-v4`` (direct-config) are reserved
-and refused as not available in this version.
+PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` (direct-config)
+is reserved and refused as not available in this version.
 """
 
 from __future__ import annotations
@@ -11,18 +11,20 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from miniverl.canonical import sha256_json
-from miniverl.config.schema import IMMUTABLE_REVISION, MiniverlConfig, ModelSpec
+from miniverl.config.schema import IMMUTABLE_REVISION, GrpoSection, MiniverlConfig, ModelSpec, PpoSection
 from miniverl.errors import UsageError
 from miniverl.handoff.ir import (
     COMPILER_V1,
     COMPILER_V2,
     COMPILER_V4,
+    CompilerId,
     DataIR,
     ExperimentIR,
     GrpoIR,
     LoraIR,
     ModelBindingIR,
     OptimIR,
+    PpoIR,
     RewardIR,
     RewardTermIR,
     RolloutIR,
@@ -40,10 +42,8 @@ MAX_PROMPT_LENGTH = 1024
 #: Rewards whose value depends on the response token count (re-counted from the decoded text in verl).
 TOKEN_COUNT_REWARDS = frozenset({"target_length"})
 TRAIN_FILE = "data/train.parquet"
-RESERVED = {
-    COMPILER_V2: "PPO with a critic and a reward model (needs miniverl's PPO config)",
-    COMPILER_V4: "direct-config from a native verl YAML",
-}
+RESERVED = {COMPILER_V4: "direct-config from a native verl YAML"}
+AVAILABLE = (COMPILER_V1, COMPILER_V2)
 
 
 def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
@@ -52,7 +52,9 @@ def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: 
     if name == "opd":
         raise refuse("strict_opd_reverse_kl", "algorithm.name: opd")
     if name == "ppo":  # PPO with a critic belongs to compiler v2
-        raise refuse("ppo_compiler_v2", "ppo")
+        from miniverl.handoff.compiler_v2 import compile_v2
+
+        return compile_v2(plan, config, start_adapter=start_adapter)
     if name in ("sft", "kd"):
         raise refuse("offline_algorithm", name)
     if name != "grpo":
@@ -63,22 +65,44 @@ def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: 
 def require_compiler(compiler_id: str) -> None:
     if compiler_id in RESERVED:
         raise UsageError(f"compiler {compiler_id} ({RESERVED[compiler_id]}) is not available in this miniverl")
-    if compiler_id != COMPILER_V1:
-        raise UsageError(f"unknown compiler {compiler_id!r}; available: {COMPILER_V1}")
+    if compiler_id not in AVAILABLE:
+        raise UsageError(f"unknown compiler {compiler_id!r}; available: {', '.join(AVAILABLE)}")
 
 
 def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
     _refusals(config)
-    models, rollout, grpo, train = config.models, config.rollout, config.algorithm.grpo, config.train
+    grpo = config.algorithm.grpo
+    algorithm = GrpoIR(
+        clip_ratio_low=grpo.clip_low,
+        clip_ratio_high=grpo.clip_high,
+        norm_adv_by_std=grpo.norm_by_std,
+        **_grpo_kl(config),
+    )
+    return build_ir(plan, config, COMPILER_V1, algorithm, start_adapter=start_adapter)
+
+
+def build_ir(
+    plan: PlanRecord,
+    config: MiniverlConfig,
+    compiler: CompilerId,
+    algorithm: GrpoIR | PpoIR,
+    *,
+    start_adapter: bool = False,
+) -> ExperimentIR:
+    """The IR's sections that do not depend on the algorithm, around ``algorithm``."""
+    models, rollout, train = config.models, config.rollout, config.train
     lora = models.student.lora
     assert lora is not None  # ModelsSection fills it in
-    per_cycle = config.trajectories_per_cycle
-    wanted = per_cycle if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), per_cycle)
-    micro = max(d for d in range(1, wanted + 1) if per_cycle % d == 0)  # verl splits the step evenly
+    # verl splits each mini-batch (the whole step for GRPO) evenly into micro-batches
+    span = config.trajectories_per_cycle
+    if isinstance(algorithm, PpoIR):
+        span = algorithm.mini_batch_prompts * rollout.samples_per_prompt
+    wanted = span if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), span)
+    micro = max(d for d in range(1, wanted + 1) if span % d == 0)
     terms = tuple(RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params)) for t in config.algorithm.rewards)
     assert train.max_grad_norm is not None  # refused above otherwise
     return ExperimentIR(
-        compiler=COMPILER_V1,
+        compiler=compiler,
         source=SourceIR(
             plan_digest=plan.plan_digest, config_digest=plan.config_digest, miniverl_version=plan.miniverl_version
         ),
@@ -107,12 +131,7 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
             top_k=rollout.top_k if rollout.top_k > 0 else -1,
             micro_batch_per_gpu=micro,
         ),
-        algorithm=GrpoIR(
-            clip_ratio_low=grpo.clip_low,
-            clip_ratio_high=grpo.clip_high,
-            norm_adv_by_std=grpo.norm_by_std,
-            **_grpo_kl(config),
-        ),
+        algorithm=algorithm,
         optim=OptimIR(
             lr=train.learning_rate,
             weight_decay=train.weight_decay,
@@ -131,48 +150,62 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
             terms=terms,
             needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
         ),
-        deviations=_deviations(config),
+        deviations=_deviations(config) + extra_deviations(algorithm),
     )
 
 
 def _refusals(config: MiniverlConfig) -> None:
-    models, student = config.models, config.models.student
-    if models.runtime == "shared_backbone":
-        raise refuse("shared_backbone_adapters", "models.runtime: shared_backbone")
-    if student.source == "gguf":
-        raise refuse("gguf_weights", f"models.student.path: {student.path}")
-    if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
-        raise refuse("mutable_revision", f"revision {student.revision!r}")
-    if student.quantization == "nf4":
-        raise refuse("nf4_quantization", "models.student.quantization: nf4")
-    lora = student.lora
-    if lora is None or not lora.enabled:
-        raise refuse("lora_disabled")
-    if float(lora.alpha) != int(lora.alpha):
-        raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}")
-    if lora.dropout != 0:
-        raise refuse("lora_dropout", f"dropout {lora.dropout}")
+    if config.algorithm.name == "ppo":
+        raise refuse("ppo_compiler_v2", "ppo")
+    common_refusals(config, COMPILER_V1)
+    models = config.models
     if models.critic is not None:
         raise refuse("critic_compiler_v2")
     if models.reward is not None:
         raise refuse("reward_model_compiler_v2", f"models.reward source {models.reward.source}")
-    grpo = config.algorithm.grpo
-    if grpo.kl_coef > 0:
-        if grpo.kl_estimator == "k3":
-            raise refuse("kl_k3_clamped", f"kl_coef {grpo.kl_coef}, kl_estimator k3")
-        if not _reference_is_actor_base(config):
-            raise refuse("reference_not_actor_base", _describe(config.models.reference))
+    kl_refusals(config, config.algorithm.grpo, COMPILER_V1)
     if config.algorithm.grpo.eps != VERL_GRPO_EPS:
         raise refuse("grpo_eps", f"eps {config.algorithm.grpo.eps}")
+
+
+def common_refusals(config: MiniverlConfig, compiler: str) -> None:
+    """The refusals of the policy side that every compiler shares (model, LoRA, chat template, clip)."""
+    models, student = config.models, config.models.student
+    if models.runtime == "shared_backbone":
+        raise refuse("shared_backbone_adapters", "models.runtime: shared_backbone", compiler=compiler)
+    if student.source == "gguf":
+        raise refuse("gguf_weights", f"models.student.path: {student.path}", compiler=compiler)
+    if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
+        raise refuse("mutable_revision", f"revision {student.revision!r}", compiler=compiler)
+    if student.quantization == "nf4":
+        raise refuse("nf4_quantization", "models.student.quantization: nf4", compiler=compiler)
+    lora = student.lora
+    if lora is None or not lora.enabled:
+        raise refuse("lora_disabled", compiler=compiler)
+    if float(lora.alpha) != int(lora.alpha):
+        raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}", compiler=compiler)
+    if lora.dropout != 0:
+        raise refuse("lora_dropout", f"dropout {lora.dropout}", compiler=compiler)
     if not config.rollout.use_chat_template:
-        raise refuse("no_chat_template")
+        raise refuse("no_chat_template", compiler=compiler)
     if config.train.max_grad_norm is None:
-        raise refuse("no_grad_clip")
+        raise refuse("no_grad_clip", compiler=compiler)
+
+
+def kl_refusals(config: MiniverlConfig, section: GrpoSection | PpoSection, compiler: str) -> None:
+    if section.kl_coef > 0:
+        if section.kl_estimator == "k3":
+            raise refuse("kl_k3_clamped", f"kl_coef {section.kl_coef}, kl_estimator k3", compiler=compiler)
+        if not _reference_is_actor_base(config):
+            raise refuse("reference_not_actor_base", _describe(config.models.reference), compiler=compiler)
 
 
 def _grpo_kl(config: MiniverlConfig) -> dict[str, Any]:
-    """GRPO's KL to the reference as verl's KL loss (``kl_mode: loss``) or in-reward KL (``reward``)."""
-    g = config.algorithm.grpo
+    return kl_fields(config.algorithm.grpo)
+
+
+def kl_fields(g: GrpoSection | PpoSection) -> dict[str, Any]:
+    """The KL to the reference as verl's KL loss (``kl_mode: loss``) or in-reward KL (``reward``)."""
     if g.kl_coef == 0:
         return {"use_kl_loss": False, "kl_loss_coef": 0.0}
     kind = g.kl_estimator
@@ -227,6 +260,15 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
         dtype=config.models.dtype,
         gradient_checkpointing=config.train.activation_checkpointing > 0,
     )
+
+
+def extra_deviations(algorithm: GrpoIR | PpoIR) -> tuple[str, ...]:
+    if isinstance(algorithm, PpoIR):
+        return (
+            "critic_head_init: verl initializes the value head with the model's own init, not miniverl's "
+            "seeded head (algorithm.ppo.critic_head_seed)",
+        )
+    return ()
 
 
 def _deviations(config: MiniverlConfig) -> tuple[str, ...]:

@@ -6,9 +6,9 @@ the reward and the runtime bindings. A compiler turns a miniverl plan into an IR
 verl cannot express exactly, see :mod:`miniverl.handoff.rules`), then the IR into a verl 0.9
 ``ppo_trainer`` config (:mod:`miniverl.handoff.emit`).
 
-``algorithm`` is a tagged union: v1 (GRPO) fills :class:`GrpoIR`; the v2 PPO compiler adds a
-``PpoIR`` (critic, GAE, reward model) to the union without touching the other sections, and v4
-(direct-config) records the native YAML's bytes in ``source``.
+``algorithm`` is a tagged union: v1 (GRPO) fills :class:`GrpoIR`; the v2 PPO compiler fills
+:class:`PpoIR` (GAE, epochs and mini-batches, value clip, the critic) without touching the other
+sections, and v4 (direct-config) will record the native YAML's bytes in ``source``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,45 @@ class GrpoIR(IRModel):
     kl_penalty: KlType = "k1"
 
 
-AlgorithmIR = Annotated[GrpoIR, Field(discriminator="kind")]
+class CriticIR(IRModel):
+    """PPO's value model: a LoRA on the actor's base plus a scalar value head.
+
+    The optimizer shares the actor's weight decay, betas and eps (miniverl's ``train.*``) and has
+    its own learning rate and gradient clip.
+    """
+
+    base: Literal["actor_base"] = "actor_base"
+    lora_rank: Annotated[int, Field(ge=1)]
+    lora_alpha: Annotated[int, Field(ge=1)]
+    target_modules: tuple[str, ...]
+    lr: float
+    clip_grad: float
+
+
+class PpoIR(IRModel):
+    """PPO with a critic (compiler v2): verl's ``adv_estimator: gae`` with whitened advantages."""
+
+    kind: Literal["gae"] = "gae"
+    gamma: float
+    lam: float
+    whiten_advantages: Literal[True] = True
+    ppo_epochs: Annotated[int, Field(ge=1)]
+    mini_batch_prompts: Annotated[int, Field(ge=1)]
+    shuffle_mini_batches: bool
+    clip_ratio_low: float
+    clip_ratio_high: float
+    cliprange_value: float
+    loss_agg_mode: Literal["token-mean"] = "token-mean"
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: KlType = "low_var_kl"
+    use_kl_in_reward: bool = False
+    kl_reward_coef: float = 0.0
+    kl_penalty: KlType = "k1"
+    critic: CriticIR
+
+
+AlgorithmIR = Annotated[GrpoIR | PpoIR, Field(discriminator="kind")]
 
 
 class OptimIR(IRModel):
