@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from miniverl.canonical import sha256_json
-from miniverl.config.schema import IMMUTABLE_REVISION, GrpoSection, MiniverlConfig, ModelSpec, PpoSection
+from miniverl.config.schema import (
+    IMMUTABLE_REVISION,
+    REWARD_MODEL_TERM,
+    GrpoSection,
+    MiniverlConfig,
+    ModelSpec,
+    PpoSection,
+)
 from miniverl.errors import UsageError
 from miniverl.handoff.ir import (
     COMPILER_V1,
@@ -26,6 +33,7 @@ from miniverl.handoff.ir import (
     OptimIR,
     PpoIR,
     RewardIR,
+    RewardModelIR,
     RewardTermIR,
     RolloutIR,
     ScheduleIR,
@@ -99,7 +107,11 @@ def build_ir(
         span = algorithm.mini_batch_prompts * rollout.samples_per_prompt
     wanted = span if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), span)
     micro = max(d for d in range(1, wanted + 1) if span % d == 0)
-    terms = tuple(RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params)) for t in config.algorithm.rewards)
+    terms = tuple(
+        RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params))
+        for t in config.algorithm.rewards
+        if t.name != REWARD_MODEL_TERM
+    )
     assert train.max_grad_norm is not None  # refused above otherwise
     return ExperimentIR(
         compiler=compiler,
@@ -149,6 +161,7 @@ def build_ir(
         reward=RewardIR(
             terms=terms,
             needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
+            reward_model=_reward_model_ir(plan, config),
         ),
         deviations=_deviations(config) + extra_deviations(algorithm),
     )
@@ -161,8 +174,6 @@ def _refusals(config: MiniverlConfig) -> None:
     models = config.models
     if models.critic is not None:
         raise refuse("critic_compiler_v2")
-    if models.reward is not None:
-        raise refuse("reward_model_compiler_v2", f"models.reward source {models.reward.source}")
     kl_refusals(config, config.algorithm.grpo, COMPILER_V1)
     if config.algorithm.grpo.eps != VERL_GRPO_EPS:
         raise refuse("grpo_eps", f"eps {config.algorithm.grpo.eps}")
@@ -190,6 +201,8 @@ def common_refusals(config: MiniverlConfig, compiler: str) -> None:
         raise refuse("no_chat_template", compiler=compiler)
     if config.train.max_grad_norm is None:
         raise refuse("no_grad_clip", compiler=compiler)
+    if models.reward is not None and models.reward.source == "local":
+        raise refuse("reward_model_local", f"models.reward.path: {models.reward.path}", compiler=compiler)
 
 
 def kl_refusals(config: MiniverlConfig, section: GrpoSection | PpoSection, compiler: str) -> None:
@@ -262,6 +275,15 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
     )
 
 
+def _reward_model_ir(plan: PlanRecord, config: MiniverlConfig) -> RewardModelIR | None:
+    spec = config.models.reward
+    if spec is None:
+        return None
+    weight = next(t.weight for t in config.algorithm.rewards if t.name == REWARD_MODEL_TERM)
+    kept = spec.model_dump(mode="json", exclude={"placement", "batch_size", "path"})
+    return RewardModelIR(spec=kept, identity=dict(plan.models["reward"]), weight=weight)
+
+
 def extra_deviations(algorithm: GrpoIR | PpoIR) -> tuple[str, ...]:
     if isinstance(algorithm, PpoIR):
         return (
@@ -275,6 +297,11 @@ def _deviations(config: MiniverlConfig) -> tuple[str, ...]:
     out = [
         "engine_numerics: FSDP actor and vLLM rollout kernels (bitwise results differ from miniverl's HF eager path)"
     ]
+    if config.models.reward is not None:
+        out.append(
+            "reward_model_unbatched: verl calls the reward function once per response, so the reward "
+            "model scores each text alone (no padding), not in batches of models.reward.batch_size"
+        )
     if any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in config.algorithm.rewards):
         out.append(
             "response_token_count_retokenized: verl's reward function gets decoded text; the token count "

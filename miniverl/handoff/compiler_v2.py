@@ -33,8 +33,6 @@ def refusals(config: MiniverlConfig) -> None:
     """Every v2 refusal that depends on the plan (the critic's LoRA refusal comes after these)."""
     common_refusals(config, COMPILER_V2)
     ppo, models = config.algorithm.ppo, config.models
-    if models.reward is not None:
-        raise refuse("reward_model_not_exact", f"models.reward source {models.reward.source}", compiler=COMPILER_V2)
     critic = models.critic
     if critic is not None and critic.source != "student":
         raise refuse("critic_other_base", f"models.critic source {critic.source}", compiler=COMPILER_V2)

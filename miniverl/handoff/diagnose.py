@@ -307,8 +307,15 @@ def _check_reward(path: Path) -> dict[str, Any]:
         raise TypeError(f"compute_score{names} is not verl's (data_source, solution_str, ground_truth, extra_info)")
     from miniverl.handoff.reward_bridge import build_reward
 
-    reward = build_reward(module.TERMS)
-    return {"function": "compute_score", "terms": reward.names}
+    terms: list[str] = build_reward(module.TERMS).names if module.TERMS else []
+    reward_model = getattr(module, "REWARD_MODEL", None)
+    if reward_model is not None:
+        terms.append("reward_model")
+    return {
+        "function": "compute_score",
+        "terms": terms,
+        "reward_model": None if reward_model is None else reward_model["spec"]["source"],
+    }
 
 
 def _check_dataset(path: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ sections, and v4 (direct-config) will record the native YAML's bytes in ``source
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -168,11 +168,25 @@ class RewardTermIR(IRModel):
     params: dict[str, float | int | str | bool]
 
 
+class RewardModelIR(IRModel):
+    """The reward-model role, scored inside ``reward_fn.py`` by miniverl's own ``RewardModel``.
+
+    ``spec`` is the plan's ``models.reward`` (hub@40-hex or the seeded tiny classifier on the
+    actor's tokenizer), ``identity`` its content identity from the plan (checked again at launch),
+    ``weight`` the ``reward_model`` term's weight.
+    """
+
+    spec: dict[str, Any]
+    identity: dict[str, Any]
+    weight: float
+
+
 class RewardIR(IRModel):
     function_file: str = "reward_fn.py"
     function_name: Literal["compute_score"] = "compute_score"
     terms: tuple[RewardTermIR, ...]
     needs_response_token_count: bool
+    reward_model: RewardModelIR | None = None
 
 
 class RuntimeIR(IRModel):

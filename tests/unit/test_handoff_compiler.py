@@ -55,13 +55,21 @@ def _config(**changes: Any) -> MiniverlConfig:
 
 
 def _plan(config: MiniverlConfig) -> PlanRecord:
+    models: dict[str, Any] = {"student": {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}}
+    if config.models.reward is not None:
+        from miniverl.rewards.reward_model import reward_model_identity
+
+        spec = config.models.reward
+        models["reward"] = (
+            reward_model_identity(spec, fetch=False)[0] if spec.source != "local" else {"source": "local"}
+        )
     return PlanRecord(
         miniverl_version="0.1.0",
         config=config.model_dump(mode="json"),
         overrides=[],
         config_digest="a" * 64,
         data=DataBinding(path="prompts.parquet", sha256="b" * 64, rows=16),
-        models={"student": {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}},
+        models=models,
         placement=PlacementPlan(
             device="cuda",
             runtime="dual_model",
@@ -301,11 +309,22 @@ def test_offline_algorithms_are_refused(name: str) -> None:
     assert caught.value.code == "offline_algorithm"
 
 
-def test_a_grpo_plan_with_a_reward_model_is_refused_by_v1() -> None:
+def test_a_grpo_plan_with_a_reward_model_scores_it_in_the_reward_function() -> None:
     base = _config().model_dump(mode="json")
-    base["models"]["reward"] = {"source": "tiny"}
+    base["models"]["reward"] = {"source": "tiny", "tiny": {"seed": 3}, "label": 0}
     base["algorithm"]["rewards"].append({"name": "reward_model", "weight": 0.5})
+    config = validate_config(base, origin="test")
+    ir = compile_plan_ir(_plan(config), config)
+    rm = ir.reward.reward_model
+    assert rm is not None and rm.weight == 0.5 and rm.spec["tiny"]["seed"] == 3
+    assert rm.identity["source"] == "tiny" and "reward_model" not in [t.name for t in ir.reward.terms]
+    assert any(d.startswith("reward_model_unbatched") for d in ir.deviations)
+    assert emit_verl_config(ir)["reward_model"] == {"enable": False}
+    from miniverl.handoff.launch import reward_file
+
+    assert "REWARD_MODEL = json.loads(" in reward_file(ir)
+    base["models"]["reward"] = {"source": "local", "path": "rm-dir"}
     config = validate_config(base, origin="test")
     with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
-    assert caught.value.code == "reward_model_compiler_v2"
+    assert caught.value.code == "reward_model_local"

@@ -91,8 +91,11 @@ def test_every_ppo_plan_is_refused_for_verls_untrained_lora_critic_head() -> Non
             "kl_k3_clamped",
         ),
         (
-            {"models__reward": {"source": "tiny"}, "algorithm__rewards": [{"name": "reward_model", "weight": 1.0}]},
-            "reward_model_not_exact",
+            {
+                "models__reward": {"source": "local", "path": "rm"},
+                "algorithm__rewards": [{"name": "reward_model", "weight": 1.0}],
+            },
+            "reward_model_local",
         ),
     ],
 )
