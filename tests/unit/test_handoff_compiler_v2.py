@@ -123,6 +123,9 @@ def test_ppo_ir_maps_gae_epochs_mini_batches_and_the_critic() -> None:
     assert critic["model"]["path"] == verl["actor_rollout_ref"]["model"]["path"]
     assert (critic["model"]["lora_rank"], critic["model"]["lora_alpha"]) == (16, 32)
     assert verl["trainer"]["max_critic_ckpt_to_keep"] == 2
+    from miniverl.handoff.launch import launch_script
+
+    assert 'critic.model.path="$MODEL_PATH"' in launch_script(ir, "miniverl_ppo")  # launch.sh resolves it once
 
 
 def test_ppo_kl_in_reward_maps_to_verls_fixed_controller() -> None:
