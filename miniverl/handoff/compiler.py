@@ -2,28 +2,38 @@
 
 Every decision here follows a rule of ``rules_v1.json``; a field verl cannot express exactly
 raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation).
-Compiler ids ``-v2`` (PPO with critic and reward model) and ``-v4`` (direct-config) are reserved
-and refused as not available in this version.
+PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` (direct-config)
+is reserved and refused as not available in this version.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from miniverl.canonical import sha256_json
-from miniverl.config.schema import IMMUTABLE_REVISION, MiniverlConfig
+from miniverl.config.schema import (
+    IMMUTABLE_REVISION,
+    REWARD_MODEL_TERM,
+    GrpoSection,
+    MiniverlConfig,
+    ModelSpec,
+    PpoSection,
+)
 from miniverl.errors import UsageError
 from miniverl.handoff.ir import (
     COMPILER_V1,
     COMPILER_V2,
     COMPILER_V4,
+    CompilerId,
     DataIR,
     ExperimentIR,
     GrpoIR,
     LoraIR,
     ModelBindingIR,
     OptimIR,
+    PpoIR,
     RewardIR,
+    RewardModelIR,
     RewardTermIR,
     RolloutIR,
     ScheduleIR,
@@ -40,10 +50,8 @@ MAX_PROMPT_LENGTH = 1024
 #: Rewards whose value depends on the response token count (re-counted from the decoded text in verl).
 TOKEN_COUNT_REWARDS = frozenset({"target_length"})
 TRAIN_FILE = "data/train.parquet"
-RESERVED = {
-    COMPILER_V2: "PPO with a critic and a reward model (needs miniverl's PPO config)",
-    COMPILER_V4: "direct-config from a native verl YAML",
-}
+RESERVED = {COMPILER_V4: "direct-config from a native verl YAML"}
+AVAILABLE = (COMPILER_V1, COMPILER_V2)
 
 
 def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
@@ -51,30 +59,62 @@ def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: 
     name = str(config.algorithm.name)
     if name == "opd":
         raise refuse("strict_opd_reverse_kl", "algorithm.name: opd")
-    if name != "grpo":  # PPO plans belong to compiler v2
-        require_compiler(COMPILER_V2 if name == "ppo" else f"none-for-{name}")
+    if name == "ppo":  # PPO with a critic belongs to compiler v2
+        from miniverl.handoff.compiler_v2 import compile_v2
+
+        return compile_v2(plan, config, start_adapter=start_adapter)
+    if name in ("sft", "kd"):
+        raise refuse("offline_algorithm", name)
+    if name != "grpo":
+        raise UsageError(f"no verl compiler for algorithm {name!r}")
     return compile_v1(plan, config, start_adapter=start_adapter)
 
 
 def require_compiler(compiler_id: str) -> None:
     if compiler_id in RESERVED:
         raise UsageError(f"compiler {compiler_id} ({RESERVED[compiler_id]}) is not available in this miniverl")
-    if compiler_id != COMPILER_V1:
-        raise UsageError(f"unknown compiler {compiler_id!r}; available: {COMPILER_V1}")
+    if compiler_id not in AVAILABLE:
+        raise UsageError(f"unknown compiler {compiler_id!r}; available: {', '.join(AVAILABLE)}")
 
 
 def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
     _refusals(config)
-    models, rollout, grpo, train = config.models, config.rollout, config.algorithm.grpo, config.train
+    grpo = config.algorithm.grpo
+    algorithm = GrpoIR(
+        clip_ratio_low=grpo.clip_low,
+        clip_ratio_high=grpo.clip_high,
+        norm_adv_by_std=grpo.norm_by_std,
+        **_grpo_kl(config),
+    )
+    return build_ir(plan, config, COMPILER_V1, algorithm, start_adapter=start_adapter)
+
+
+def build_ir(
+    plan: PlanRecord,
+    config: MiniverlConfig,
+    compiler: CompilerId,
+    algorithm: GrpoIR | PpoIR,
+    *,
+    start_adapter: bool = False,
+) -> ExperimentIR:
+    """The IR's sections that do not depend on the algorithm, around ``algorithm``."""
+    models, rollout, train = config.models, config.rollout, config.train
     lora = models.student.lora
     assert lora is not None  # ModelsSection fills it in
-    per_cycle = config.trajectories_per_cycle
-    wanted = per_cycle if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), per_cycle)
-    micro = max(d for d in range(1, wanted + 1) if per_cycle % d == 0)  # verl splits the step evenly
-    terms = tuple(RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params)) for t in config.algorithm.rewards)
+    # verl splits each mini-batch (the whole step for GRPO) evenly into micro-batches
+    span = config.trajectories_per_cycle
+    if isinstance(algorithm, PpoIR):
+        span = algorithm.mini_batch_prompts * rollout.samples_per_prompt
+    wanted = span if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), span)
+    micro = max(d for d in range(1, wanted + 1) if span % d == 0)
+    terms = tuple(
+        RewardTermIR(name=t.name, weight=t.weight, params=dict(t.params))
+        for t in config.algorithm.rewards
+        if t.name != REWARD_MODEL_TERM
+    )
     assert train.max_grad_norm is not None  # refused above otherwise
     return ExperimentIR(
-        compiler=COMPILER_V1,
+        compiler=compiler,
         source=SourceIR(
             plan_digest=plan.plan_digest, config_digest=plan.config_digest, miniverl_version=plan.miniverl_version
         ),
@@ -103,13 +143,7 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
             top_k=rollout.top_k if rollout.top_k > 0 else -1,
             micro_batch_per_gpu=micro,
         ),
-        algorithm=GrpoIR(
-            clip_ratio_low=grpo.clip_low,
-            clip_ratio_high=grpo.clip_high,
-            norm_adv_by_std=grpo.norm_by_std,
-            use_kl_loss=False,
-            kl_loss_coef=0.0,
-        ),
+        algorithm=algorithm,
         optim=OptimIR(
             lr=train.learning_rate,
             weight_decay=train.weight_decay,
@@ -127,36 +161,103 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
         reward=RewardIR(
             terms=terms,
             needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
+            reward_model=_reward_model_ir(plan, config),
         ),
-        deviations=_deviations(config),
+        deviations=_deviations(config) + extra_deviations(algorithm),
     )
 
 
 def _refusals(config: MiniverlConfig) -> None:
-    models, student = config.models, config.models.student
-    if models.runtime == "shared_backbone":
-        raise refuse("shared_backbone_adapters", "models.runtime: shared_backbone")
-    if student.source == "gguf":
-        raise refuse("gguf_weights", f"models.student.path: {student.path}")
-    if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
-        raise refuse("mutable_revision", f"revision {student.revision!r}")
-    if student.quantization == "nf4":
-        raise refuse("nf4_quantization", "models.student.quantization: nf4")
-    lora = student.lora
-    if lora is None or not lora.enabled:
-        raise refuse("lora_disabled")
-    if float(lora.alpha) != int(lora.alpha):
-        raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}")
-    if lora.dropout != 0:
-        raise refuse("lora_dropout", f"dropout {lora.dropout}")
-    if config.algorithm.grpo.kl_coef > 0:
-        raise refuse("grpo_kl_not_exact", f"kl_coef {config.algorithm.grpo.kl_coef}")
+    if config.algorithm.name == "ppo":
+        raise refuse("ppo_compiler_v2", "ppo")
+    common_refusals(config, COMPILER_V1)
+    models = config.models
+    if models.critic is not None:
+        raise refuse("critic_compiler_v2")
+    kl_refusals(config, config.algorithm.grpo, COMPILER_V1)
     if config.algorithm.grpo.eps != VERL_GRPO_EPS:
         raise refuse("grpo_eps", f"eps {config.algorithm.grpo.eps}")
+
+
+def common_refusals(config: MiniverlConfig, compiler: str) -> None:
+    """The refusals of the policy side that every compiler shares (model, LoRA, chat template, clip)."""
+    models, student = config.models, config.models.student
+    if models.runtime == "shared_backbone":
+        raise refuse("shared_backbone_adapters", "models.runtime: shared_backbone", compiler=compiler)
+    if student.source == "gguf":
+        raise refuse("gguf_weights", f"models.student.path: {student.path}", compiler=compiler)
+    if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
+        raise refuse("mutable_revision", f"revision {student.revision!r}", compiler=compiler)
+    if student.quantization == "nf4":
+        raise refuse("nf4_quantization", "models.student.quantization: nf4", compiler=compiler)
+    lora = student.lora
+    if lora is None or not lora.enabled:
+        raise refuse("lora_disabled", compiler=compiler)
+    if float(lora.alpha) != int(lora.alpha):
+        raise refuse("lora_alpha_not_integer", f"alpha {lora.alpha}", compiler=compiler)
+    if lora.dropout != 0:
+        raise refuse("lora_dropout", f"dropout {lora.dropout}", compiler=compiler)
     if not config.rollout.use_chat_template:
-        raise refuse("no_chat_template")
+        raise refuse("no_chat_template", compiler=compiler)
     if config.train.max_grad_norm is None:
-        raise refuse("no_grad_clip")
+        raise refuse("no_grad_clip", compiler=compiler)
+    if models.reward is not None and models.reward.source == "local":
+        raise refuse("reward_model_local", f"models.reward.path: {models.reward.path}", compiler=compiler)
+
+
+def kl_refusals(config: MiniverlConfig, section: GrpoSection | PpoSection, compiler: str) -> None:
+    if section.kl_coef > 0:
+        if section.kl_estimator == "k3":
+            raise refuse("kl_k3_clamped", f"kl_coef {section.kl_coef}, kl_estimator k3", compiler=compiler)
+        if not _reference_is_actor_base(config):
+            raise refuse("reference_not_actor_base", _describe(config.models.reference), compiler=compiler)
+
+
+def _grpo_kl(config: MiniverlConfig) -> dict[str, Any]:
+    return kl_fields(config.algorithm.grpo)
+
+
+def kl_fields(g: GrpoSection | PpoSection) -> dict[str, Any]:
+    """The KL to the reference as verl's KL loss (``kl_mode: loss``) or in-reward KL (``reward``)."""
+    if g.kl_coef == 0:
+        return {"use_kl_loss": False, "kl_loss_coef": 0.0}
+    kind = g.kl_estimator
+    assert kind != "k3"  # refused above
+    if g.kl_mode == "loss":
+        return {"use_kl_loss": True, "kl_loss_coef": g.kl_coef, "kl_loss_type": kind}
+    return {"use_kl_loss": False, "kl_loss_coef": 0.0, "use_kl_in_reward": True, "kl_reward_coef": g.kl_coef,
+            "kl_penalty": kind}  # fmt: skip
+
+
+def _reference_is_actor_base(config: MiniverlConfig) -> bool:
+    """verl's reference for a LoRA actor is the actor's base with the adapter disabled (ref_in_actor)."""
+    ref, student = config.models.reference, config.models.student
+    if ref is None or ref.adapter is not None or ref.privileged_context is not None or ref.quantization != "none":
+        return False
+    if ref.source == "student":
+        return True
+    same = (ref.source, ref.model_id, ref.revision, ref.path) == (
+        student.source,
+        student.model_id,
+        student.revision,
+        student.path,
+    )
+    return same
+
+
+def _describe(spec: ModelSpec | None) -> str:
+    if spec is None:
+        return "no models.reference"
+    parts = [f"source {spec.source}"]
+    if spec.model_id or spec.path:
+        parts.append(str(spec.model_id or spec.path))
+    if spec.adapter is not None:
+        parts.append(f"adapter {spec.adapter.path}")
+    if spec.privileged_context is not None:
+        parts.append("privileged_context")
+    if spec.quantization != "none":
+        parts.append(spec.quantization)
+    return ", ".join(parts)
 
 
 def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
@@ -174,10 +275,33 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
     )
 
 
+def _reward_model_ir(plan: PlanRecord, config: MiniverlConfig) -> RewardModelIR | None:
+    spec = config.models.reward
+    if spec is None:
+        return None
+    weight = next(t.weight for t in config.algorithm.rewards if t.name == REWARD_MODEL_TERM)
+    kept = spec.model_dump(mode="json", exclude={"placement", "batch_size", "path"})
+    return RewardModelIR(spec=kept, identity=dict(plan.models["reward"]), weight=weight)
+
+
+def extra_deviations(algorithm: GrpoIR | PpoIR) -> tuple[str, ...]:
+    if isinstance(algorithm, PpoIR):
+        return (
+            "critic_head_init: verl initializes the value head with the model's own init, not miniverl's "
+            "seeded head (algorithm.ppo.critic_head_seed)",
+        )
+    return ()
+
+
 def _deviations(config: MiniverlConfig) -> tuple[str, ...]:
     out = [
         "engine_numerics: FSDP actor and vLLM rollout kernels (bitwise results differ from miniverl's HF eager path)"
     ]
+    if config.models.reward is not None:
+        out.append(
+            "reward_model_unbatched: verl calls the reward function once per response, so the reward "
+            "model scores each text alone (no padding), not in batches of models.reward.batch_size"
+        )
     if any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in config.algorithm.rewards):
         out.append(
             "response_token_count_retokenized: verl's reward function gets decoded text; the token count "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import UsageError
+from miniverl.handoff.ir import COMPILER_V2
 from miniverl.handoff.manifest import read_manifest, verify_files
 
 VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
@@ -118,6 +119,8 @@ def _launch_overrides(root: Path, manifest: Any) -> list[str]:
     ]
     if manifest.model.binding == "bundle":
         overrides.append(f"actor_rollout_ref.model.path={root / 'model'}")
+        if manifest.compiler == COMPILER_V2:  # the critic starts from the same base
+            overrides.append(f"critic.model.path={root / 'model'}")
     if manifest.adapter is not None:
         overrides.append(f"actor_rollout_ref.model.lora_adapter_path={root / 'adapter'}")
     return overrides
@@ -307,8 +310,15 @@ def _check_reward(path: Path) -> dict[str, Any]:
         raise TypeError(f"compute_score{names} is not verl's (data_source, solution_str, ground_truth, extra_info)")
     from miniverl.handoff.reward_bridge import build_reward
 
-    reward = build_reward(module.TERMS)
-    return {"function": "compute_score", "terms": reward.names}
+    terms: list[str] = build_reward(module.TERMS).names if module.TERMS else []
+    reward_model = getattr(module, "REWARD_MODEL", None)
+    if reward_model is not None:
+        terms.append("reward_model")
+    return {
+        "function": "compute_score",
+        "terms": terms,
+        "reward_model": None if reward_model is None else reward_model["spec"]["source"],
+    }
 
 
 def _check_dataset(path: Path) -> dict[str, Any]:

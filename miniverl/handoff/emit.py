@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from miniverl.handoff.ir import ExperimentIR, GrpoIR
+from miniverl.handoff.ir import ExperimentIR, GrpoIR, PpoIR
 
 SEARCHPATH = "pkg://verl.trainer.config"
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -32,7 +32,8 @@ def model_path(ir: ExperimentIR) -> str:
 def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
     """The verl config overlay as plain data (dict key order is the YAML's order)."""
     algo = ir.algorithm
-    assert isinstance(algo, GrpoIR)  # v2 adds PpoIR here
+    mini_batch = algo.mini_batch_prompts if isinstance(algo, PpoIR) else ir.rollout.prompts_per_step
+    shuffle = algo.shuffle_mini_batches if isinstance(algo, PpoIR) else False
     precision = PRECISION[ir.model.dtype]
     micro = ir.rollout.micro_batch_per_gpu
     fsdp = {"model_dtype": precision, "dtype": ROLLOUT_DTYPE[ir.model.dtype]}
@@ -66,10 +67,10 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
             "model": model,
             "actor": {
                 "strategy": "fsdp",
-                "ppo_mini_batch_size": ir.rollout.prompts_per_step,
+                "ppo_mini_batch_size": mini_batch,
                 "ppo_micro_batch_size_per_gpu": micro,
                 "ppo_epochs": algo.ppo_epochs,
-                "shuffle": False,
+                "shuffle": shuffle,
                 "data_loader_seed": ir.schedule.seed,
                 "clip_ratio": algo.clip_ratio_low,
                 "clip_ratio_low": algo.clip_ratio_low,
@@ -104,17 +105,13 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
                 "log_prob_micro_batch_size_per_gpu": micro,
             },
         },
-        "critic": {"enable": False},
+        "critic": _critic_section(ir, algo, fsdp) if isinstance(algo, PpoIR) else {"enable": False},
         "reward_model": {"enable": False},
         "reward": {
             "custom_reward_function": {"path": ir.reward.function_file, "name": ir.reward.function_name},
             "reward_manager": {"name": "naive"},
         },
-        "algorithm": {
-            "adv_estimator": algo.kind,
-            "norm_adv_by_std_in_grpo": algo.norm_adv_by_std,
-            "use_kl_in_reward": False,
-        },
+        "algorithm": _algorithm_section(algo),
         "trainer": {
             "project_name": "miniverl-handoff",
             "experiment_name": ir.schedule.experiment_name,
@@ -129,8 +126,57 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
             "nnodes": ir.runtime.nnodes,
             "n_gpus_per_node": ir.runtime.n_gpus_per_node,
             "default_local_dir": "checkpoints",
+            **({"max_critic_ckpt_to_keep": ir.schedule.max_ckpt_to_keep} if isinstance(algo, PpoIR) else {}),
         },
     }
+
+
+def _critic_section(ir: ExperimentIR, algo: PpoIR, fsdp: dict[str, str]) -> dict[str, Any]:
+    critic = algo.critic
+    micro = ir.rollout.micro_batch_per_gpu
+    return {
+        "enable": True,
+        "strategy": "fsdp",
+        "model": {
+            "path": model_path(ir),
+            "lora_rank": critic.lora_rank,
+            "lora_alpha": critic.lora_alpha,
+            "target_modules": list(critic.target_modules),
+            "enable_gradient_checkpointing": ir.model.gradient_checkpointing,
+        },
+        "ppo_mini_batch_size": algo.mini_batch_prompts,
+        "ppo_micro_batch_size_per_gpu": micro,
+        "forward_micro_batch_size_per_gpu": micro,
+        "ppo_epochs": algo.ppo_epochs,
+        "shuffle": algo.shuffle_mini_batches,
+        "data_loader_seed": ir.schedule.seed,
+        "cliprange_value": algo.cliprange_value,
+        "loss_agg_mode": algo.loss_agg_mode,
+        "grad_clip": critic.clip_grad,
+        "optim": {
+            "lr": critic.lr,
+            "weight_decay": ir.optim.weight_decay,
+            "betas": list(ir.optim.betas),
+            "clip_grad": critic.clip_grad,
+            "lr_warmup_steps": 0,
+            "lr_scheduler_type": "constant",
+            "override_optimizer_config": {"eps": ir.optim.eps},
+        },
+        "fsdp": {"model_dtype": fsdp["model_dtype"]},
+    }
+
+
+def _algorithm_section(algo: GrpoIR | PpoIR) -> dict[str, Any]:
+    section: dict[str, Any] = {"adv_estimator": algo.kind}
+    if isinstance(algo, PpoIR):
+        section |= {"gamma": algo.gamma, "lam": algo.lam}
+    else:
+        section["norm_adv_by_std_in_grpo"] = algo.norm_adv_by_std
+    section["use_kl_in_reward"] = algo.use_kl_in_reward
+    if algo.use_kl_in_reward:  # a fixed controller: the coefficient never adapts
+        section["kl_penalty"] = algo.kl_penalty
+        section["kl_ctrl"] = {"type": "fixed", "kl_coef": algo.kl_reward_coef}
+    return section
 
 
 def render_yaml(config: dict[str, Any], *, header: str) -> str:

@@ -6,14 +6,14 @@ the reward and the runtime bindings. A compiler turns a miniverl plan into an IR
 verl cannot express exactly, see :mod:`miniverl.handoff.rules`), then the IR into a verl 0.9
 ``ppo_trainer`` config (:mod:`miniverl.handoff.emit`).
 
-``algorithm`` is a tagged union: v1 (GRPO) fills :class:`GrpoIR`; the v2 PPO compiler adds a
-``PpoIR`` (critic, GAE, reward model) to the union without touching the other sections, and v4
-(direct-config) records the native YAML's bytes in ``source``.
+``algorithm`` is a tagged union: v1 (GRPO) fills :class:`GrpoIR`; the v2 PPO compiler fills
+:class:`PpoIR` (GAE, epochs and mini-batches, value clip, the critic) without touching the other
+sections, and v4 (direct-config) will record the native YAML's bytes in ``source``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,6 +84,11 @@ class RolloutIR(IRModel):
     micro_batch_per_gpu: Annotated[int, Field(ge=1)]
 
 
+#: verl 0.9 ``kl_penalty`` names whose formula equals miniverl's estimator of the same name (verl's
+#: ``k3`` is its clamped ``low_var_kl``, so miniverl's unclamped ``k3`` has no verl name).
+KlType = Literal["k1", "k2", "low_var_kl"]
+
+
 class GrpoIR(IRModel):
     kind: Literal["grpo"] = "grpo"
     clip_ratio_low: float
@@ -94,10 +99,51 @@ class GrpoIR(IRModel):
     mini_batches_per_step: Literal[1] = 1
     use_kl_loss: bool
     kl_loss_coef: float
-    kl_loss_type: Literal["low_var_kl"] = "low_var_kl"
+    kl_loss_type: KlType = "low_var_kl"
+    use_kl_in_reward: bool = False
+    kl_reward_coef: float = 0.0
+    kl_penalty: KlType = "k1"
 
 
-AlgorithmIR = Annotated[GrpoIR, Field(discriminator="kind")]
+class CriticIR(IRModel):
+    """PPO's value model: a LoRA on the actor's base plus a scalar value head.
+
+    The optimizer shares the actor's weight decay, betas and eps (miniverl's ``train.*``) and has
+    its own learning rate and gradient clip.
+    """
+
+    base: Literal["actor_base"] = "actor_base"
+    lora_rank: Annotated[int, Field(ge=1)]
+    lora_alpha: Annotated[int, Field(ge=1)]
+    target_modules: tuple[str, ...]
+    lr: float
+    clip_grad: float
+
+
+class PpoIR(IRModel):
+    """PPO with a critic (compiler v2): verl's ``adv_estimator: gae`` with whitened advantages."""
+
+    kind: Literal["gae"] = "gae"
+    gamma: float
+    lam: float
+    whiten_advantages: Literal[True] = True
+    ppo_epochs: Annotated[int, Field(ge=1)]
+    mini_batch_prompts: Annotated[int, Field(ge=1)]
+    shuffle_mini_batches: bool
+    clip_ratio_low: float
+    clip_ratio_high: float
+    cliprange_value: float
+    loss_agg_mode: Literal["token-mean"] = "token-mean"
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: KlType = "low_var_kl"
+    use_kl_in_reward: bool = False
+    kl_reward_coef: float = 0.0
+    kl_penalty: KlType = "k1"
+    critic: CriticIR
+
+
+AlgorithmIR = Annotated[GrpoIR | PpoIR, Field(discriminator="kind")]
 
 
 class OptimIR(IRModel):
@@ -122,11 +168,25 @@ class RewardTermIR(IRModel):
     params: dict[str, float | int | str | bool]
 
 
+class RewardModelIR(IRModel):
+    """The reward-model role, scored inside ``reward_fn.py`` by miniverl's own ``RewardModel``.
+
+    ``spec`` is the plan's ``models.reward`` (hub@40-hex or the seeded tiny classifier on the
+    actor's tokenizer), ``identity`` its content identity from the plan (checked again at launch),
+    ``weight`` the ``reward_model`` term's weight.
+    """
+
+    spec: dict[str, Any]
+    identity: dict[str, Any]
+    weight: float
+
+
 class RewardIR(IRModel):
     function_file: str = "reward_fn.py"
     function_name: Literal["compute_score"] = "compute_score"
     terms: tuple[RewardTermIR, ...]
     needs_response_token_count: bool
+    reward_model: RewardModelIR | None = None
 
 
 class RuntimeIR(IRModel):

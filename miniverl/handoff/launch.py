@@ -7,7 +7,7 @@ import shlex
 
 from miniverl import __version__
 from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR
-from miniverl.handoff.ir import ExperimentIR
+from miniverl.handoff.ir import ExperimentIR, PpoIR
 from miniverl.handoff.reward_bridge import TOKENIZER_ENV
 
 MODEL_ENV = "MINIVERL_MODEL_PATH"
@@ -35,6 +35,7 @@ def launch_script(ir: ExperimentIR, config_name: str) -> str:
         if ir.lora.start_adapter == "bundle"
         else ""
     )
+    critic = '  critic.model.path="$MODEL_PATH" \\\n' if isinstance(ir.algorithm, PpoIR) else ""
     return f"""#!/usr/bin/env bash
 # Written by miniverl {__version__} handoff ({ir.compiler}); runs verl {ir.verl_version} on this bundle.
 # Needs an environment with verl {ir.verl_version} (vLLM rollout, one CUDA GPU) and miniverl (the reward code).
@@ -47,7 +48,7 @@ cd "$HERE"
 exec python -m verl.trainer.main_ppo \\
   --config-path="$HERE/config" --config-name={config_name} \\
   actor_rollout_ref.model.path="$MODEL_PATH" \\
-{adapter}  data.train_files="$HERE/{ir.data.train_file}" data.val_files="$HERE/{ir.data.train_file}" \\
+{critic}{adapter}  data.train_files="$HERE/{ir.data.train_file}" data.val_files="$HERE/{ir.data.train_file}" \\
   reward.custom_reward_function.path="$HERE/{ir.reward.function_file}" \\
   trainer.default_local_dir="$HERE/checkpoints" \\
   "$@"
@@ -56,9 +57,16 @@ exec python -m verl.trainer.main_ppo \\
 
 def reward_file(ir: ExperimentIR) -> str:
     terms = [t.model_dump(mode="json") for t in ir.reward.terms]
+    model = ir.reward.reward_model
+    rm = (
+        "None"
+        if model is None
+        else f"json.loads({json.dumps(json.dumps(model.model_dump(mode='json'), sort_keys=True))})"
+    )
     return f'''"""verl custom_reward_function written by miniverl {__version__} handoff ({ir.compiler}).
 
-It calls miniverl's own reward code (miniverl.rewards.CompositeReward) with these terms.
+It calls miniverl's own reward code (miniverl.rewards.CompositeReward) with these terms, and
+miniverl's RewardModel for the reward-model role (REWARD_MODEL) when the plan has one.
 """
 
 import json
@@ -67,8 +75,11 @@ from miniverl.handoff.reward_bridge import score
 
 TERMS = json.loads({json.dumps(json.dumps(terms, sort_keys=True))})
 NEEDS_RESPONSE_TOKEN_COUNT = {ir.reward.needs_response_token_count!r}
+REWARD_MODEL = {rm}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return score(TERMS, NEEDS_RESPONSE_TOKEN_COUNT, data_source, solution_str, ground_truth, extra_info)
+    return score(
+        TERMS, NEEDS_RESPONSE_TOKEN_COUNT, data_source, solution_str, ground_truth, extra_info, REWARD_MODEL
+    )
 '''

@@ -1,6 +1,7 @@
 """The rules table: which miniverl config fields map to which verl keys, which are dropped, and why.
 
-The table is data (``rules_v1.json`` beside this module, shipped in the wheel). Each rule is one of
+The tables are data (``rules_v1.json`` for GRPO, ``rules_v2.json`` for PPO with a critic, beside
+this module, shipped in the wheel). Each rule is one of
 
 - ``map``: the value carries over exactly to ``verl_keys``;
 - ``rebind``: a runtime binding changes (engine, device, where weights come from) but not the math;
@@ -53,38 +54,44 @@ class HandoffRefusal(UsageError):
         self.code = code
 
 
+V1 = "verl-rl-v0.9-single-gpu-v1"
+TABLES = {V1: "rules_v1.json", "verl-rl-v0.9-single-gpu-v2": "rules_v2.json"}
+
+
 @cache
-def load_rules(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> RulesTable:
-    if compiler != "verl-rl-v0.9-single-gpu-v1":
+def load_rules(compiler: str = V1) -> RulesTable:
+    if compiler not in TABLES:
         raise UsageError(f"no rules table for compiler {compiler!r}")
-    text = resources.files("miniverl.handoff").joinpath("rules_v1.json").read_text(encoding="utf-8")
+    text = resources.files("miniverl.handoff").joinpath(TABLES[compiler]).read_text(encoding="utf-8")
     table = RulesTable.model_validate(json.loads(text))
+    if table.compiler != compiler:
+        raise ValueError(f"{TABLES[compiler]} is the table of {table.compiler}, not {compiler}")
     for rule in table.rules:
         if (rule.action == "refuse") != (rule.code is not None):
             raise ValueError(f"rule {rule.field}: a refuse rule needs a code, and only a refuse rule has one")
     return table
 
 
-def rules_digest(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> str:
+def rules_digest(compiler: str = V1) -> str:
     """sha256 of the rules table's canonical JSON."""
     return sha256_json(load_rules(compiler).model_dump(mode="json"))
 
 
-def refusal_rule(code: str, compiler: str = "verl-rl-v0.9-single-gpu-v1") -> Rule:
+def refusal_rule(code: str, compiler: str = V1) -> Rule:
     for rule in load_rules(compiler).rules:
         if rule.code == code:
             return rule
     raise KeyError(f"no refusal rule with code {code!r}")
 
 
-def refuse(code: str, detail: str = "") -> HandoffRefusal:
-    """The :class:`HandoffRefusal` for the rule ``code`` (its reason, plus ``detail``)."""
-    rule = refusal_rule(code)
+def refuse(code: str, detail: str = "", *, compiler: str = V1) -> HandoffRefusal:
+    """The :class:`HandoffRefusal` for the rule ``code`` of ``compiler``'s table (its reason, plus ``detail``)."""
+    rule = refusal_rule(code, compiler)
     where = f"{rule.field}" + (f" ({detail})" if detail else "")
     return HandoffRefusal(code, f"{where}: {rule.reason}")
 
 
-def render_markdown(compiler: str = "verl-rl-v0.9-single-gpu-v1") -> str:
+def render_markdown(compiler: str = V1) -> str:
     """The table as Markdown (the README's copy is checked against this by a test)."""
     lines = ["| miniverl field | when | action | verl keys | why |", "|---|---|---|---|---|"]
     for rule in load_rules(compiler).rules:

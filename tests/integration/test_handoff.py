@@ -182,3 +182,27 @@ def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tin
     assert f"data.train_files={here}/data/train.parquet" in argv
     assert f"reward.custom_reward_function.path={here}/reward_fn.py" in argv
     assert argv[-1] == "trainer.n_gpus_per_node=8"
+
+
+def test_reward_fn_scores_the_reward_model_as_a_miniverl_run(tiny_model_dir: Path, monkeypatch) -> None:
+    """reward_fn.py's reward-model term is miniverl's RewardModel on the same text, bit for bit (CPU, one text)."""
+    from transformers import AutoTokenizer
+
+    from miniverl.config.schema import RewardModelSpec
+    from miniverl.handoff.reward_bridge import TOKENIZER_ENV, load_reward_model, score
+    from miniverl.rewards.reward_model import RewardModel, reward_model_identity
+
+    spec = RewardModelSpec(source="tiny", tiny={"seed": 2}, template="Q: {prompt}\nA: {response}")
+    identity = reward_model_identity(spec)[0]
+    monkeypatch.setenv(TOKENIZER_ENV, str(tiny_model_dir))
+    load_reward_model.cache_clear()
+    bundle_rm = {"spec": spec.model_dump(mode="json", exclude={"placement", "batch_size", "path"}),
+                 "identity": identity, "weight": 0.5}  # fmt: skip
+    extra = {"prompt": "What is 2+3?", "prompt_id": "p0", "context": "", "task": "calculator"}
+    got = score([], False, "miniverl/calculator", "It is 5.", "5", extra, bundle_rm)
+    run_rm = RewardModel(spec, device="cpu", student_tokenizer=AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    expected = 0.5 * run_rm.scores(["Q: What is 2+3?\nA: It is 5."])[0]
+    assert got == expected and got != 0.0
+    with pytest.raises(Exception, match="changed since"):  # the plan's pin is checked at launch
+        load_reward_model.cache_clear()
+        score([], False, "miniverl/calculator", "x", "5", extra, {**bundle_rm, "identity": {"source": "tiny"}})

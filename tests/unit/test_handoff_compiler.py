@@ -55,13 +55,21 @@ def _config(**changes: Any) -> MiniverlConfig:
 
 
 def _plan(config: MiniverlConfig) -> PlanRecord:
+    models: dict[str, Any] = {"student": {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}}
+    if config.models.reward is not None:
+        from miniverl.rewards.reward_model import reward_model_identity
+
+        spec = config.models.reward
+        models["reward"] = (
+            reward_model_identity(spec, fetch=False)[0] if spec.source != "local" else {"source": "local"}
+        )
     return PlanRecord(
         miniverl_version="0.1.0",
         config=config.model_dump(mode="json"),
         overrides=[],
         config_digest="a" * 64,
         data=DataBinding(path="prompts.parquet", sha256="b" * 64, rows=16),
-        models={"student": {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}},
+        models=models,
         placement=PlacementPlan(
             device="cuda",
             runtime="dual_model",
@@ -185,21 +193,62 @@ def test_refuses_shared_backbone() -> None:
     assert caught.value.code == "shared_backbone_adapters"
 
 
-def test_refuses_grpo_kl() -> None:
+def _kl_config(reference: dict[str, Any], **grpo: Any) -> MiniverlConfig:
     base = _config().model_dump(mode="json")
-    base["algorithm"]["grpo"]["kl_coef"] = 0.01
-    base["models"]["reference"] = {"source": "student"}
-    config = validate_config(base, origin="test")
+    base["algorithm"]["grpo"].update({"kl_coef": 0.01, **grpo})
+    base["models"]["reference"] = reference
+    return validate_config(base, origin="test")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "low_var_kl"])
+def test_grpo_kl_loss_maps_to_verl_kl_loss(estimator: str) -> None:
+    config = _kl_config({"source": "student"}, kl_estimator=estimator, kl_mode="loss")
+    verl = emit_verl_config(compile_plan_ir(_plan(config), config))
+    actor = verl["actor_rollout_ref"]["actor"]
+    assert (actor["use_kl_loss"], actor["kl_loss_coef"], actor["kl_loss_type"]) == (True, 0.01, estimator)
+    assert verl["algorithm"]["use_kl_in_reward"] is False
+
+
+def test_grpo_kl_reward_maps_to_verl_in_reward_kl_with_a_fixed_controller() -> None:
+    same_base = {"source": "hub", "model_id": "Qwen/Qwen3-0.6B", "revision": HUB_REVISION}
+    config = _kl_config(same_base, kl_estimator="k1", kl_mode="reward")
+    verl = emit_verl_config(compile_plan_ir(_plan(config), config))
+    assert verl["actor_rollout_ref"]["actor"]["use_kl_loss"] is False
+    algorithm = verl["algorithm"]
+    assert algorithm["use_kl_in_reward"] is True and algorithm["kl_penalty"] == "k1"
+    assert algorithm["kl_ctrl"] == {"type": "fixed", "kl_coef": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("reference", "grpo", "code"),
+    [
+        ({"source": "student"}, {"kl_estimator": "k3"}, "kl_k3_clamped"),
+        (
+            {"source": "hub", "model_id": "other/model", "revision": HUB_REVISION},
+            {"kl_estimator": "k1"},
+            "reference_not_actor_base",
+        ),
+        (
+            {"source": "student", "adapter": {"source": "hub", "path": "org/ref", "revision": HUB_REVISION}},
+            {"kl_mode": "reward", "kl_estimator": "low_var_kl"},
+            "reference_not_actor_base",
+        ),
+    ],
+)
+def test_grpo_kl_that_verl_cannot_express_is_refused(
+    reference: dict[str, Any], grpo: dict[str, Any], code: str
+) -> None:
+    config = _kl_config(reference, **grpo)
     with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
-    assert caught.value.code == "grpo_kl_not_exact"
+    assert caught.value.code == code
 
 
 def test_reserved_compilers_are_refused_by_name() -> None:
     require_compiler(COMPILER_V1)
-    for reserved in (COMPILER_V2, COMPILER_V4):
-        with pytest.raises(Exception, match="not available"):
-            require_compiler(reserved)
+    require_compiler(COMPILER_V2)
+    with pytest.raises(Exception, match="not available"):
+        require_compiler(COMPILER_V4)
 
 
 def test_rules_cover_every_config_field() -> None:
@@ -242,6 +291,40 @@ def test_bundle_manifest_schema_has_not_drifted() -> None:
 
 def test_a_ppo_plan_is_sent_to_compiler_v2_not_compiled_as_grpo() -> None:
     config = _config()
-    config.algorithm.__dict__["name"] = "ppo"  # what the PPO config work will allow; v1 must not take it
-    with pytest.raises(Exception, match=r"verl-rl-v0\.9-single-gpu-v2 .* not available"):
+    config.algorithm.__dict__["name"] = "ppo"  # v1 must never take a PPO plan
+    with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "critic_lora_value_head"  # compiler v2's refusal
+
+
+@pytest.mark.parametrize("name", ["sft", "kd"])
+def test_offline_algorithms_are_refused(name: str) -> None:
+    base = _config().model_dump(mode="json")
+    base["algorithm"]["name"] = name
+    base["train"]["gradient_accumulation_steps"] = None
+    base["models"]["teacher"] = {"source": "student", "privileged_context": {}}
+    config = validate_config(base, origin="test")
+    with pytest.raises(HandoffRefusal) as caught:
+        compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "offline_algorithm"
+
+
+def test_a_grpo_plan_with_a_reward_model_scores_it_in_the_reward_function() -> None:
+    base = _config().model_dump(mode="json")
+    base["models"]["reward"] = {"source": "tiny", "tiny": {"seed": 3}, "label": 0}
+    base["algorithm"]["rewards"].append({"name": "reward_model", "weight": 0.5})
+    config = validate_config(base, origin="test")
+    ir = compile_plan_ir(_plan(config), config)
+    rm = ir.reward.reward_model
+    assert rm is not None and rm.weight == 0.5 and rm.spec["tiny"]["seed"] == 3
+    assert rm.identity["source"] == "tiny" and "reward_model" not in [t.name for t in ir.reward.terms]
+    assert any(d.startswith("reward_model_unbatched") for d in ir.deviations)
+    assert emit_verl_config(ir)["reward_model"] == {"enable": False}
+    from miniverl.handoff.launch import reward_file
+
+    assert "REWARD_MODEL = json.loads(" in reward_file(ir)
+    base["models"]["reward"] = {"source": "local", "path": "rm-dir"}
+    config = validate_config(base, origin="test")
+    with pytest.raises(HandoffRefusal) as caught:
+        compile_plan_ir(_plan(config), config)
+    assert caught.value.code == "reward_model_local"
