@@ -165,27 +165,9 @@ def test_v2_ppo_config_composes_and_passes_verls_validation(tmp_path: Path, tiny
     assert composed.critic.ppo_mini_batch_size == 1 and composed.critic.ppo_epochs == 2
 
 
-def _rule_checks_skip_the_reward_model_term(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Integration gap, not handoff's: miniverl/config/checks.py checks every algorithm.rewards term as a
-    rule reward, so `miniverl plan` rejects the `reward_model` term. Its rule checks see the rule terms only."""
-    import miniverl.config.checks as checks
-
-    def rules_only(check: Callable[..., None]) -> Callable[..., None]:
-        def wrapped(config: Any, *args: Any) -> None:
-            terms = [t for t in config.algorithm.rewards if t.name != "reward_model"]
-            algorithm = config.algorithm.model_copy(update={"rewards": terms})
-            check(config.model_copy(update={"algorithm": algorithm}), *args)
-
-        return wrapped
-
-    monkeypatch.setattr(checks, "_check_rewards", rules_only(checks._check_rewards))
-    monkeypatch.setattr(checks, "_score_empty_responses", rules_only(checks._score_empty_responses))
-
-
 def test_grpo_reward_model_bundle_scores_with_miniverls_reward_model(
-    cli, write_config, tiny_model_dir, prompts, workdir, monkeypatch
+    cli, write_config, tiny_model_dir, prompts, workdir
 ):
-    _rule_checks_skip_the_reward_model_term(monkeypatch)
     config = tiny_config(tiny_model_dir)
     config["models"]["reward"] = {"source": "tiny", "tiny": {"seed": 1}}
     config["algorithm"]["rewards"] = [*config["algorithm"]["rewards"], {"name": "reward_model", "weight": 0.5}]
