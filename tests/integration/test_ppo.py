@@ -205,6 +205,10 @@ def test_ppo_with_rule_reward_and_reward_model(cli, write_config, tiny_model_dir
     (line,) = _metrics(workdir / "runs" / "rm")
     m = line["algorithm_metrics"]
     assert m["reward_model/std"] > 0 and m["reward_model/offloaded_after_phase"] == 1.0
+    # on a CPU run the device is the CPU: nothing to move, no device bytes, no CUDA measurement (the CUDA side
+    # is tests/integration/test_reward_model_offload_cuda.py)
+    assert m["reward_model/transfers"] == 0.0 and "reward_model/device_bytes_after_phase" not in m
+    assert m["reward_model/bytes"] > 0 and line["update_start_allocated_bytes"] is None
     records = [json.loads(x) for x in (workdir / "runs/rm/trajectories/cycle-000001.jsonl").read_text().splitlines()]
     for rec in records:
         parts = rec["reward_components"]
