@@ -106,6 +106,11 @@ class MetricsLine(Record):
     cycle_seconds: float
     peak_reserved_bytes: int | None
     peak_allocated_bytes: int | None
+    update_start_allocated_bytes: int | None = Field(
+        default=None,
+        description="CUDA memory allocated when the update phase starts (after rollout and scoring): what stays "
+        "on the device between phases, e.g. a resident reward model; null on CPU",
+    )
     algorithm_metrics: dict[str, float] = Field(
         default_factory=dict,
         description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "

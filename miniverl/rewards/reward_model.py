@@ -95,6 +95,18 @@ class RewardModel:
     def location(self) -> str:
         return str(next(self.model.parameters()).device)
 
+    def nbytes(self, *, on: Any = None) -> int:
+        """Bytes of the model's parameters and buffers (only those on device ``on``, when given)."""
+        import torch
+
+        where = torch.device(on) if on is not None else None
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(
+            t.numel() * t.element_size()
+            for t in tensors
+            if where is None or (t.device.type == where.type and (where.index is None or t.device.index == where.index))
+        )
+
     @contextmanager
     def _phase(self) -> Any:
         """Bring the model to the device for one scoring phase, and home again afterwards."""

@@ -185,12 +185,16 @@ class Controller:
         if rm is None:
             return {}
         values = [s.components["reward_model"] for s in scores]
-        return {
+        out = {
             "reward_model/mean": statistics.fmean(values),
             "reward_model/std": statistics.pstdev(values),
             "reward_model/transfers": float(rm.transfers),
             "reward_model/offloaded_after_phase": float(rm.location == "cpu"),
+            "reward_model/bytes": float(rm.nbytes()),
         }
+        if self.runtime.device.type != "cpu":  # on a CPU run "on the device" and "offloaded" are the same place
+            out["reward_model/device_bytes_after_phase"] = float(rm.nbytes(on=self.runtime.device))
+        return out
 
     def run_cycle(self) -> MetricsLine:
         cycle_start = time.perf_counter()
@@ -216,6 +220,8 @@ class Controller:
         for traj, reward in zip(trajectories, rewards, strict=False):
             groups.setdefault(traj.group_id, []).append(reward)
         group_std = max(statistics.pstdev(values) for values in groups.values()) if groups else None
+        cuda = self.runtime.device.type == "cuda"
+        update_start_allocated = torch.cuda.memory_allocated(self.runtime.device) if cuda else None
         self._phase("update", index)
         progress.phase("update", f"{sum(len(t.response_token_ids) for t in trajectories)} response tokens")
         update_start = time.perf_counter()
@@ -224,7 +230,6 @@ class Controller:
         self.state.step += 1
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
         self._write_trajectories(trajectories, scores, result.advantages)
-        cuda = self.runtime.device.type == "cuda"
         line = MetricsLine(
             step=self.state.step,
             cycle=self.state.step,
@@ -245,6 +250,7 @@ class Controller:
             cycle_seconds=time.perf_counter() - cycle_start,
             peak_reserved_bytes=torch.cuda.max_memory_reserved(self.runtime.device) if cuda else None,
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.runtime.device) if cuda else None,
+            update_start_allocated_bytes=update_start_allocated,
             algorithm_metrics={
                 k: v
                 for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores)}.items())
