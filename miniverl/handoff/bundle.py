@@ -179,10 +179,17 @@ def _write_native(root: Path, ir: ExperimentIR, plan: PlanRecord) -> DirectConfi
         native_sha256=direct.native.sha256,
         rules_digest=direct.rules_digest,
         import_digest=direct.import_digest,
-        runtime_bindings=direct.runtime_bindings,
+        runtime_bindings=_portable_bindings(direct.runtime_bindings, ir),
         diff_file=NATIVE_DIFF,
         semantically_equal=bool(diff["semantically_equal"]),
     )
+
+
+def _portable_bindings(bindings: dict[str, Any], ir: ExperimentIR) -> dict[str, Any]:
+    """The bindings without a local path: a local model is the bundle's model/ (identity in manifest.model)."""
+    if ir.model.binding == "bundle":
+        return {**bindings, "model": f"{MODEL_DIR}/ (a local directory, copied into the bundle)"}
+    return dict(bindings)
 
 
 def verl_parquet_bytes(path: Path, sha256: str) -> bytes:
