@@ -178,3 +178,17 @@ def rules_by_key() -> dict[str, ImportRule]:
 def import_rules_digest() -> str:
     """sha256 of the import table's canonical JSON (with the bindings it accepts)."""
     return sha256_json({"rules": [r.model_dump(mode="json") for r in RULES], "bindings": BINDINGS})
+
+
+def render_markdown() -> str:
+    """The import table as Markdown (the handoff README's copy is checked against this by a test)."""
+    lines = ["| native verl key | action | miniverl field / binding / value | refusal | why |", "|---|---|---|---|---|"]
+    for rule in RULES:
+        target = rule.field or ""
+        if rule.action == "expect":
+            target = f"`{rule.value!r}`"
+        elif target and target != "-":
+            target = f"`{target}`" + (f" ({rule.to})" if rule.to else "")
+        code = f"`{rule.code}`" if rule.code else ""
+        lines.append(f"| `{rule.key}` | {rule.action} | {target} | {code} | {rule.reason} |")
+    return "\n".join(lines) + "\n"

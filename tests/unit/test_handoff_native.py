@@ -222,3 +222,10 @@ def test_native_diff_names_runtime_keys_and_real_changes() -> None:
     diff = native_diff(raw, nested)
     assert not diff["semantically_equal"] and diff["counts"]["changed"] == 1
     assert "actor_rollout_ref.model.path" in RUNTIME_KEYS
+
+
+def test_readme_holds_the_import_table() -> None:
+    from miniverl.handoff.native_rules import render_markdown
+
+    readme = (ROOT / "miniverl" / "handoff" / "README.md").read_text(encoding="utf-8")
+    assert render_markdown() in readme, "regenerate the v4 table in miniverl/handoff/README.md from render_markdown()"
