@@ -95,11 +95,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "models": plan.models,
         "placement": plan.placement.model_dump(mode="json"),
     }
-    if plan.direct_config is not None:
-        payload |= {"compiler": plan.direct_config.compiler, "native_sha256": plan.direct_config.native.sha256}
     human = f"plan {plan.plan_digest[:16]} written to {args.out}: {plan.updates} update(s), " + (
         f"{plan.trajectories_per_cycle} trajectories per cycle, runtime {plan.placement.runtime}"
     )
+    if plan.direct_config is not None:
+        payload |= {"compiler": plan.direct_config.compiler, "native_sha256": plan.direct_config.native.sha256}
+        human += f"; {plan.direct_config.compiler}, native sha256 {plan.direct_config.native.sha256}"
     _emit(args, payload, human)
     return 0
 

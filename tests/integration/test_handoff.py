@@ -243,6 +243,10 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "plan", "--verl-config", str(native), "--set", "model=x", "--set", "train.cycles=5", "--out", "p2.json"
     )
     assert refused.code == 2 and "not_a_runtime_binding" in refused.err
+    both = cli("plan", "config.yaml", "--verl-config", str(native), "--set", "model=x", "--out", "p3.json")
+    assert both.code == 2 and "not both" in both.err
+    human = cli("plan", "--verl-config", str(native), "--set", f"model={tiny_model_dir}", "--out", "p4.json")
+    assert human.code == 0 and f"verl-rl-v0.9-single-gpu-v4, native sha256 {digest}" in human.out
 
     ran = cli("run", "--plan", "plan.json", "--run-id", "d", "--json")
     assert ran.code == 0, ran.err
