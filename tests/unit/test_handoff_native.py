@@ -229,3 +229,14 @@ def test_readme_holds_the_import_table() -> None:
 
     readme = (ROOT / "miniverl" / "handoff" / "README.md").read_text(encoding="utf-8")
     assert render_markdown() in readme, "regenerate the v4 table in miniverl/handoff/README.md from render_markdown()"
+
+
+def test_modified_native_bytes_are_refused_at_handoff(in_prompts_dir: Path) -> None:
+    from miniverl.handoff.native import verified_native
+
+    direct = import_native(NATIVE, ["model=smollm2-135m-instruct"]).direct_config
+    assert direct is not None and verified_native(direct) == NATIVE.read_bytes()
+    tampered = direct.model_copy(update={"native": direct.native.model_copy(update={"text": direct.native.text + " "})})
+    with pytest.raises(HandoffRefusal) as info:
+        verified_native(tampered)
+    assert info.value.code == "native_modified"
