@@ -144,7 +144,10 @@ VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytes
 
 @nox.session(python=PYTHON)
 def verl(session: nox.Session) -> None:
-    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`."""
+    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`.
+
+    The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml.
+    """
     import json
     from pathlib import Path
 

@@ -75,7 +75,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from miniverl.config.plan import compile_plan
 
     check_writable_file(Path(args.out), option="--out")
-    plan = compile_plan(Path(args.config), list(args.set or []))
+    if args.verl_config:  # direct-config (compiler v4): --set holds runtime bindings only
+        from miniverl.handoff.native import import_native
+
+        if args.config:
+            raise UsageError("give either CONFIG.yaml or --verl-config, not both")
+        bindings = Path(args.bindings) if args.bindings else None
+        plan = import_native(Path(args.verl_config), list(args.set or []), bindings)
+    elif not args.config:
+        raise UsageError("plan needs CONFIG.yaml (or --verl-config NATIVE.yaml)")
+    else:
+        plan = compile_plan(Path(args.config), list(args.set or []))
     atomic_write_json(args.out, plan.model_dump(mode="json"), pretty=True)
     payload = {
         "path": args.out,
@@ -88,6 +98,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     human = f"plan {plan.plan_digest[:16]} written to {args.out}: {plan.updates} update(s), " + (
         f"{plan.trajectories_per_cycle} trajectories per cycle, runtime {plan.placement.runtime}"
     )
+    if plan.direct_config is not None:
+        payload |= {"compiler": plan.direct_config.compiler, "native_sha256": plan.direct_config.native.sha256}
+        human += f"; {plan.direct_config.compiler}, native sha256 {plan.direct_config.native.sha256}"
     _emit(args, payload, human)
     return 0
 
@@ -292,7 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
 
     plan = add("plan", cmd_plan, "compile a config and overrides into plan.json (loads no weights)")
-    plan.add_argument("config", metavar="CONFIG.yaml", help="the YAML config (see `miniverl init`)")
+    plan.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the YAML config (see `miniverl init`)")
+    plan.add_argument("--verl-config", metavar="NATIVE.yaml", help="import a native verl 0.9 YAML (compiler v4)")
+    plan.add_argument(
+        "--bindings", metavar="FILE.yaml", help="with --verl-config: runtime bindings (model, device, ...)"
+    )
     plan.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. train.cycles=4; repeatable"
     )

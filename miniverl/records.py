@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 SHA256 = Field(pattern=r"^[0-9a-f]{64}$")
 
@@ -37,6 +37,26 @@ class PlacementPlan(Record):
     basis: str
 
 
+class NativeSource(Record):
+    """A native verl YAML imported by ``miniverl plan --verl-config`` (its exact bytes, as UTF-8 text)."""
+
+    name: str
+    sha256: str = SHA256
+    bytes: int = Field(ge=0)
+    text: str
+
+
+class DirectConfig(Record):
+    """Direct-config evidence (compiler ``verl-rl-v0.9-single-gpu-v4``): the native file and the bindings."""
+
+    compiler: Literal["verl-rl-v0.9-single-gpu-v4"]
+    native: NativeSource
+    runtime_bindings: dict[str, Any]
+    rules_digest: str = SHA256
+    import_digest: str = SHA256
+    decisions: dict[str, str]
+
+
 class PlanRecord(Record):
     kind: Literal["miniverl.plan"] = "miniverl.plan"
     schema_version: Literal[1] = 1
@@ -50,7 +70,16 @@ class PlanRecord(Record):
     cycles: int
     trajectories_per_cycle: int
     updates: int
+    direct_config: DirectConfig | None = None
     plan_digest: str = SHA256
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_direct_config(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        # a plan compiled from a miniverl config has no direct_config key (its digest is unchanged)
+        out = handler(self)
+        if isinstance(out, dict) and out.get("direct_config", 0) is None:
+            out.pop("direct_config")
+        return out
 
 
 class CheckpointFile(Record):

@@ -17,7 +17,7 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir)
     checkpoints = checkpoint_status(run_dir / "checkpoints")
     complete = [c for c in checkpoints if c["state"] == "complete"]
-    return {
+    report = {
         "run_id": manifest.run_id,
         "status": summary.status if summary is not None else "incomplete",
         "algorithm": manifest.algorithm,
@@ -34,6 +34,31 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
         "summary": summary.model_dump(mode="json") if summary is not None else None,
         "roles": manifest.roles,
         "ppo": _ppo_section(metrics) if manifest.algorithm == "ppo" else None,
+    }
+    direct = _direct_config(run_dir)
+    if direct is not None:
+        report["direct_config"] = direct
+    return report
+
+
+def _direct_config(run_dir: Path) -> dict[str, Any] | None:
+    """A direct-config run (compiler v4): its compiler, the native file's sha256 (re-checked) and bindings."""
+    import hashlib
+
+    from miniverl.artifacts.rundir import read_plan
+
+    direct = read_plan(run_dir).direct_config
+    if direct is None:
+        return None
+    raw = direct.native.text.encode("utf-8")
+    return {
+        "compiler": direct.compiler,
+        "native_name": direct.native.name,
+        "native_sha256": direct.native.sha256,
+        "native_sha256_verified": hashlib.sha256(raw).hexdigest() == direct.native.sha256,
+        "rules_digest": direct.rules_digest,
+        "import_digest": direct.import_digest,
+        "runtime_bindings": direct.runtime_bindings,
     }
 
 
@@ -81,6 +106,12 @@ def render_inspection(report: dict[str, Any]) -> str:
         f"  plan      {report['plan_digest'][:16]}",
         f"  updates   {report['updates']}",
     ]
+    direct = report.get("direct_config")
+    if direct is not None:
+        ok = "verified" if direct["native_sha256_verified"] else "MISMATCH"
+        lines.append(
+            f"  compiler  {direct['compiler']} (native {direct['native_name']} sha256 {direct['native_sha256']}, {ok})"
+        )
     objective = report.get("objective")
     if objective is not None:
         lines.append(f"  objective {objective['metric']} ({objective['direction']}): {objective['description']}")

@@ -14,7 +14,7 @@ from miniverl.config.loader import apply_overrides, read_yaml, validate_config, 
 from miniverl.config.schema import MiniverlConfig, ModelSpec
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import ConfigError, DataError
-from miniverl.records import DataBinding, PlacementPlan, PlanRecord
+from miniverl.records import DataBinding, DirectConfig, PlacementPlan, PlanRecord
 
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "nf4": 0.5625}
 
@@ -25,7 +25,9 @@ def compile_plan(config_path: Path, overrides: list[str]) -> PlanRecord:
     return build_plan(config, overrides)
 
 
-def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
+def build_plan(
+    config: MiniverlConfig, overrides: list[str], *, direct_config: DirectConfig | None = None
+) -> PlanRecord:
     from miniverl.data import describe_dataset, load_prompts
 
     check_config(config)
@@ -50,6 +52,8 @@ def build_plan(config: MiniverlConfig, overrides: list[str]) -> PlanRecord:
         "trajectories_per_cycle": config.trajectories_per_cycle,
         "updates": updates,
     }
+    if direct_config is not None:  # compiler v4: the native verl YAML and its runtime bindings
+        body["direct_config"] = direct_config
     unsigned = PlanRecord.model_construct(**body, plan_digest="0" * 64).model_dump(mode="json")
     unsigned.pop("plan_digest")
     return PlanRecord(**body, plan_digest=sha256_json(unsigned))

@@ -43,6 +43,7 @@ from miniverl.handoff.manifest import (
     AdapterBinding,
     BundleManifest,
     BundleSource,
+    DirectConfigEvidence,
     ModelBinding,
     file_entries,
 )
@@ -50,6 +51,8 @@ from miniverl.handoff.rules import load_rules, rules_digest
 from miniverl.records import PlanRecord
 
 CONFIG_NAME = "miniverl_grpo"
+NATIVE_DIR = "native"
+NATIVE_DIFF = "native-diff.json"
 VERL_SCHEMA = pa.schema(
     [
         pa.field("data_source", pa.string(), nullable=False),
@@ -86,6 +89,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     try:
         adapter = _write_adapter(run_dir, tmp, model_path(ir)) if run_dir is not None else None
         _write_contents(tmp, ir, plan, config)
+        direct = _write_native(tmp, ir, plan) if plan.direct_config is not None else None
         manifest = BundleManifest(
             miniverl_version=__version__,
             compiler=ir.compiler,
@@ -104,6 +108,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
             launch="bash launch.sh",
             deviations=list(ir.deviations),
             files=file_entries(tmp),
+            direct_config=direct,
         )
         atomic_write_bytes(
             tmp / MANIFEST_NAME, json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
@@ -123,6 +128,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         "manifest_sha256": sha256_file(out / MANIFEST_NAME),
         "files": sorted(manifest.files),
         "deviations": manifest.deviations,
+        **({"direct_config": direct.model_dump(mode="json")} if direct is not None else {}),
     }
 
 
@@ -155,6 +161,35 @@ def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: Mini
     atomic_write_bytes(root / "rules.json", canonical_bytes(load_rules(ir.compiler).model_dump(mode="json")) + b"\n")
     if ir.model.binding == "bundle":
         _copy_model(config, root / MODEL_DIR)
+
+
+def _write_native(root: Path, ir: ExperimentIR, plan: PlanRecord) -> DirectConfigEvidence:
+    """Direct-config: the native YAML's exact bytes and the key-by-key diff against the bundle's config."""
+    from miniverl.handoff.native import native_diff, verified_native
+
+    direct = plan.direct_config
+    assert direct is not None
+    raw = verified_native(direct)
+    atomic_write_bytes(root / NATIVE_DIR / direct.native.name, raw)
+    diff = native_diff(raw, emit_verl_config(ir))
+    atomic_write_bytes(root / NATIVE_DIFF, json.dumps(diff, indent=2, sort_keys=True).encode() + b"\n")
+    return DirectConfigEvidence(
+        compiler=direct.compiler,
+        native_name=f"{NATIVE_DIR}/{direct.native.name}",
+        native_sha256=direct.native.sha256,
+        rules_digest=direct.rules_digest,
+        import_digest=direct.import_digest,
+        runtime_bindings=_portable_bindings(direct.runtime_bindings, ir),
+        diff_file=NATIVE_DIFF,
+        semantically_equal=bool(diff["semantically_equal"]),
+    )
+
+
+def _portable_bindings(bindings: dict[str, Any], ir: ExperimentIR) -> dict[str, Any]:
+    """The bindings without a local path: a local model is the bundle's model/ (identity in manifest.model)."""
+    if ir.model.binding == "bundle":
+        return {**bindings, "model": f"{MODEL_DIR}/ (a local directory, copied into the bundle)"}
+    return dict(bindings)
 
 
 def verl_parquet_bytes(path: Path, sha256: str) -> bytes:

@@ -2,8 +2,8 @@
 
 Every decision here follows a rule of ``rules_v1.json``; a field verl cannot express exactly
 raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation).
-PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` (direct-config)
-is reserved and refused as not available in this version.
+PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` (direct-config,
+:mod:`miniverl.handoff.native`) imports a native verl YAML into a plan that v1 then exports.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ MAX_PROMPT_LENGTH = 1024
 #: Rewards whose value depends on the response token count (re-counted from the decoded text in verl).
 TOKEN_COUNT_REWARDS = frozenset({"target_length"})
 TRAIN_FILE = "data/train.parquet"
-RESERVED = {COMPILER_V4: "direct-config from a native verl YAML"}
-AVAILABLE = (COMPILER_V1, COMPILER_V2)
+RESERVED: dict[str, str] = {}
+AVAILABLE = (COMPILER_V1, COMPILER_V2, COMPILER_V4)
 
 
 def compile_plan_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from miniverl.canonical import sha256_file
 from miniverl.errors import UsageError
@@ -50,6 +50,19 @@ class ModelBinding(_Strict):
     identity_digest: str = SHA256
 
 
+class DirectConfigEvidence(_Strict):
+    """A bundle of a direct-config plan (compiler v4): the native file's identity and the diff's verdict."""
+
+    compiler: Literal["verl-rl-v0.9-single-gpu-v4"]
+    native_name: str
+    native_sha256: str = SHA256
+    rules_digest: str = SHA256
+    import_digest: str = SHA256
+    runtime_bindings: dict[str, Any]
+    diff_file: str
+    semantically_equal: bool
+
+
 class BundleManifest(_Strict):
     kind: Literal["miniverl.handoff-bundle"] = "miniverl.handoff-bundle"
     schema_version: Literal[1] = 1
@@ -65,6 +78,14 @@ class BundleManifest(_Strict):
     launch: str
     deviations: list[str]
     files: dict[str, BundleFile]
+    direct_config: DirectConfigEvidence | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_direct_config(self, handler: SerializerFunctionWrapHandler) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and out.get("direct_config", 0) is None:
+            out.pop("direct_config")
+        return out
 
 
 def file_entries(root: Path) -> dict[str, BundleFile]:

@@ -206,3 +206,87 @@ def test_reward_fn_scores_the_reward_model_as_a_miniverl_run(tiny_model_dir: Pat
     with pytest.raises(Exception, match="changed since"):  # the plan's pin is checked at launch
         load_reward_model.cache_clear()
         score([], False, "miniverl/calculator", "x", "5", extra, {**bundle_rm, "identity": {"source": "tiny"}})
+
+
+def _native_tiny(workdir: Path) -> Path:
+    """The example native verl YAML, shrunk for the tiny model (written once; never edited afterwards)."""
+    native = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "verl-native-grpo.yaml").read_text())
+    native["data"]["max_response_length"] = 6
+    native["actor_rollout_ref"]["rollout"]["n"] = 2
+    native["actor_rollout_ref"]["actor"]["optim"]["lr"] = 0.01
+    native["reward"]["custom_reward_function"]["reward_kwargs"]["miniverl_rewards"] = [
+        {"name": "target_length", "weight": 1.0, "params": {"target_tokens": 3}}
+    ]
+    path = workdir / "native.yaml"
+    path.write_text(yaml.safe_dump(native, sort_keys=False))
+    return path
+
+
+def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prompts, workdir: Path) -> None:
+    """Native GRPO YAML -> plan (v4) -> run 2 cycles -> inspect -> resume (no-op) -> handoff; bytes unchanged."""
+    native = _native_tiny(workdir)
+    digest = sha256_file(native)
+    planned = cli(
+        "plan", "--verl-config", str(native), "--set", f"model={tiny_model_dir}", "--set", "device=cpu",
+        "--set", "trajectory_batch_size=2", "--set", "batch_size=4", "--out", "plan.json", "--json",
+    )  # fmt: skip
+    assert planned.code == 0, planned.err
+    assert planned.json()["compiler"] == "verl-rl-v0.9-single-gpu-v4" and planned.json()["native_sha256"] == digest
+    plan = json.loads(Path("plan.json").read_text())
+    direct = plan["direct_config"]
+    assert direct["native"]["text"].encode() == native.read_bytes()
+    assert direct["runtime_bindings"] == {
+        "model": str(tiny_model_dir), "device": "cpu", "trajectory_batch_size": 2, "batch_size": 4,
+    }  # fmt: skip
+    assert set(direct) >= {"rules_digest", "import_digest", "compiler"}
+    refused = cli(
+        "plan", "--verl-config", str(native), "--set", "model=x", "--set", "train.cycles=5", "--out", "p2.json"
+    )
+    assert refused.code == 2 and "not_a_runtime_binding" in refused.err
+    both = cli("plan", "config.yaml", "--verl-config", str(native), "--set", "model=x", "--out", "p3.json")
+    assert both.code == 2 and "not both" in both.err
+    human = cli("plan", "--verl-config", str(native), "--set", f"model={tiny_model_dir}", "--out", "p4.json")
+    assert human.code == 0 and f"verl-rl-v0.9-single-gpu-v4, native sha256 {digest}" in human.out
+
+    ran = cli("run", "--plan", "plan.json", "--run-id", "d", "--json")
+    assert ran.code == 0, ran.err
+    assert json.loads((workdir / "runs" / "d" / "plan.json").read_text())["direct_config"] == direct
+    report = cli("inspect", "runs/d", "--json").json()
+    assert report["updates"] == 2 and report["status"] == "completed"
+    assert report["direct_config"]["compiler"] == "verl-rl-v0.9-single-gpu-v4"
+    assert report["direct_config"]["native_sha256"] == digest and report["direct_config"]["native_sha256_verified"]
+    human = cli("inspect", "runs/d")
+    assert f"verl-rl-v0.9-single-gpu-v4 (native native.yaml sha256 {digest}, verified)" in human.out
+    resumed = cli("run", "--plan", "plan.json", "--run-id", "d", "--resume", "--json")
+    assert resumed.code == 0, resumed.err
+    assert cli("inspect", "runs/d", "--json").json()["updates"] == 2
+
+    handed = cli("handoff", "runs/d", "--out", "bundle", "--json")
+    assert handed.code == 0, handed.err
+    bundle = workdir / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    evidence = manifest["direct_config"]
+    assert evidence["compiler"] == "verl-rl-v0.9-single-gpu-v4" and evidence["native_sha256"] == digest
+    assert evidence["rules_digest"] == direct["rules_digest"] and evidence["semantically_equal"]
+    assert evidence["runtime_bindings"]["model"].startswith("model/")  # no local path in the bundle
+    assert manifest["compiler"] == "verl-rl-v0.9-single-gpu-v1"  # the export of the imported GRPO plan
+    assert sha256_file(bundle / "native" / "native.yaml") == digest
+    assert manifest["files"]["native-diff.json"]["sha256"] == sha256_file(bundle / "native-diff.json")
+    diff = json.loads((bundle / "native-diff.json").read_text())
+    differing = {e["key"] for e in diff["entries"] if e["status"] != "same"}
+    assert differing == {
+        "actor_rollout_ref.model.path",  # the binding (a local model: the bundle's model/)
+        "actor_rollout_ref.model.lora_adapter_path",  # the run's adapter the bundle starts from
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",  # trajectory_batch_size
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.gpu_memory_utilization",  # vLLM only
+        "data.train_files",  # rewritten in verl's columns as data/train.parquet
+        "data.val_files",
+        "reward.custom_reward_function.reward_kwargs.miniverl_rewards",  # carried inside reward_fn.py
+        "trainer.project_name",  # ignored: logging
+        "trainer.total_epochs",  # ignored: total_training_steps decides
+    }
+    assert {e["status"] for e in diff["entries"] if e["key"] in differing} == {"runtime", "ignored"}
+    assert sha256_file(native) == digest  # the native file was never edited
+    _no_local_paths(bundle, workdir, tiny_model_dir)

@@ -180,3 +180,21 @@ def test_grpo_reward_model_bundle_scores_with_miniverls_reward_model(
     _, plain = _diagnose(cli, rule_only)
     # the same rule terms plus 0.5 x the tiny classifier's logit: a different, finite reward
     assert checks["verl_dataset"]["reward_probe"] != plain["checks"]["verl_dataset"]["reward_probe"]
+
+
+def test_direct_config_bundle_is_ready(cli, prompts, workdir: Path) -> None:
+    """Compiler v4: the example native verl YAML, imported with runtime bindings, hands off to a `ready` bundle."""
+    native = EXAMPLES / "verl-native-grpo.yaml"
+    planned = cli(
+        "plan", "--verl-config", str(native), "--set", "model=smollm2-135m-instruct", "--set", "device=cpu",
+        "--out", "plan.json", "--json",
+    )  # fmt: skip
+    assert planned.code == 0, planned.err
+    assert planned.json()["compiler"] == "verl-rl-v0.9-single-gpu-v4"
+    result = cli("handoff", "plan.json", "--out", "bundle", "--json")
+    assert result.code == 0, result.err
+    assert result.json()["direct_config"]["semantically_equal"] is True
+    code, report = _diagnose(cli, Path("bundle"))
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    assert report["checks"]["validate_config"]["adv_estimator"] == "grpo"
+    assert report["checks"]["reward"]["terms"] == ["calculator_exact", "target_length"]

@@ -1,0 +1,298 @@
+"""Compiler ``verl-rl-v0.9-single-gpu-v4`` (direct-config): a native verl 0.9 YAML -> a miniverl plan.
+
+``miniverl plan --verl-config native.yaml [--set KEY=VALUE ...] [--bindings FILE]`` reads the native
+file's exact bytes, maps every key through :data:`~miniverl.handoff.native_rules.RULES` (unknown
+keys and keys whose value miniverl cannot compute the same way are refused by name), takes the
+placement choices from the user's runtime bindings (never from an edit of the native file) and
+builds an ordinary plan that also carries the native bytes, their sha256, the bindings and the
+import digests (``direct_config``). ``handoff`` compares the bundle's config with the native file
+key by key (:func:`native_diff`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miniverl.canonical import sha256_json
+from miniverl.config.schema import BUILTIN_MODELS
+from miniverl.errors import UsageError
+from miniverl.handoff.ir import COMPILER_V2, COMPILER_V4
+from miniverl.handoff.native_rules import (
+    BINDINGS,
+    IGNORED_KEYS,
+    RULES,
+    RUNTIME_KEYS,
+    ImportRule,
+    import_rules_digest,
+    rules_by_key,
+)
+from miniverl.handoff.rules import HandoffRefusal, refuse
+from miniverl.records import DirectConfig, NativeSource, PlanRecord
+
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+HUB_PIN = re.compile(r"^(?P<id>[^@\s]+)@(?P<rev>[0-9a-f]{40})$")
+LEAF_KEYS = frozenset({"reward.custom_reward_function.reward_kwargs.miniverl_rewards"})
+#: maps whose absence is allowed (the KL keys only matter when a KL switch is on)
+OPTIONAL = frozenset({"kl_coef", "kl_est"})
+STATUSES = ("same", "runtime", "ignored", "changed", "native_only", "bundle_only")
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of nested mappings; lists and scalars are leaves."""
+    if isinstance(data, dict) and prefix not in LEAF_KEYS and (data or not prefix):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out |= flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return {prefix: data}
+
+
+def _refused(code: str, message: str) -> HandoffRefusal:
+    return HandoffRefusal(code, f"{message} [{COMPILER_V4}]")
+
+
+def read_native(path: Path) -> tuple[bytes, dict[str, Any]]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read native verl config {path}: {exc.strerror or exc.__class__.__name__}") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise _refused("native_not_yaml", f"{path} is not UTF-8 YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise _refused("native_not_yaml", f"{path} must hold a mapping (verl's ppo_trainer layout)")
+    return raw, data
+
+
+def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any]:
+    """The runtime bindings: a small YAML file, then ``--set KEY=VALUE`` (only the keys of BINDINGS)."""
+    bindings: dict[str, Any] = {}
+    if bindings_file is not None:
+        loaded = yaml.safe_load(bindings_file.read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise UsageError(f"bindings file {bindings_file} must hold a mapping")
+        bindings |= loaded
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        bindings[key.strip()] = yaml.safe_load(value)
+    unknown = sorted(set(bindings) - set(BINDINGS))
+    if unknown:
+        raise _refused(
+            "not_a_runtime_binding",
+            f"{', '.join(unknown)}: with --verl-config only runtime bindings can be set "
+            f"({', '.join(BINDINGS)}); the experiment's keys come from the native file, which is never edited",
+        )
+    if "model" not in bindings:
+        raise _refused("model_binding_missing", "set model=<local dir | hub-id@40-hex | builtin name>")
+    return bindings
+
+
+def student_from_binding(model: Any) -> dict[str, Any]:
+    text = str(model)
+    if text in BUILTIN_MODELS:
+        return {"source": "builtin", "model_id": text}
+    pinned = HUB_PIN.match(text)
+    if pinned:
+        return {"source": "hub", "model_id": pinned["id"], "revision": pinned["rev"]}
+    if Path(text).is_dir():
+        return {"source": "local", "path": str(Path(text).resolve())}
+    raise _refused(
+        "model_unresolvable",
+        f"model {text!r} is neither a local directory, a hub id@40-hex revision nor a builtin model "
+        f"({', '.join(BUILTIN_MODELS)})",
+    )
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _check_rule(rule: ImportRule, flat: dict[str, Any]) -> None:
+    value = flat[rule.key]
+    if rule.action == "expect" and value != rule.value:
+        if rule.code == "critic_lora_value_head":
+            raise refuse("critic_lora_value_head", f"{rule.key}: {value!r}", compiler=COMPILER_V2)
+        raise _refused(str(rule.code), f"{rule.key}: {value!r} (miniverl needs {rule.value!r}): {rule.reason}")
+    if rule.action == "same" and rule.field in flat and value != flat[rule.field]:
+        raise _refused(str(rule.code), f"{rule.key} {value!r} != {rule.field} {flat[rule.field]!r}: {rule.reason}")
+
+
+def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
+    to = rule.to
+    if to == "estimator":
+        if value == "gae":
+            raise refuse("critic_lora_value_head", "algorithm.adv_estimator: gae (PPO)", compiler=COMPILER_V2)
+        if value != "grpo":
+            raise _refused("native_adv_estimator", f"algorithm.adv_estimator {value!r}: v4 imports grpo (and gae)")
+        return "grpo"
+    if to == "precision":
+        if value not in PRECISIONS:
+            raise _refused("native_precision", f"{rule.key} {value!r}: one of {', '.join(PRECISIONS)}")
+        return PRECISIONS[value]
+    if to == "top_k":
+        return 0 if int(value) == -1 else int(value)
+    if to == "kl_est" and value == "k3":
+        raise refuse("kl_k3_clamped", f"{rule.key}: k3")
+    return value
+
+
+def _kl(flat: dict[str, Any]) -> dict[str, Any]:
+    loss, in_reward = (
+        bool(flat.get("actor_rollout_ref.actor.use_kl_loss")),
+        bool(flat.get("algorithm.use_kl_in_reward")),
+    )
+    if loss and in_reward:
+        raise _refused("native_two_kl_terms", "use_kl_loss and use_kl_in_reward are both on; miniverl has one KL term")
+    if not (loss or in_reward):
+        return {"kl_coef": 0.0}
+    keys = (
+        ("actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type")
+        if loss
+        else ("algorithm.kl_ctrl.kl_coef", "algorithm.kl_penalty")
+    )
+    for key in keys:
+        if key not in flat:
+            raise _refused("native_key_missing", f"{key} is needed with the KL term on")
+    rule = rules_by_key()[keys[1]]
+    estimator = _convert(rule, flat[keys[1]], flat)
+    return {"kl_coef": float(flat[keys[0]]), "kl_mode": "loss" if loss else "reward", "kl_estimator": estimator}
+
+
+def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The miniverl config (plain data) and the decision per native key."""
+    table = rules_by_key()
+    unknown = sorted(k for k in flat if k not in table)
+    if unknown:
+        raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
+    if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
+        raise refuse("critic_lora_value_head", "a native PPO config (critic, gae)", compiler=COMPILER_V2)
+    config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
+    decisions: dict[str, str] = {}
+    for rule in RULES:
+        if rule.key not in flat:
+            if rule.action == "map" and rule.to not in OPTIONAL and rule.to not in ("kl_loss", "kl_reward"):
+                raise _refused("native_key_missing", f"{rule.key} is absent (verl's default would apply unseen)")
+            continue
+        decisions[rule.key] = rule.action + (f":{rule.field}" if rule.field and rule.action == "map" else "")
+        _check_rule(rule, flat)
+        if rule.action != "map" or rule.to in ("kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_sample"):
+            continue
+        value = _convert(rule, flat[rule.key], flat)
+        if rule.key == "data.train_files":
+            value = _single_file(value)
+        _set(config, str(rule.field), value)
+    _set(config, "algorithm.grpo", {**config["algorithm"]["grpo"], **_kl(flat)})
+    models = config["models"]
+    rollout_dtype = flat.get("actor_rollout_ref.rollout.dtype")
+    if rollout_dtype is not None and rollout_dtype != models["dtype"]:
+        raise _refused("native_dtypes_differ", f"rollout.dtype {rollout_dtype!r} != model dtype {models['dtype']!r}")
+    do_sample = flat.get("actor_rollout_ref.rollout.do_sample")
+    if do_sample is not None and bool(do_sample) != (float(config["rollout"]["temperature"]) > 0):
+        raise _refused("native_do_sample", f"do_sample {do_sample!r} disagrees with the temperature")
+    if int(models["student"]["lora"]["r"]) == 0:
+        raise refuse("lora_disabled", "actor_rollout_ref.model.lora_rank: 0")
+    if not isinstance(models["student"]["lora"]["target_modules"], list):
+        raise _refused("native_target_modules", "target_modules must list module names (not 'all-linear')")
+    models["student"] = {
+        **student_from_binding(bindings["model"]),
+        "quantization": bindings.get("quantization", "none"),
+        "lora": {**models["student"]["lora"], "enabled": True, "dropout": 0.0},
+    }
+    models["device"] = bindings.get("device", "auto")
+    config["train"]["trajectory_batch_size"] = bindings.get("trajectory_batch_size", "auto")
+    if "batch_size" in bindings:
+        config["rollout"]["batch_size"] = bindings["batch_size"]
+    return config, decisions
+
+
+def _single_file(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str):
+        raise _refused("native_data_files", f"data.train_files {value!r}: one miniverl prompts Parquet file")
+    return value
+
+
+def import_native(path: Path, sets: list[str], bindings_file: Path | None = None) -> PlanRecord:
+    """``miniverl plan --verl-config PATH``: the plan (compiler v4) of a native verl YAML."""
+    from miniverl.config.loader import validate_config
+    from miniverl.config.plan import build_plan
+
+    raw, data = read_native(path)
+    bindings = parse_bindings(sets, bindings_file)
+    flat = flatten(data)
+    config_data, decisions = native_to_config(flat, bindings)
+    config = validate_config(config_data, origin=f"{path} ({COMPILER_V4})")
+    native_sha = hashlib.sha256(raw).hexdigest()
+    direct = DirectConfig(
+        compiler=COMPILER_V4,
+        native=NativeSource(name=path.name, sha256=native_sha, bytes=len(raw), text=raw.decode("utf-8")),
+        runtime_bindings=bindings,
+        rules_digest=import_rules_digest(),
+        import_digest=sha256_json({"native_sha256": native_sha, "decisions": decisions, "config": config_data}),
+        decisions=decisions,
+    )
+    return build_plan(config, [], direct_config=direct)
+
+
+def verified_native(direct: DirectConfig) -> bytes:
+    """The native bytes of a plan, checked against their recorded sha256."""
+    raw = direct.native.text.encode("utf-8")
+    if hashlib.sha256(raw).hexdigest() != direct.native.sha256 or len(raw) != direct.native.bytes:
+        raise _refused("native_modified", "the plan's native bytes no longer match native.sha256")
+    return raw
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return bool(a == b)
+
+
+def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, Any]:
+    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings."""
+    native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
+    bundle = flatten(bundle_config)
+    entries = []
+    for key in sorted(set(native) | set(bundle)):
+        in_n, in_b = key in native, key in bundle
+        if in_n and in_b and _same(native[key], bundle[key]):
+            status = "same"
+        elif key in RUNTIME_KEYS:
+            status = "runtime"
+        elif key in IGNORED_KEYS:
+            status = "ignored"
+        elif not in_n:
+            status = "bundle_only"
+        elif not in_b:
+            status = "native_only"
+        else:
+            status = "changed"
+        entries.append({"key": key, "status": status, "native": native.get(key), "bundle": bundle.get(key)})
+    counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
+    return {
+        "compiler": COMPILER_V4,
+        "native_sha256": hashlib.sha256(native_yaml).hexdigest(),
+        "runtime_keys": sorted(RUNTIME_KEYS),
+        "ignored_keys": sorted(IGNORED_KEYS),
+        "counts": counts,
+        "semantically_equal": counts["changed"] == counts["native_only"] == counts["bundle_only"] == 0,
+        "entries": entries,
+    }
