@@ -100,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_run_id(args.run_id)
     output = Path(args.output)
     check_writable_dir(output, option="--output")
-    if args.resume:
+    if args.extend is not None and (not args.resume or args.extend < 1):
+        raise UsageError("--extend N needs --resume and N >= 1 (it adds N cycles to an existing run)")
+    if args.resume and not args.extend:
         plan, _ = load_plan(Path(args.plan))
         summary = completed_run(output / args.run_id, plan.plan_digest)
         if summary is not None:  # nothing left to do: change no file
@@ -124,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             dry_run=args.dry_run,
             resume=args.resume,
+            extend=args.extend or 0,
             progress=False,
         )
     if threads is not None:
@@ -309,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")
     mode.add_argument(
         "--resume", action="store_true", help="continue from the last complete checkpoint (no-op when complete)"
+    )
+    run.add_argument(
+        "--extend",
+        type=int,
+        metavar="N",
+        help="with --resume: add N cycles to the run (RUN_DIR/plan.json records the extension; "
+        "the previous plan is kept in RUN_DIR/plans/)",
     )
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
