@@ -205,6 +205,32 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from miniverl.evaluation.runner import evaluate, render_table
+
+    source, data = Path(args.source), Path(args.data)
+    if not source.is_dir():
+        raise UsageError(f"{source} is not a directory: give a run directory or a PEFT adapter directory")
+    if not data.is_file():
+        raise UsageError(f"--data {data} is not a file: give a prompts parquet (see `miniverl data sample`)")
+    if args.config is not None and not Path(args.config).is_file():
+        raise UsageError(f"--config {args.config} is not a file: give a plan.json or a config YAML")
+    threads, origin = _threads(args)
+    result = evaluate(
+        source,
+        data,
+        config_path=Path(args.config) if args.config else None,
+        step=args.step,
+        samples=args.samples,
+        seed=args.seed,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+    )
+    result["torch_threads"] = {"threads": threads, "from": origin}
+    _emit(args, result, render_table(result))
+    return 0
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     from miniverl.gate.cli import run_gate_command
 
@@ -320,6 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: add N cycles to the run (RUN_DIR/plan.json records the extension; "
         "the previous plan is kept in RUN_DIR/plans/)",
     )
+
+    evaluation = add("eval", cmd_eval, "evaluate a run's (or adapter's) student against its base on held-out prompts")
+    evaluation.add_argument("source", metavar="RUN|ADAPTER", help="a run directory or a PEFT adapter directory")
+    evaluation.add_argument("--data", required=True, metavar="FILE.parquet", help="held-out prompts")
+    evaluation.add_argument(
+        "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
+    )
+    evaluation.add_argument("--step", type=int, help="a run's checkpoint step (default: the last)")
+    evaluation.add_argument(
+        "--samples", type=int, default=4, metavar="N", help="sampled responses per prompt (default 4; 0: greedy only)"
+    )
+    evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
+    evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    evaluation.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
+    evaluation.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default as for run)")
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
