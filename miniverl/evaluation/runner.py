@@ -231,42 +231,32 @@ class _adapter_off:
 def render_table(result: dict[str, Any]) -> str:
     src = result["source"]
     where = f"{src['path']}" + (f" step {src['step']}" if src["step"] is not None else "")
-    lines = [
-        f"eval of {where} on {result['data']['path']} ({result['data']['rows']} prompts), "
-        f"rewards {', '.join(result['rewards'])}, {result['seconds']:.1f}s",
-        f"{'mode':<8} {'metric':<34} {'base':>9} {'trained':>9} {'diff':>9}",
-    ]
-
-    def cell(value: Any, signed: bool = False) -> str:
-        return f"{'-':>9}" if value is None else (f"{value:>+9.3f}" if signed else f"{value:>9.3f}")
-
+    table: list[tuple[str, str, Any, Any, Any]] = []
     for mode in ("greedy", "sampled"):
         if mode not in result:
             continue
         base, trained, diff = (result[mode][k] for k in ("base", "trained", "difference"))
-        rows: list[tuple[str, Any, Any, Any]] = [
-            ("reward (total)", base["reward_mean"], trained["reward_mean"], diff["reward_mean"])
-        ]
+        table.append((mode, "reward (total)", base["reward_mean"], trained["reward_mean"], diff["reward_mean"]))
         for name, values in trained["components"].items():
             for key, label in (("mean", "mean"), ("fraction_positive", "accuracy (> 0)")):
                 if key == "fraction_positive" and values[key] is None:
                     continue
-                rows.append(
-                    (
-                        f"{name} {label}",
-                        base["components"].get(name, {}).get(key),
-                        values[key],
-                        diff["components"][name][key],
-                    )
-                )
-        rows.append(
-            (
-                "response tokens",
-                base["response_tokens_mean"],
-                trained["response_tokens_mean"],
-                diff["response_tokens_mean"],
-            )
+                was = base["components"].get(name, {}).get(key)
+                table.append((mode, f"{name} {label}", was, values[key], diff["components"][name][key]))
+        tokens = ("response_tokens_mean",) * 3
+        table.append(
+            (mode, "response tokens", *(part[k] for part, k in zip((base, trained, diff), tokens, strict=True)))
         )
-        for label, b, t, d in rows:
-            lines.append(f"{mode:<8} {label:<34} {cell(b)} {cell(t)} {cell(d, True)}")
+    width = max([len("metric"), *(len(row[1]) for row in table)])
+
+    def cell(value: Any, signed: bool = False) -> str:
+        return f"{'-':>9}" if value is None else (f"{value:>+9.3f}" if signed else f"{value:>9.3f}")
+
+    lines = [
+        f"eval of {where} on {result['data']['path']} ({result['data']['rows']} prompts), "
+        f"rewards {', '.join(result['rewards'])}, {result['seconds']:.1f}s",
+        f"{'mode':<8} {'metric':<{width}} {'base':>9} {'trained':>9} {'diff':>9}",
+    ]
+    for mode, label, b, t, d in table:
+        lines.append(f"{mode:<8} {label:<{width}} {cell(b)} {cell(t)} {cell(d, True)}")
     return "\n".join(lines)

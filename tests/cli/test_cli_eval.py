@@ -16,8 +16,9 @@ from tests.conftest import tiny_config
 
 REWARDS = [
     {"name": "calculator_exact", "weight": 1.0},
-    {"name": "target_length", "weight": 0.5, "params": {"target_tokens": 3}},
+    {"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0},  # varies even for a random tiny model
 ]
+TIMINGS = {"rollout_seconds", "update_seconds", "cycle_seconds"}
 
 
 def _main(*argv: str) -> tuple[int, str, str]:
@@ -31,7 +32,7 @@ def _main(*argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Path]:
-    """A 2-cycle GRPO run with `eval_every: 1` on a held-out file; yields the working directory."""
+    """A 2-cycle GRPO run with `eval_every: 1` on a held-out file (and the same run without evaluation)."""
     import torch
 
     from miniverl.data import sample_dataset
@@ -45,12 +46,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
         sample_dataset("calculator", 3, 7, root / "heldout.parquet")
         config = tiny_config(tiny_model_dir)
         config["algorithm"]["rewards"] = REWARDS
+        config["rollout"]["samples_per_prompt"] = 4
+        config["train"]["learning_rate"] = 0.05
         config["algorithm"]["eval_every"] = 1
         config["data"]["eval_path"] = "heldout.parquet"
         (root / "config.yaml").write_text(yaml.safe_dump(config))
         code, _, err = _main("plan", "config.yaml", "--out", "plan.json", "-q")
         assert code == 0, err
         code, _, err = _main("run", "--plan", "plan.json", "--run-id", "r", "--threads", "1", "-q")
+        assert code == 0, err
+        code, _, err = _main("plan", "config.yaml", "--set", "algorithm.eval_every=null", "--out", "plain.json", "-q")
+        assert code == 0, err
+        code, _, err = _main("run", "--plan", "plain.json", "--run-id", "plain", "--threads", "1", "-q")
         assert code == 0, err
         yield root
     finally:
@@ -73,9 +80,28 @@ def test_eval_every_records_greedy_metrics(trained: Path) -> None:
     for line in lines:
         metrics = line["algorithm_metrics"]
         for key in ("eval/reward_mean", "eval/response_tokens_mean", "eval/calculator_exact/mean",
-                    "eval/calculator_exact/fraction_positive", "eval/target_length/mean"):  # fmt: skip
+                    "eval/calculator_exact/fraction_positive", "eval/tests.helpers.rewards:digit_fraction/mean"):  # fmt: skip
             assert key in metrics, sorted(metrics)
         assert 1 <= metrics["eval/response_tokens_mean"] <= 6
+        assert line["adapter_delta_norm"] > 0
+
+
+def test_eval_every_does_not_change_training(trained: Path) -> None:
+    def lines(run: str) -> list[dict[str, Any]]:
+        out = []
+        for text in (trained / "runs" / run / "metrics.jsonl").read_text().splitlines():
+            line = {k: v for k, v in json.loads(text).items() if k not in TIMINGS}
+            line["algorithm_metrics"] = {
+                k: v for k, v in line["algorithm_metrics"].items() if not k.startswith("eval/")
+            }
+            out.append(line)
+        return out
+
+    assert lines("r") == lines("plain")
+    for name in ("cycle-000001.jsonl", "cycle-000002.jsonl"):
+        assert (trained / "runs/r/trajectories" / name).read_bytes() == (
+            trained / "runs/plain/trajectories" / name
+        ).read_bytes()
 
 
 def test_eval_run_against_base(trained: Path) -> None:
@@ -86,7 +112,7 @@ def test_eval_run_against_base(trained: Path) -> None:
         "kind": "run", "path": "runs/r", "step": 2,
         "plan_digest": json.loads((trained / "plan.json").read_text())["plan_digest"],
     }  # fmt: skip
-    assert result["data"]["rows"] == 3 and result["rewards"] == ["calculator_exact", "target_length"]
+    assert result["data"]["rows"] == 3 and result["rewards"] == [r["name"] for r in REWARDS]
     for mode, per_prompt in (("greedy", 1), ("sampled", 2)):
         base, trained_, diff = (result[mode][k] for k in ("base", "trained", "difference"))
         assert base["trajectories"] == trained_["trajectories"] == 3 * per_prompt
@@ -105,6 +131,13 @@ def test_eval_run_against_base(trained: Path) -> None:
     assert {k: v for k, v in json.loads(again).items() if k not in ("seconds", "torch_threads")} == {
         k: v for k, v in result.items() if k not in ("seconds", "torch_threads")
     }
+    # adapter off: the base figures do not depend on the checkpoint; the trained ones do
+    code, out, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--step", "1", "--json")
+    assert code == 0, err
+    step1 = json.loads(out)
+    assert step1["greedy"]["base"] == result["greedy"]["base"]
+    assert step1["sampled"]["base"] == result["sampled"]["base"]
+    assert step1["sampled"]["trained"] != result["sampled"]["trained"]
     # readable table
     code, table, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0")
     assert code == 0, err
