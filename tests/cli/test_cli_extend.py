@@ -112,3 +112,40 @@ def test_extend_bad_input_exits_2(
         result = cli("run", "--plan", "plan.json", "--run-id", "nope", *extra)
         assert result.code == 2, (extra, result.err)
         assert result.err.count("\n") == 1 and needle in result.err and "Traceback" not in result.err, result.err
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_at(cycle_index: int) -> Any:
+    def on_phase(name: str, index: int) -> None:
+        if name == "rollout" and index == cycle_index:
+            raise _Killed
+
+    return on_phase
+
+
+def test_extend_an_interrupted_run_and_resume_an_interrupted_extension(
+    two_runs: dict[str, Any], workdir: Path, cli: Callable[..., CliResult]
+) -> None:
+    from miniverl.training.entry import run_from_plan
+
+    # a run killed after its first update ("running") is extended by 1: 3 cycles in all
+    with pytest.raises(_Killed):
+        run_from_plan(Path("two.json"), output=Path("runs"), run_id="cut", on_phase=_kill_at(1))
+    result = cli("run", "--plan", "two.json", "--run-id", "cut", "--resume", "--extend", "1", "-q")
+    assert result.code == 0, result.err
+    assert _metrics(workdir / "runs" / "cut") == _metrics(two_runs["once"])
+
+    # an extension killed before its first new checkpoint resumes from the previous plan's checkpoint
+    ext = two_runs["ext"]
+    with pytest.raises(_Killed):
+        run_from_plan(Path("two.json"), output=Path("runs"), run_id="ext", resume=True, extend=1, on_phase=_kill_at(2))
+    assert json.loads((ext / "plan.json").read_text())["cycles"] == 3
+    result = cli("run", "--plan", str(ext / "plan.json"), "--run-id", "ext", "--resume", "-q")
+    assert result.code == 0, result.err
+    assert _metrics(ext) == _metrics(two_runs["once"])
+    got = _tensors(ext / "checkpoints" / "step-000003" / "optimizer.safetensors")
+    want = _tensors(two_runs["once"] / "checkpoints" / "step-000003" / "optimizer.safetensors")
+    assert all(got[k].equal(v) for k, v in want.items())
