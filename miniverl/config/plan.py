@@ -85,7 +85,8 @@ def extend_plan(plan: PlanRecord, added: int) -> PlanRecord:
     raw["train"] = {**dict(raw["train"]), "cycles": plan.cycles + added}
     config = validate_config(raw, origin="the extended plan")
     resolved = config.model_dump(mode="json")
-    body = {k: v for k, v in plan.model_dump(mode="python").items() if k != "plan_digest"}
+    # every field as it is (sub-records stay records), except what the extension changes
+    body: dict[str, Any] = {name: getattr(plan, name) for name in PlanRecord.model_fields if name != "plan_digest"}
     body.update(
         config=resolved,
         config_digest=sha256_json(resolved),
@@ -96,9 +97,6 @@ def extend_plan(plan: PlanRecord, added: int) -> PlanRecord:
             PlanExtension(previous_plan_digest=plan.plan_digest, previous_cycles=plan.cycles, added_cycles=added),
         ],
     )
-    body["data"] = plan.data
-    body["placement"] = plan.placement
-    body["eval_data"] = plan.eval_data
     return _signed(body)
 
 
