@@ -165,6 +165,13 @@ def test_eval_exported_adapter_needs_config_and_matches_the_run(trained: Path) -
     from_run = json.loads(out)
     assert from_adapter["source"]["kind"] == "adapter"
     assert from_adapter["greedy"] == from_run["greedy"]
+    # provenance: an exported adapter refuses another run's plan; a config YAML is taken as given
+    code, _, err = _eval(trained, "adapter", "--data", "heldout.parquet", "--config", "plain.json")
+    assert code == 2 and "was exported from plan" in err and err.count("\n") == 1, err
+    code, out, err = _eval(trained, "adapter", "--data", "heldout.parquet", "--config", "config.yaml", "--samples", "0",
+                           "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["greedy"] == from_run["greedy"] and json.loads(out)["source"]["plan_digest"] is None
 
 
 @pytest.mark.parametrize(
