@@ -113,7 +113,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_run_id(args.run_id)
     output = Path(args.output)
     check_writable_dir(output, option="--output")
-    if args.resume:
+    if args.extend is not None and (not args.resume or args.extend < 1):
+        raise UsageError("--extend N needs --resume and N >= 1 (it adds N cycles to an existing run)")
+    if args.resume and not args.extend:
         plan, _ = load_plan(Path(args.plan))
         summary = completed_run(output / args.run_id, plan.plan_digest)
         if summary is not None:  # nothing left to do: change no file
@@ -137,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             dry_run=args.dry_run,
             resume=args.resume,
+            extend=args.extend or 0,
             progress=False,
         )
     if threads is not None:
@@ -212,6 +215,32 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"{reload['max_abs_logit_diff']:.3g} <= {reload['tolerance']:g}"
     )
     _emit(args, result, human)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from miniverl.evaluation.runner import evaluate, render_table
+
+    source, data = Path(args.source), Path(args.data)
+    if not source.is_dir():
+        raise UsageError(f"{source} is not a directory: give a run directory or a PEFT adapter directory")
+    if not data.is_file():
+        raise UsageError(f"--data {data} is not a file: give a prompts parquet (see `miniverl data sample`)")
+    if args.config is not None and not Path(args.config).is_file():
+        raise UsageError(f"--config {args.config} is not a file: give a plan.json or a config YAML")
+    threads, origin = _threads(args)
+    result = evaluate(
+        source,
+        data,
+        config_path=Path(args.config) if args.config else None,
+        step=args.step,
+        samples=args.samples,
+        seed=args.seed,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+    )
+    result["torch_threads"] = {"threads": threads, "from": origin}
+    _emit(args, result, render_table(result))
     return 0
 
 
@@ -327,6 +356,28 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--resume", action="store_true", help="continue from the last complete checkpoint (no-op when complete)"
     )
+    run.add_argument(
+        "--extend",
+        type=int,
+        metavar="N",
+        help="with --resume: add N cycles to the run (RUN_DIR/plan.json records the extension; "
+        "the previous plan is kept in RUN_DIR/plans/)",
+    )
+
+    evaluation = add("eval", cmd_eval, "evaluate a run's (or adapter's) student against its base on held-out prompts")
+    evaluation.add_argument("source", metavar="RUN|ADAPTER", help="a run directory or a PEFT adapter directory")
+    evaluation.add_argument("--data", required=True, metavar="FILE.parquet", help="held-out prompts")
+    evaluation.add_argument(
+        "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
+    )
+    evaluation.add_argument("--step", type=int, help="a run's checkpoint step (default: the last)")
+    evaluation.add_argument(
+        "--samples", type=int, default=4, metavar="N", help="sampled responses per prompt (default 4; 0: greedy only)"
+    )
+    evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
+    evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    evaluation.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
+    evaluation.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default as for run)")
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")

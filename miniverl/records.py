@@ -57,6 +57,14 @@ class DirectConfig(Record):
     decisions: dict[str, str]
 
 
+class PlanExtension(Record):
+    """One ``run --resume --extend N``: the plan it extended (by digest) and the cycles it added."""
+
+    previous_plan_digest: str = SHA256
+    previous_cycles: int = Field(ge=1)
+    added_cycles: int = Field(ge=1)
+
+
 class PlanRecord(Record):
     kind: Literal["miniverl.plan"] = "miniverl.plan"
     schema_version: Literal[1] = 1
@@ -71,6 +79,10 @@ class PlanRecord(Record):
     trajectories_per_cycle: int
     updates: int
     direct_config: DirectConfig | None = None
+    #: ``data.eval_path`` bound by content (``algorithm.eval_every``); None without one
+    eval_data: DataBinding | None = None
+    #: every extension of this plan, oldest first; the previous plans are kept in ``RUN_DIR/plans/``
+    lineage: list[PlanExtension] = Field(default_factory=list)
     plan_digest: str = SHA256
 
     @model_serializer(mode="wrap")

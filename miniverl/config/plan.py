@@ -13,8 +13,8 @@ from miniverl.config.checks import check_config, check_data
 from miniverl.config.loader import apply_overrides, read_yaml, validate_config, validation_message
 from miniverl.config.schema import MiniverlConfig, ModelSpec
 from miniverl.config.strict import StrictFormatError, loads_json
-from miniverl.errors import ConfigError, DataError
-from miniverl.records import DataBinding, DirectConfig, PlacementPlan, PlanRecord
+from miniverl.errors import ConfigError, DataError, UsageError
+from miniverl.records import DataBinding, DirectConfig, PlacementPlan, PlanExtension, PlanRecord
 
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "nf4": 0.5625}
 
@@ -40,6 +40,7 @@ def build_plan(
 
         models["reward"] = reward_model_identity(config.models.reward, fetch=False)[0]
     updates = config.train.cycles
+    eval_data = _eval_binding(config)
     body: dict[str, Any] = {
         "miniverl_version": __version__,
         "config": resolved_config,
@@ -51,12 +52,84 @@ def build_plan(
         "cycles": config.train.cycles,
         "trajectories_per_cycle": config.trajectories_per_cycle,
         "updates": updates,
+        "eval_data": eval_data,
     }
     if direct_config is not None:  # compiler v4: the native verl YAML and its runtime bindings
         body["direct_config"] = direct_config
+    return _signed(body)
+
+
+def _signed(body: dict[str, Any]) -> PlanRecord:
     unsigned = PlanRecord.model_construct(**body, plan_digest="0" * 64).model_dump(mode="json")
     unsigned.pop("plan_digest")
     return PlanRecord(**body, plan_digest=sha256_json(unsigned))
+
+
+def _eval_binding(config: MiniverlConfig) -> DataBinding | None:
+    """``data.eval_path`` bound by content; ``algorithm.eval_every`` needs it and an on-policy algorithm."""
+    from miniverl.data import describe_dataset, load_prompts
+
+    every, path = config.algorithm.eval_every, config.data.eval_path
+    if every is not None and path is None:
+        raise ConfigError("algorithm.eval_every needs data.eval_path (a held-out prompts parquet)")
+    if every is not None and config.algorithm.name in ("sft", "kd"):
+        raise ConfigError(f"algorithm.eval_every scores with the run's rewards; {config.algorithm.name} has none")
+    if path is None:
+        return None
+    described = describe_dataset(Path(path))
+    load_prompts(path)
+    return DataBinding(path=path, sha256=described["sha256"], rows=described["rows"])
+
+
+def extend_plan(plan: PlanRecord, added: int) -> PlanRecord:
+    """``plan`` with ``added`` more cycles: the same config but ``train.cycles``, and one lineage entry more."""
+    if added < 1:
+        raise UsageError(f"--extend {added}: give a number of cycles >= 1")
+    raw = dict(plan.config)
+    raw["train"] = {**dict(raw["train"]), "cycles": plan.cycles + added}
+    config = validate_config(raw, origin="the extended plan")
+    resolved = config.model_dump(mode="json")
+    # every field as it is (sub-records stay records), except what the extension changes
+    body: dict[str, Any] = {name: getattr(plan, name) for name in PlanRecord.model_fields if name != "plan_digest"}
+    body.update(
+        config=resolved,
+        config_digest=sha256_json(resolved),
+        cycles=config.train.cycles,
+        updates=config.train.cycles,
+        lineage=[
+            *plan.lineage,
+            PlanExtension(previous_plan_digest=plan.plan_digest, previous_cycles=plan.cycles, added_cycles=added),
+        ],
+    )
+    return _signed(body)
+
+
+def plan_ancestry(plan: PlanRecord, plans_dir: Path) -> list[str]:
+    """The digests of ``plan`` and of every plan it extends (newest first), each proven from its file.
+
+    Every ``lineage`` entry must name a plan kept as ``plans_dir/<digest>.json`` whose own digest
+    verifies and whose extension by ``added_cycles`` is exactly the next plan.
+    """
+    chain = [plan.plan_digest]
+    current = plan
+    while current.lineage:
+        link = current.lineage[-1]
+        path = plans_dir / f"{link.previous_plan_digest}.json"
+        try:
+            previous, _ = load_plan(path, verify_data=False)
+        except ConfigError:
+            raise ConfigError(
+                f"plan {current.plan_digest[:16]} extends {link.previous_plan_digest[:16]}, "
+                f"but {path} is missing or invalid; the lineage cannot be proven"
+            ) from None
+        if extend_plan(previous, link.added_cycles).plan_digest != current.plan_digest:
+            raise ConfigError(
+                f"plan {current.plan_digest[:16]} is not {previous.plan_digest[:16]} extended by "
+                f"{link.added_cycles} cycle(s); the lineage does not verify"
+            )
+        chain.append(previous.plan_digest)
+        current = previous
+    return chain
 
 
 def plan_digest_of(record: dict[str, Any]) -> str:
@@ -96,6 +169,10 @@ def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, Mini
             raise DataError(f"data file not found: {plan.data.path} (bound by the plan)")
         if sha256_file(data_path) != plan.data.sha256:
             raise DataError(f"data file {plan.data.path} changed since `miniverl plan` (sha256 mismatch); re-run plan")
+        if plan.eval_data is not None:
+            eval_path = Path(plan.eval_data.path)
+            if not eval_path.is_file() or sha256_file(eval_path) != plan.eval_data.sha256:
+                raise DataError(f"eval data {plan.eval_data.path} is missing or changed since `miniverl plan`")
     return plan, config
 
 

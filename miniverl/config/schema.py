@@ -204,6 +204,8 @@ class ModelsSection(Strict):
 class DataSection(Strict):
     path: str
     shuffle: bool = True
+    #: held-out prompts for ``algorithm.eval_every`` (greedy, the run's rewards; never trained on)
+    eval_path: str | None = None
 
 
 class RolloutSection(Strict):
@@ -299,6 +301,8 @@ class AlgorithmSection(Strict):
     offline: OfflineSection = Field(default_factory=OfflineSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
+    #: every k updates, a greedy evaluation on ``data.eval_path`` goes into the metrics line (None: off)
+    eval_every: Annotated[int, Field(ge=1)] | None = None
 
 
 class TrainSection(Strict):

@@ -23,6 +23,7 @@ from miniverl.canonical import atomic_write_text, canonical_json
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.errors import CheckpointError, MiniverlError
+from miniverl.evaluation import periodic_evaluator
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
@@ -93,6 +94,7 @@ class Controller:
                 expected_identity=plan.models.get("reward"),
             )
         self.reward = MixedReward(config.algorithm.rewards, reward_model)
+        self.evaluate = periodic_evaluator(config, plan)  # algorithm.eval_every: None when off
         self.algorithm = build_algorithm(config, runtime)
         self.algorithm.prepare(self.rows)
         self.optimizer = self.algorithm.actor.optimizer
@@ -228,6 +230,7 @@ class Controller:
         result: AlgorithmStep = self.algorithm.update(batch, step=self.state.step)
         update_seconds = time.perf_counter() - update_start
         self.state.step += 1
+        evaluated = self.evaluate(self.runtime, self.reward, self.state.step) if self.evaluate is not None else {}
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
         self._write_trajectories(trajectories, scores, result.advantages)
         line = MetricsLine(
@@ -253,7 +256,7 @@ class Controller:
             update_start_allocated_bytes=update_start_allocated,
             algorithm_metrics={
                 k: v
-                for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores)}.items())
+                for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores), **evaluated}.items())
                 if math.isfinite(v)
             },
         )

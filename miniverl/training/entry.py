@@ -11,6 +11,7 @@ from typing import Any
 
 from miniverl import __version__
 from miniverl import progress as progress_log
+from miniverl.artifacts.rundir import read_plan
 from miniverl.canonical import atomic_write_bytes, atomic_write_json
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
@@ -20,6 +21,8 @@ from miniverl.records import CudaTeardown, MetricsLine, PlanRecord, RunManifest,
 # Teardown passes when allocated memory is back within max(2 MiB, 2 % of the baseline) of the baseline.
 TEARDOWN_TOLERANCE_MIN_BYTES = 2 * 1024 * 1024
 TEARDOWN_TOLERANCE_FRACTION = 0.02
+#: previous versions of an extended run's plan, one ``<plan_digest>.json`` each
+PLANS_DIR = "plans"
 RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -35,13 +38,20 @@ def run_from_plan(
     run_id: str,
     dry_run: bool = False,
     resume: bool = False,
+    extend: int = 0,
     progress: bool = False,
     on_update: Any = None,
     on_phase: Any = None,
 ) -> dict[str, Any]:
     """``on_update(step)`` after each update and ``on_phase(name, step)`` before each cycle phase
-    (:data:`~miniverl.training.controller.PHASES`) are hooks for tests that interrupt a run."""
+    (:data:`~miniverl.training.controller.PHASES`) are hooks for tests that interrupt a run.
+
+    ``extend`` (with ``resume``) adds that many cycles: see :func:`_extend_run`."""
     _check_run_id(run_id)
+    if extend:
+        if not resume:
+            raise UsageError("--extend N continues an existing run: add --resume")
+        plan_path = _extend_run(plan_path, output / run_id, extend)
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
 
@@ -66,7 +76,14 @@ def run_from_plan(
         found = latest_checkpoint(run_dir / "checkpoints")
         if found is None:
             raise CheckpointError(f"nothing to resume: {run_dir} has no checkpoint")
-        if found[1].plan_digest != plan.plan_digest:
+        from miniverl.config.plan import plan_ancestry
+
+        if found[1].plan_digest not in plan_ancestry(plan, run_dir / PLANS_DIR):
+            if (run_dir / "plan.json").is_file() and read_plan(run_dir).lineage:
+                raise UsageError(
+                    f"checkpoint {found[0].name} belongs to another plan: this run was extended; "
+                    f"resume with --plan {run_dir / 'plan.json'}"
+                )
             raise CheckpointError(f"checkpoint {found[0].name} belongs to another plan; resume with the same plan")
     elif run_dir.exists():
         raise UsageError(f"run directory {run_dir} already exists; use --resume or another --run-id")
@@ -77,6 +94,40 @@ def run_from_plan(
     except ImportError:
         raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
     return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
+
+
+def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
+    """Record ``added`` more cycles in ``run_dir/plan.json``; return that path (the plan to resume with).
+
+    ``plan_path`` must be the run's current plan. The plan it extends is kept byte for byte as
+    ``run_dir/plans/<digest>.json`` (written, fsynced, before ``plan.json`` is replaced), and the
+    new plan's ``lineage`` names it by digest, so :func:`~miniverl.config.plan.plan_ancestry` can
+    prove the chain when the run resumes.
+    """
+    from miniverl.config.plan import extend_plan, plan_ancestry
+    from miniverl.training.checkpoint_files import latest_checkpoint
+
+    current_path = run_dir / "plan.json"
+    if not current_path.is_file():
+        raise UsageError(f"nothing to extend: {run_dir} is not a run directory with a plan.json")
+    given, _ = load_plan(plan_path)
+    current, _ = load_plan(current_path)
+    if given.plan_digest != current.plan_digest:
+        raise UsageError(
+            f"--plan {plan_path} is not the current plan of {run_dir} (plan_digest differs); "
+            f"extend with --plan {current_path}"
+        )
+    if latest_checkpoint(run_dir / "checkpoints") is None:
+        raise UsageError(f"nothing to extend: {run_dir} has no checkpoint; run it (or --resume it) first")
+    plan_ancestry(current, run_dir / PLANS_DIR)  # an earlier extension must still prove out
+    extended = extend_plan(current, added)
+    kept = run_dir / PLANS_DIR / f"{current.plan_digest}.json"
+    if not kept.is_file():
+        kept.parent.mkdir(exist_ok=True)
+        atomic_write_bytes(kept, current_path.read_bytes())
+    atomic_write_json(current_path, extended.model_dump(mode="json"), pretty=True)
+    progress_log.phase("extend", f"plan {current.plan_digest[:16]} + {added} cycle(s) -> {extended.plan_digest[:16]}")
+    return current_path
 
 
 def _train(
