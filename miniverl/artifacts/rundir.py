@@ -174,3 +174,8 @@ def roll_back_outputs(run_dir: Path, metrics_text: str, trajectories: dict[str, 
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file() or metrics.read_text(encoding="utf-8") != metrics_text:
         atomic_write_text(metrics, metrics_text)
+    # temp files of writes a kill cut short (atomic_write_* and write_checkpoint): never published, safe to drop
+    for path in sorted(run_dir.glob(".*.tmp")):
+        path.unlink()
+    for path in sorted((run_dir / "checkpoints").glob(".tmp-*")):
+        shutil.rmtree(path)
