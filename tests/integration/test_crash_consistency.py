@@ -70,12 +70,12 @@ def test_final_checkpoint_commits_metrics_and_trajectories(
             raise Kill
         return path
 
-    checkpoint.write_checkpoint = write_then_die  # type: ignore[assignment]
+    checkpoint.write_checkpoint = write_then_die
     try:
         with pytest.raises(Kill):
             run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut")
     finally:
-        checkpoint.write_checkpoint = original  # type: ignore[assignment]
+        checkpoint.write_checkpoint = original
     run_dir = workdir / "runs/cut"
     record = json.loads((run_dir / "checkpoints/step-000002/checkpoint.json").read_text())
     assert record["metrics_lines"] == 2 and len(_untimed(run_dir)) == 2  # durable before the checkpoint

@@ -78,7 +78,7 @@ def _install_kill_point(what: str, cycle: int) -> None:
                 die()
             original(self, name, index)
 
-        ctl._phase = phase_hook  # type: ignore[method-assign]
+        ctl._phase = phase_hook  # type: ignore[method-assign,assignment]
     elif what == "after:trajectories":
         after(ctl, "_write_trajectories", lambda args: args[0].state.step == cycle + 1)
     elif what == "after:metrics":
