@@ -103,7 +103,7 @@ class CheckpointRecord(Record):
     """``checkpoint.json``: written last, so its presence marks a complete checkpoint."""
 
     kind: Literal["miniverl.checkpoint"] = "miniverl.checkpoint"
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     step: int = Field(ge=1)
     cycle: int = Field(ge=1)
     policy_version: int = Field(ge=0)
@@ -111,6 +111,11 @@ class CheckpointRecord(Record):
     plan_digest: str = SHA256
     config_digest: str = SHA256
     files: dict[str, CheckpointFile]
+    #: the commit point of step ``step``: ``metrics.jsonl`` keeps exactly this many lines (the ones in
+    #: ``state.json``) and ``trajectories/`` exactly these files (name -> sha256); on resume the run
+    #: directory is rolled back to them
+    metrics_lines: int = Field(ge=1)
+    trajectories: dict[str, str]
 
 
 class RunManifest(Record):

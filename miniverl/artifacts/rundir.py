@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,59 @@ def completed_run(run_dir: Path, plan_digest: str) -> RunSummary | None:
     if found is None or found[1].step != summary.updates or found[1].plan_digest != plan_digest:
         return None
     return summary
+
+
+#: What a run directory holds before its first checkpoint (a run killed then may be restarted from step 0).
+RUN_OUTPUTS = frozenset({"plan.json", "run.json", "metrics.jsonl", "trajectories", "checkpoints"})
+
+
+def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
+    """Remove a run directory that was killed before its first checkpoint, so the run starts again at step 0.
+
+    Only miniverl's own outputs are removed, and only for the same plan; anything else is refused.
+    """
+    from miniverl.errors import CheckpointError
+
+    names = {p.name for p in run_dir.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp"))}
+    strange = sorted(names - RUN_OUTPUTS)
+    if strange:
+        raise UsageError(f"{run_dir} is not a miniverl run directory ({strange[0]} is not a run output)")
+    leftovers = [p.name for p in (run_dir / "checkpoints").iterdir()] if (run_dir / "checkpoints").is_dir() else []
+    if any(not name.startswith(".tmp-") for name in leftovers):
+        raise CheckpointError(f"{run_dir}/checkpoints holds something other than checkpoints; remove it to resume")
+    for record_name in ("run.json", "plan.json"):
+        if (run_dir / record_name).is_file():
+            try:
+                digest = _read_json(run_dir / record_name).get("plan_digest")
+            except (UsageError, AttributeError):
+                digest = None  # a plan.json cut short by the kill: it was being copied from this plan
+            if digest is not None and digest != plan_digest:
+                raise CheckpointError(f"{run_dir} belongs to another plan; resume with the same plan")
+    shutil.rmtree(run_dir)
+
+
+def roll_back_outputs(run_dir: Path, metrics_text: str, trajectories: dict[str, str], checkpoint: str) -> None:
+    """Make ``metrics.jsonl`` and ``trajectories/`` exactly what ``checkpoint`` commits (the resume point).
+
+    Lines and files of later, uncommitted updates are dropped; a committed trajectory file that is
+    missing or changed is refused, since the checkpoint can no longer vouch for it.
+    """
+    from miniverl.canonical import atomic_write_text, sha256_file
+    from miniverl.errors import CheckpointError
+
+    folder = run_dir / "trajectories"
+    for name, digest in sorted(trajectories.items()):
+        path = folder / name
+        if not path.is_file() or path.is_symlink() or sha256_file(path) != digest:
+            raise CheckpointError(f"trajectories/{name} differs from what checkpoint {checkpoint} commits")
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if path.name not in trajectories:
+            path.unlink()
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file() or metrics.read_text(encoding="utf-8") != metrics_text:
+        atomic_write_text(metrics, metrics_text)
+    # temp files of writes a kill cut short (atomic_write_* and write_checkpoint): never published, safe to drop
+    for path in sorted(run_dir.glob(".*.tmp")):
+        path.unlink()
+    for path in sorted((run_dir / "checkpoints").glob(".tmp-*")):
+        shutil.rmtree(path)

@@ -9,7 +9,7 @@ import json
 import random
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ class TrainingState:
     plan_digest: str
     config_digest: str
     extra: dict[str, Any]
+    #: the run directory's outputs this checkpoint commits: metrics.jsonl's line count, trajectories' sha256
+    metrics_lines: int = 0
+    trajectories: dict[str, str] = field(default_factory=dict)
 
 
 def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -147,6 +150,8 @@ def write_checkpoint(
             plan_digest=state.plan_digest,
             config_digest=state.config_digest,
             files=files,
+            metrics_lines=state.metrics_lines,
+            trajectories=state.trajectories,
         )
         fsync_tree(tmp)
         atomic_write_json(tmp / RECORD, record.model_dump(mode="json"), pretty=True)

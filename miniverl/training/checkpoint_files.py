@@ -46,7 +46,35 @@ def verify_checkpoint(directory: Path) -> CheckpointRecord:
         path = directory / name
         if path.is_symlink() or path.stat().st_size != expected.bytes or sha256_file(path) != expected.sha256:
             raise CheckpointError(f"checkpoint {directory.name} is corrupt: {name} does not match its sha256")
+    _cross_check(directory, record)
     return record
+
+
+def trajectory_file_name(step: int) -> str:
+    """The trajectories of the update that makes ``step`` (1-based), under ``RUN_DIR/trajectories/``."""
+    return f"cycle-{step:06d}.jsonl"
+
+
+def _cross_check(directory: Path, record: CheckpointRecord) -> None:
+    """The record's metadata agrees with itself, its directory name and its own ``state.json``.
+
+    Each file's sha256 is already checked, so what is left is a hand-edited ``checkpoint.json`` whose
+    counters no longer describe the checkpoint (e.g. a changed ``step``).
+    """
+    where = f"checkpoint {directory.name} is invalid:"
+    if directory.name != step_dir_name(record.step):
+        raise CheckpointError(f"{where} {RECORD} says step {record.step}; was it edited? remove the checkpoint")
+    if record.cycle != record.step or record.policy_version != record.step or record.metrics_lines != record.step:
+        raise CheckpointError(f"{where} step, cycle, policy_version and metrics_lines in {RECORD} disagree")
+    if set(record.trajectories) != {trajectory_file_name(k) for k in range(1, record.step + 1)}:
+        raise CheckpointError(f"{where} {RECORD} does not bind one trajectory file per update")
+    try:
+        state = json.loads((directory / STATE).read_text(encoding="utf-8"))
+        steps = [int(line["step"]) for line in state["extra"]["metrics"]]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{where} {STATE} holds no metrics lines") from None
+    if steps != list(range(1, record.step + 1)):
+        raise CheckpointError(f"{where} {STATE} holds {len(steps)} metrics line(s) for step {record.step}")
 
 
 def latest_checkpoint(checkpoints_root: Path) -> tuple[Path, CheckpointRecord] | None:

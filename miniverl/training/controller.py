@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from miniverl import progress
-from miniverl.canonical import atomic_write_text, canonical_json
+from miniverl.artifacts.rundir import roll_back_outputs
+from miniverl.canonical import atomic_write_text, canonical_json, sha256_file
 from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.errors import CheckpointError, MiniverlError
@@ -32,7 +33,7 @@ from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
-from miniverl.training.checkpoint_files import list_checkpoints
+from miniverl.training.checkpoint_files import list_checkpoints, trajectory_file_name
 
 
 class MemoryLimitError(MiniverlError):
@@ -99,6 +100,8 @@ class Controller:
         self.algorithm.prepare(self.rows)
         self.optimizer = self.algorithm.actor.optimizer
         self.state = Progress()
+        #: trajectories/ file name -> sha256 of every update so far (checkpoint.json binds them)
+        self.trajectory_hashes: dict[str, str] = {}
 
     # -- checkpoint I/O ---------------------------------------------------------------------
     def restore(self, directory: Path, record: Any) -> None:
@@ -120,6 +123,9 @@ class Controller:
         ckpt.restore_rng_from(directory, state)
         self.state = Progress(step=record.step, data_cursor=record.data_cursor)
         self.state.metrics = [MetricsLine.model_validate(m) for m in extra["metrics"]]
+        # the checkpoint is the commit point: drop what later, uncommitted updates wrote
+        roll_back_outputs(self.run_dir, self._metrics_text(), record.trajectories, directory.name)
+        self.trajectory_hashes = dict(record.trajectories)
 
     def _checkpoint(self) -> None:
         if self.state.step % self.config.checkpoint.every_updates and self.state.step != self.plan.updates:
@@ -132,6 +138,8 @@ class Controller:
             data_cursor=self.state.data_cursor,
             plan_digest=self.plan.plan_digest,
             config_digest=self.plan.config_digest,
+            metrics_lines=len(self.state.metrics),
+            trajectories=dict(self.trajectory_hashes),
             extra={
                 "metrics": [m.model_dump(mode="json") for m in self.state.metrics],
                 "algorithm": self.algorithm.state_json(),
@@ -262,9 +270,11 @@ class Controller:
         )
         self._check_memory_limit(line)
         self.state.metrics.append(line)
+        # commit order: trajectories and metrics are durable (fsynced) before the checkpoint that binds them,
+        # so a kill anywhere leaves either an older commit point (resume rolls the outputs back) or this one
+        self._write_metrics()
         self._phase("checkpoint", index)
         self._checkpoint()
-        self._write_metrics()
         return line
 
     def _check_memory_limit(self, line: MetricsLine) -> None:
@@ -290,12 +300,15 @@ class Controller:
             )
             for i, traj in enumerate(trajectories)
         ]
-        path = self.run_dir / "trajectories" / f"cycle-{self.state.step:06d}.jsonl"
-        write_trajectories_jsonl(path, records)
+        name = trajectory_file_name(self.state.step)
+        write_trajectories_jsonl(self.run_dir / "trajectories" / name, records)
+        self.trajectory_hashes[name] = sha256_file(self.run_dir / "trajectories" / name)
+
+    def _metrics_text(self) -> str:
+        return "".join(canonical_json(m.model_dump(mode="json")) + "\n" for m in self.state.metrics)
 
     def _write_metrics(self) -> None:
-        text = "".join(canonical_json(m.model_dump(mode="json")) + "\n" for m in self.state.metrics)
-        atomic_write_text(self.run_dir / "metrics.jsonl", text)
+        atomic_write_text(self.run_dir / "metrics.jsonl", self._metrics_text())
 
     def release(self) -> None:
         """Drop the optimizer states and the runtime reference so teardown can free device memory."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +78,20 @@ def run_from_plan(
         if not run_dir.is_dir():
             raise CheckpointError(f"nothing to resume: run directory {run_dir} does not exist")
         found = latest_checkpoint(run_dir / "checkpoints")
-        if found is None:
-            raise CheckpointError(f"nothing to resume: {run_dir} has no checkpoint")
-        from miniverl.config.plan import plan_ancestry
+        if found is None:  # killed before its first checkpoint: start again at step 0
+            from miniverl.artifacts.rundir import restart_unstarted_run
 
-        if found[1].plan_digest not in plan_ancestry(plan, run_dir / PLANS_DIR):
-            if (run_dir / "plan.json").is_file() and read_plan(run_dir).lineage:
-                raise UsageError(
-                    f"checkpoint {found[0].name} belongs to another plan: this run was extended; "
-                    f"resume with --plan {run_dir / 'plan.json'}"
-                )
-            raise CheckpointError(f"checkpoint {found[0].name} belongs to another plan; resume with the same plan")
+            restart_unstarted_run(run_dir, plan.plan_digest)
+        else:
+            from miniverl.config.plan import plan_ancestry
+
+            if found[1].plan_digest not in plan_ancestry(plan, run_dir / PLANS_DIR):
+                if (run_dir / "plan.json").is_file() and read_plan(run_dir).lineage:
+                    raise UsageError(
+                        f"checkpoint {found[0].name} belongs to another plan: this run was extended; "
+                        f"resume with --plan {run_dir / 'plan.json'}"
+                    )
+                raise CheckpointError(f"checkpoint {found[0].name} belongs to another plan; resume with the same plan")
     elif run_dir.exists():
         raise UsageError(f"run directory {run_dir} already exists; use --resume or another --run-id")
     else:
@@ -93,7 +100,25 @@ def run_from_plan(
         import torch  # noqa: F401
     except ImportError:
         raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
-    return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
+    with _sigterm_as_interrupt():
+        return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a run as SIGINT does: a KeyboardInterrupt that unwinds every temp file and temp dir."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
