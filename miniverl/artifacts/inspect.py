@@ -17,6 +17,10 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir)
     checkpoints = checkpoint_status(run_dir / "checkpoints")
     complete = [c for c in checkpoints if c["state"] == "complete"]
+    # Lines past the last complete checkpoint are not committed: `--resume` rolls them back.
+    committed = complete[-1]["step"] if complete else 0
+    uncommitted = len(metrics) - committed
+    metrics = metrics[:committed]
     report = {
         "run_id": manifest.run_id,
         "status": summary.status if summary is not None else "incomplete",
@@ -24,6 +28,7 @@ def inspect_run(run_dir: Path) -> dict[str, Any]:
         "runtime": manifest.runtime,
         "plan_digest": manifest.plan_digest,
         "updates": len(metrics),
+        "uncommitted_metrics_lines": max(uncommitted, 0),
         "last_complete_step": complete[-1]["step"] if complete else None,
         "checkpoints": checkpoints,
         "metrics_last": metrics[-1].model_dump(mode="json") if metrics else None,

@@ -197,3 +197,21 @@ def test_export_base_reference_for_each_source() -> None:
     builtin = ModelSpec(source="builtin", model_id="smollm2-135m-instruct")
     assert base_reference(builtin) == ("smollm2-135m-instruct", None)
     assert base_reference(ModelSpec(source="local", path="/abs/where/model-dir")) == ("model-dir", None)
+
+
+def test_inspect_counts_only_committed_updates(runs: dict[str, Any], tmp_path: Path) -> None:
+    """A kill between a step's metrics write and its checkpoint leaves one line that --resume rolls back;
+    inspect does not count it as an update."""
+    import shutil
+
+    run_dir = shutil.copytree(runs["grpo"]["dir"], tmp_path / "grpo")
+    code, out, _ = _main("inspect", str(run_dir), "--json")
+    before = json.loads(out)
+    metrics = run_dir / "metrics.jsonl"
+    last = metrics.read_text().splitlines()[-1]
+    metrics.write_text(metrics.read_text() + last.replace('"step":', '"step":9', 1) + "\n")
+    code, out, err = _main("inspect", str(run_dir), "--json")
+    after = json.loads(out)
+    assert code == 0, err
+    assert after["updates"] == before["updates"] == after["last_complete_step"]
+    assert after["uncommitted_metrics_lines"] == 1 and before["uncommitted_metrics_lines"] == 0
