@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from miniverl.canonical import sha256_file
+from miniverl.config.strict import loads_json
 from miniverl.errors import UsageError
 
 SHA256 = Field(pattern=r"^[0-9a-f]{64}$")
@@ -103,10 +104,10 @@ def read_manifest(bundle: Path) -> BundleManifest:
     if not bundle.is_dir():
         raise UsageError(f"bundle not found: {bundle} (create one with `miniverl handoff RUN_OR_PLAN --out DIR`)")
     try:
-        raw: Any = json.loads(path.read_text(encoding="utf-8"))
+        raw: Any = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{bundle} is not a handoff bundle (no {MANIFEST_NAME})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # malformed, duplicate keys, non-finite, not UTF-8
         raise UsageError(f"{path} is not valid JSON") from None
     try:
         return BundleManifest.model_validate(raw)

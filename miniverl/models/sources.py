@@ -17,7 +17,6 @@ An identity holds content digests only, never a local path. This module never im
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Literal
 
 from miniverl.canonical import sha256_file, sha256_json, tree_digest
 from miniverl.config.schema import IMMUTABLE_REVISION, AdapterSpec, ModelSpec
+from miniverl.config.strict import loads_json
 from miniverl.errors import ModelSourceError
 
 SourceKind = Literal["hub", "local", "gguf", "builtin"]
@@ -390,10 +390,10 @@ def _gguf_config(path: Path) -> dict[str, Any]:
 
 def _read_config(path: Path, *, label: str) -> dict[str, Any]:
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelSourceError(f"{label} has no config.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # malformed, duplicate keys, non-finite, not UTF-8
         raise ModelSourceError(f"{label}: config.json is not valid JSON") from None
     if not isinstance(config, dict):
         raise ModelSourceError(f"{label}: config.json is not a JSON object")

@@ -6,7 +6,6 @@ Torch-free: records are plain pydantic models; the rollout backend converts its 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from miniverl.canonical import atomic_write_text, canonical_json
+from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import DataError
 
 
@@ -98,9 +98,9 @@ def read_trajectories_jsonl(path: str | os.PathLike[str]) -> list[TrajectoryReco
             if not line.strip():
                 continue
             try:
-                records.append(TrajectoryRecord.model_validate(json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{os.fspath(path)} line {number}: not JSON ({exc.msg})") from None
+                records.append(TrajectoryRecord.model_validate(loads_json(line)))
+            except StrictFormatError as exc:
+                raise DataError(f"{os.fspath(path)} line {number}: {exc}") from None
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"]) or "record"

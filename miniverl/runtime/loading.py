@@ -7,7 +7,6 @@ the equivalence gate inject their own (tiny in-memory models, random-init shapes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,8 @@ import torch
 
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.schema import AdapterSpec, LoraConfig, ModelSpec
+from miniverl.config.strict import loads_json
+from miniverl.errors import ModelSourceError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -87,7 +88,10 @@ def resolve_adapter(spec: AdapterSpec) -> ResolvedAdapter:
     from miniverl.models.sources import resolve_adapter as resolve_adapter_source
 
     directory, identity = resolve_adapter_source(spec)
-    adapter_config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    try:
+        adapter_config = loads_json((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ModelSourceError(f"adapter {ADAPTER_CONFIG} is refused: {exc}") from None
     adapter_config.pop("base_model_name_or_path", None)  # may be a local path
     provenance: dict[str, Any] = {
         "source": spec.source,

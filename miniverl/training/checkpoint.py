@@ -5,7 +5,6 @@ No pickle: tensors go to safetensors, everything else to canonical JSON.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
+from miniverl.config.strict import loads_json
 from miniverl.errors import CheckpointError
 from miniverl.records import CheckpointFile, CheckpointRecord
 from miniverl.training.checkpoint_files import (
@@ -165,7 +165,7 @@ def write_checkpoint(
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """Student params, optimizer tensors and state.json of a verified checkpoint (RNG restored separately)."""
-    state = json.loads((directory / STATE).read_text(encoding="utf-8"))
+    state = loads_json((directory / STATE).read_text(encoding="utf-8"))  # verified by its sha256 first
     return load_file(directory / STUDENT_PARAMS), load_file(directory / OPTIMIZER), state
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from miniverl.canonical import sha256_file
+from miniverl.config.strict import loads_json
 from miniverl.errors import CheckpointError
 from miniverl.records import CheckpointRecord
 
@@ -36,8 +36,8 @@ def verify_checkpoint(directory: Path) -> CheckpointRecord:
     if not record_path.is_file():
         raise CheckpointError(f"checkpoint {directory.name} is partial (no {RECORD}); remove it to resume")
     try:
-        record = CheckpointRecord.model_validate(json.loads(record_path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError):
+        record = CheckpointRecord.model_validate(loads_json(record_path.read_text(encoding="utf-8")))
+    except (ValueError, ValidationError):
         raise CheckpointError(f"checkpoint {directory.name}: {RECORD} is corrupt") from None
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {RECORD}
     if present != set(record.files):
@@ -69,9 +69,9 @@ def _cross_check(directory: Path, record: CheckpointRecord) -> None:
     if set(record.trajectories) != {trajectory_file_name(k) for k in range(1, record.step + 1)}:
         raise CheckpointError(f"{where} {RECORD} does not bind one trajectory file per update")
     try:
-        state = json.loads((directory / STATE).read_text(encoding="utf-8"))
+        state = loads_json((directory / STATE).read_text(encoding="utf-8"))
         steps = [int(line["step"]) for line in state["extra"]["metrics"]]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"{where} {STATE} holds no metrics lines") from None
     if steps != list(range(1, record.step + 1)):
         raise CheckpointError(f"{where} {STATE} holds {len(steps)} metrics line(s) for step {record.step}")

@@ -64,7 +64,10 @@ def test_read_errors_name_the_line(tmp_path: Path) -> None:
     write_trajectories_jsonl(path, [_record()])
     good = path.read_text()
     path.write_text(good + "{not json\n")
-    with pytest.raises(DataError, match=r"t\.jsonl line 2: not JSON"):
+    with pytest.raises(DataError, match=r"t\.jsonl line 2: malformed JSON"):
+        read_trajectories_jsonl(path)
+    path.write_text(good + good.replace('"finish_reason":', '"finish_reason":"eos","finish_reason":', 1))
+    with pytest.raises(DataError, match=r"t\.jsonl line 2: .*duplicate key"):
         read_trajectories_jsonl(path)
     path.write_text(good + good.replace('"finish_reason":"eos"', '"finish_reason":"done"'))
     with pytest.raises(DataError, match="line 2: finish_reason: "):
