@@ -44,6 +44,7 @@ class UpdateStats:
     loss: float
     kl: float | None
     tokens: int
+    entropy: float | None = None  # token-mean policy entropy over the update's response tokens
 
 
 def physical_batches(

@@ -215,3 +215,12 @@ def test_inspect_counts_only_committed_updates(runs: dict[str, Any], tmp_path: P
     assert code == 0, err
     assert after["updates"] == before["updates"] == after["last_complete_step"]
     assert after["uncommitted_metrics_lines"] == 1 and before["uncommitted_metrics_lines"] == 0
+
+
+def test_grpo_logs_entropy_and_response_length(runs: dict[str, Any]) -> None:
+    """GRPO's surrogate loss is no learning curve; the metrics verl logs sit beside it."""
+    lines = [json.loads(line) for line in (runs["grpo"]["dir"] / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        extra = line["algorithm_metrics"]
+        assert extra["actor/entropy"] > 0 and extra["actor/pg_loss"] == line["loss"]
+        assert extra["response_length/mean"] == line["response_tokens"] / line["trajectories"]

@@ -42,6 +42,12 @@ class Grpo(Algorithm):
         advantages = [float(a) for a in adv]
         stats = grpo_update(self.runtime, batch.sequences(advantages), self.config)
         grad_norm, delta = self.actor.step()
+        # verl's names. Strict on-policy: the ratio is exactly 1, so the clip fraction is 0 by construction
+        # and not logged; the loss is the policy-gradient surrogate, not a learning curve.
+        metrics["actor/pg_loss"] = stats.loss
+        metrics["response_length/mean"] = stats.tokens / len(batch.trajectories)
+        if stats.entropy is not None:
+            metrics["actor/entropy"] = stats.entropy
         return AlgorithmStep(
             loss=stats.loss,
             kl=stats.kl,
@@ -89,6 +95,7 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
     total_tokens = sum(s.response_len for s in sequences)
     loss_sum = 0.0
     kl_sum = 0.0
+    entropy_sum = 0.0
     use_kl = grpo.kl_coef > 0 and grpo.kl_mode == "loss"
     for index_list in physical_batches(runtime, sequences, config.train.trajectory_batch_size):
         part = [sequences[i] for i in index_list]
@@ -101,7 +108,11 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
                 ref_logp, _ = chunked_token_logprobs(hidden, ref.head_weight, targets, chunk_size=chunk)
         with runtime.use("student") as student:
             hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
-            logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
+            logp, entropy = chunked_token_logprobs(
+                hidden, student.head_weight, targets, chunk_size=chunk, with_entropy=True
+            )
+        if entropy is not None:
+            entropy_sum += float(entropy.detach().sum())
         old_logp = logp.detach()
         advantages = torch.tensor(
             [s.advantage for s in part for _ in range(s.response_len)], dtype=logp.dtype, device=logp.device
@@ -117,4 +128,9 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
             kl_sum += float(kl_tokens.detach().sum())
         loss.backward()
         loss_sum += float(loss.detach())
-    return UpdateStats(loss=loss_sum, kl=kl_sum / total_tokens if use_kl else None, tokens=total_tokens)
+    return UpdateStats(
+        loss=loss_sum,
+        kl=kl_sum / total_tokens if use_kl else None,
+        tokens=total_tokens,
+        entropy=entropy_sum / total_tokens,
+    )
