@@ -55,12 +55,14 @@ def build_release_assets(
     qual_dir: Path,
     out: Path,
     *,
+    profile: str,
     known_good_sha256: str,
     required_gpu_name: str | None,
     known_good: Path | None = None,
     replace_existing: bool = False,
 ) -> Path:
-    """Build the asset dir (all-or-nothing). Fails naming any principal record that does not exist yet."""
+    """Build the asset dir (all-or-nothing) of a full qualification on ``profile`` (the caller's, not the
+    record's). Fails naming any principal record that does not exist yet."""
     if out.exists() and not replace_existing:
         raise UsageError(f"{out.name} exists; pass --replace to rebuild it", check="output")
     manifest = check_candidate(candidate_dir)
@@ -95,9 +97,9 @@ def build_release_assets(
             commit=manifest.source_commit,
             known_good_sha256=known_good_sha256,
             required_gpu_name=required_gpu_name,
-            level=qual.level,
+            level="full_qualification",  # release assets exist only for the full level
             known_good=known_good,
-            profile=qual.profile.name,
+            profile=profile,
         )
         verification = verify_chain(chain)
         if verification.status != "passed":

@@ -178,12 +178,6 @@ class Auditor:
             "profile",
             f"profile {q.profile.name!r} in the record differs from the harness's definition",
         )
-        require(
-            self.req.profile in (None, q.profile.name),
-            "profile",
-            f"qualification used profile {q.profile.name}, expected {self.req.profile}",
-        )
-        require(known.device == q.environment.device, "profile", f"profile runs on {known.device}")
         want = self.req.required_gpu_name
         have = q.environment.gpu.name if q.environment.gpu else None
         require(
@@ -191,6 +185,12 @@ class Auditor:
             "gpu_name",
             f"measured GPU {have!r}, profile {known.required_gpu_name!r}, required {want!r}",
         )
+        require(
+            self.req.profile in (None, q.profile.name),
+            "profile",
+            f"qualification used profile {q.profile.name}, expected {self.req.profile}",
+        )
+        require(known.device == q.environment.device, "profile", f"profile runs on {known.device}")
         self.profile_def = known
         return f"profile {q.profile.name}, GPU {have!r}"
 

@@ -130,6 +130,7 @@ def _assets(args: argparse.Namespace) -> int:
         Path(args.candidate),
         Path(args.qualification_dir),
         Path(args.out),
+        profile=args.profile,
         known_good_sha256=req.known_good_sha256,
         required_gpu_name=req.required_gpu_name,
         known_good=req.known_good,

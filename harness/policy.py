@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from harness import registry
+from harness.errors import VerificationError
 from harness.profiles import PROFILES
 from harness.records import (
     Checks,
@@ -121,6 +122,19 @@ def derived_status(q: Qualification, profile: Profile) -> list[str]:
     ]
     problems += threshold_problems(profile, q.metrics)
     return problems
+
+
+def profile_for_gpu(gpu_name: str | None) -> Profile:
+    """The harness profile that requires ``gpu_name`` (None: the CPU profile); which stack to trust follows
+    from it, never from the record under audit."""
+    matches = [p for p in PROFILES.values() if p.required_gpu_name == gpu_name]
+    if len(matches) != 1:
+        raise VerificationError(
+            f"no single harness profile requires GPU {gpu_name!r}; known: "
+            f"{sorted(str(p.required_gpu_name) for p in PROFILES.values())}",
+            check="profile",
+        )
+    return matches[0]
 
 
 def authorization_reasons(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness import registry
+from harness import policy, registry
 from harness.candidate import replace_dir
 from harness.checkbook import CheckBook
 from harness.jsonio import fsync_tree, sha256_file
@@ -55,12 +55,7 @@ EVIDENCE_PATHS = {
     "grpo_summary": "evidence/grpo/summary.json",
     "grpo_metrics": "evidence/grpo/metrics.jsonl",
 }
-PRINCIPAL_ROLES = {
-    "qualification-release-smoke.json": "principal_release_smoke",
-    "qualification-direct-gkd.json": "principal_direct_gkd",
-    "qualification-pg-k1.json": "principal_pg_k1",
-    "qualification-smollm2.json": "principal_smollm2",
-}
+PRINCIPAL_ROLES = {p.filename: p.artifact_role for p in policy.PRINCIPALS}
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,6 @@ REGISTRY = WorkloadRegistry(
     ],
 )
 
-PRINCIPAL_RECORDS = [w.principal_record for w in REGISTRY.workloads if w.asset_role == "principal"]
-
 
 def workload(name: str) -> WorkloadSpec:
     for spec in REGISTRY.workloads:

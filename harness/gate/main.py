@@ -26,6 +26,7 @@ from harness.gate.runs import LEVEL_ARTIFACTS, NoRunError, Target, select_run
 from harness.gate.safezip import ZipLimits
 from harness.gate.verify import check_digest, download, extract, known_good_sha256, unpack, write_outputs
 from harness.jsonio import looks_like_local_path, sha256_file
+from harness.policy import profile_for_gpu
 from harness.profiles import PROFILES
 from harness.recordio import write_record
 from harness.records import FileDigest
@@ -179,12 +180,12 @@ def _run(t: Target, state: GateState, token: str, out: Path, limits: ZipLimits, 
         bound = f"{t.repository} {t.workflow_path} run {run.id} attempt 1"
         state.passed("candidate_run", f"candidate-manifest.json workflow: {bound}")
         state.passed("qualification_run", f"qualification.json execution.workflow: {bound}")
-        known_good = known_good_sha256(unpacked)
-        state.passed("known_good_sha256", f"known-good/{unpacked.qualification.profile.known_good}.json {known_good}")
-        gpu = state.query.required_gpu_name if state.query else None
+        profile = profile_for_gpu(state.query.required_gpu_name if state.query else None)
+        known_good = known_good_sha256(unpacked, profile)
+        state.passed("known_good_sha256", f"known-good/{profile.known_good}.json {known_good}")
         result_dir = staging / "result"
         result_dir.mkdir()
-        verification = write_outputs(unpacked, t, known_good, gpu, result_dir)
+        verification = write_outputs(unpacked, t, known_good, profile, result_dir)
         state.passed("audit", "auditor passed: " + ", ".join(c.name for c in verification.checks))
         state.authorized = verification.release_authorized and t.level == "full_qualification"
         state.reasons = list(verification.authorization_reasons)

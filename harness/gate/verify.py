@@ -21,7 +21,7 @@ from harness.gate.runs import ApiArtifact, ApiRun, Target, download_bound, parse
 from harness.gate.safezip import ZipLimits, safe_extract
 from harness.known_good import read_known_good
 from harness.recordio import load_record, write_record
-from harness.records import CandidateManifest, GithubActionsBinding, Qualification, ReleaseVerification
+from harness.records import CandidateManifest, GithubActionsBinding, Profile, Qualification, ReleaseVerification
 
 QUALIFICATION = "qualification.json"
 
@@ -103,17 +103,18 @@ def _describe(binding: object) -> str:
     return "a local build (no workflow run)"
 
 
-def known_good_sha256(u: Unpacked) -> str:
-    """sha256 of ``known-good/<stack>.json`` as committed at the release commit, read from the candidate's sdist."""
+def known_good_sha256(u: Unpacked, profile: Profile) -> str:
+    """sha256 of the profile's ``known-good/<stack>.json`` as committed at the release commit, read from the
+    candidate's sdist. The profile comes from the required GPU (harness code), never from the record."""
     sdist = u.candidate_dir / u.manifest.sdist.filename
     try:
-        data, _ = read_known_good(None, sdist, u.manifest.version, u.qualification.profile.known_good)
+        data, _ = read_known_good(None, sdist, u.manifest.version, profile.known_good)
     except HarnessError as exc:
         raise GateError(str(exc), check="known_good_sha256") from None
     return hashlib.sha256(data).hexdigest()
 
 
-def run_audit(u: Unpacked, t: Target, known_good: str, gpu: str | None, assets: Path | None) -> ReleaseVerification:
+def run_audit(u: Unpacked, t: Target, known_good: str, profile: Profile, assets: Path | None) -> ReleaseVerification:
     """The one call into the auditor (the same code as scripts/validate_release_chain.py)."""
     request = AuditRequest(
         candidate_dir=u.candidate_dir,
@@ -121,9 +122,10 @@ def run_audit(u: Unpacked, t: Target, known_good: str, gpu: str | None, assets: 
         qualification=u.qualification_dir / QUALIFICATION,
         commit=t.sha,
         known_good_sha256=known_good,
-        required_gpu_name=gpu,
+        required_gpu_name=profile.required_gpu_name,
         level=t.level,
         assets_dir=assets,
+        profile=profile.name,
     )
     result = audit(request)
     if result.status != "passed":
@@ -132,21 +134,22 @@ def run_audit(u: Unpacked, t: Target, known_good: str, gpu: str | None, assets: 
     return result
 
 
-def write_outputs(u: Unpacked, t: Target, known_good: str, gpu: str | None, staging: Path) -> ReleaseVerification:
+def write_outputs(u: Unpacked, t: Target, known_good: str, profile: Profile, staging: Path) -> ReleaseVerification:
     """``dist/`` (byte copies), ``release-assets/`` for the full level, and ``release-verification.json``."""
     dist = staging / "dist"
     dist.mkdir()
     for digest in (u.manifest.wheel, u.manifest.sdist):  # hashes were just verified by check_candidate
         shutil.copyfile(u.candidate_dir / digest.filename, dist / digest.filename)
-    verification = run_audit(u, t, known_good, gpu, None)  # the chain verification that assets publish
+    verification = run_audit(u, t, known_good, profile, None)  # the chain verification that assets publish
     if t.level == "full_qualification":
         assets = build_release_assets(
             u.candidate_dir,
             u.qualification_dir,
             staging / "release-assets",
+            profile=profile.name,
             known_good_sha256=known_good,
-            required_gpu_name=gpu,
+            required_gpu_name=profile.required_gpu_name,
         )
-        run_audit(u, t, known_good, gpu, assets)
+        run_audit(u, t, known_good, profile, assets)
     write_record(staging / "release-verification.json", verification)
     return verification

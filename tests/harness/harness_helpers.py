@@ -153,6 +153,7 @@ def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw:
         candidate,
         qual,
         out,
+        profile="cpu-reference",
         known_good_sha256=kg_sha(known_good),
         required_gpu_name=None,
         known_good=known_good / "cpu-reference.json",

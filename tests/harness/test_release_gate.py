@@ -56,8 +56,9 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     kg = repo / "known-good"
     kg.mkdir()
     (kg / "cpu-reference.txt").write_text("# stand-in stack: no dependencies\n")
-    (kg / "rtx4080-wsl2-cu130.txt").write_text("# stand-in stack for the authorizing fixture: no dependencies\n")
-    for name in ("cpu-reference", "rtx4080-wsl2-cu130"):
+    for name in ("rtx4080-wsl2-cu130", "h200-cu130"):
+        (kg / f"{name}.txt").write_text("# stand-in stack for the authorizing fixture: no dependencies\n")
+    for name in ("cpu-reference", "rtx4080-wsl2-cu130", "h200-cu130"):
         describe_existing(
             PROFILES[name], kg, status="measured", python_version="3.11", platform_name="linux", notes="t"
         )
