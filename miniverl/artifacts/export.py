@@ -134,15 +134,39 @@ def name_base(adapter_config: Path, spec: Any) -> None:
     atomic_write_text(adapter_config, json.dumps(data, sort_keys=True, indent=2) + "\n")
 
 
+def load_checkpoint_tensors(named: dict[str, Any], params: dict[str, Any], checkpoint: str, what: str) -> None:
+    """Copy a checkpoint's tensors into a fresh runtime's parameters of the same names (layout checked)."""
+    import torch
+
+    if set(named) != set(params):
+        raise ExportError(f"checkpoint {checkpoint} does not match the plan's {what} layout")
+    with torch.no_grad():
+        for name, tensor in params.items():
+            named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+
+
+def reload_peft(config: Any, spec: Any, directory: Path, device: Any) -> Any:
+    """What a user does with an exported adapter: a fresh base (of ``spec``) + ``PeftModel.from_pretrained``."""
+    from peft import PeftModel
+
+    from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
+
+    settings = LoadSettings(
+        device=device, dtype=DTYPES[config.models.dtype], attn_implementation=config.models.attn_implementation
+    )
+    base = default_loader(base_spec_for(spec, config.models.student), settings)
+    reloaded = PeftModel.from_pretrained(base.model, str(directory))
+    reloaded.eval()
+    return reloaded
+
+
 def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int]) -> float:
     import gc
 
     import torch
-    from peft import PeftModel
 
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
-    from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
     from miniverl.training.checkpoint import read_checkpoint
 
     device = resolve_device(config.models.device)
@@ -152,12 +176,7 @@ def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int
     runtime = build_runtime(student_only, device=device)
     try:
         params, _, _ = read_checkpoint(ckpt_dir)
-        named = dict(runtime.named_trainable_parameters())
-        if set(named) != set(params):
-            raise ExportError(f"checkpoint {ckpt_dir.name} does not match the plan's adapter layout")
-        with torch.no_grad():
-            for name, tensor in params.items():
-                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        load_checkpoint_tensors(dict(runtime.named_trainable_parameters()), params, ckpt_dir.name, "adapter")
         runtime.save_student_adapter(str(target))
         ids = torch.tensor([probe], device=device)
         with runtime.generation_model() as model, torch.no_grad():
@@ -166,15 +185,10 @@ def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int
         runtime.close()
         del runtime
         gc.collect()
-    settings = LoadSettings(
-        device=device, dtype=DTYPES[config.models.dtype], attn_implementation=config.models.attn_implementation
-    )
-    base = default_loader(base_spec_for(config.models.student, config.models.student), settings)
-    reloaded = PeftModel.from_pretrained(base.model, str(target))
-    reloaded.eval()
+    reloaded = reload_peft(config, config.models.student, target, device)
     with torch.no_grad():
         again = reloaded(input_ids=ids).logits.float().cpu()
-    del reloaded, base
+    del reloaded
     gc.collect()
     if device.type == "cuda":
         torch._C._cuda_clearCublasWorkspaces()

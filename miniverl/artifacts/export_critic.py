@@ -49,14 +49,13 @@ def _write_and_verify(config: Any, ckpt_dir: Path, critic_dir: Path, probe: list
     import gc
 
     import torch
-    from peft import PeftModel
     from safetensors.torch import load_file
 
+    from miniverl.artifacts.export import load_checkpoint_tensors, reload_peft
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
     from miniverl.runtime.base import SequenceRows
     from miniverl.runtime.critic import VALUE_HEAD, values_from_hidden
-    from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
     from miniverl.training.algorithms.ppo import CRITIC_PARAMS
 
     device = resolve_device(config.models.device)
@@ -64,12 +63,7 @@ def _write_and_verify(config: Any, ckpt_dir: Path, critic_dir: Path, probe: list
     runtime = build_runtime(roles, device=device, critic_seed=config.algorithm.ppo.critic_head_seed)
     try:
         params = load_file(ckpt_dir / CRITIC_PARAMS)
-        named = dict(runtime.named_critic_parameters())
-        if set(named) != set(params):
-            raise ExportError(f"checkpoint {ckpt_dir.name} does not match the plan's critic layout")
-        with torch.no_grad():
-            for name, tensor in params.items():
-                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        load_checkpoint_tensors(dict(runtime.named_critic_parameters()), params, ckpt_dir.name, "critic")
         runtime.save_critic(str(critic_dir))
         rows = SequenceRows(input_ids=(tuple(probe),), selected_positions=(tuple(range(len(probe))),))
         with runtime.use("critic") as critic, torch.no_grad():
@@ -79,17 +73,12 @@ def _write_and_verify(config: Any, ckpt_dir: Path, critic_dir: Path, probe: list
         runtime.close()
         del runtime
         gc.collect()
-    settings = LoadSettings(
-        device=device, dtype=DTYPES[config.models.dtype], attn_implementation=config.models.attn_implementation
-    )
-    base = default_loader(base_spec_for(config.models.critic, config.models.student), settings)
-    reloaded = PeftModel.from_pretrained(base.model, str(critic_dir))
-    reloaded.eval()
+    reloaded = reload_peft(config, config.models.critic, critic_dir, device)
     head = load_file(critic_dir / VALUE_HEAD)
     with torch.no_grad():
         out = reloaded(input_ids=torch.tensor([probe], device=device), output_hidden_states=True)
         hidden = out.hidden_states[-1][0].float().cpu()
         again = hidden @ head["weight"].float().T.squeeze(-1) + head["bias"].float()
-    del reloaded, base
+    del reloaded
     gc.collect()
     return float((trained - again).abs().max())

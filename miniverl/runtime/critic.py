@@ -63,3 +63,28 @@ def save_critic(peft_model: Any, head: torch.nn.Linear, directory: str | os.Path
     }
     save_file(tensors, str(target / VALUE_HEAD), metadata={"format": "pt"})
     fsync_tree(target)
+
+
+class CriticRole:
+    """PPO's critic role on a runtime: the value head and the critic's tensors, over ``_critic_model``
+    (a separate model in ``dual_model``, the shared base in ``shared_backbone``)."""
+
+    _value_head: torch.nn.Linear | None
+
+    def _critic_model(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def value_head(self) -> torch.nn.Linear:
+        if self._value_head is None:
+            raise KeyError("runtime has no critic role (models.critic)")
+        return self._value_head
+
+    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        yield from named_critic_parameters(self._critic_model(), self.value_head)
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_critic_parameters()]
+
+    def save_critic(self, directory: str) -> None:
+        save_critic(self._critic_model(), self.value_head, directory)

@@ -28,12 +28,7 @@ from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
-from miniverl.runtime.critic import (
-    CRITIC_ADAPTER,
-    build_value_head,
-    named_critic_parameters,
-    save_critic,
-)
+from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
@@ -51,7 +46,7 @@ STUDENT_ADAPTER = "student"
 FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
 
 
-class DualModelRuntime:
+class DualModelRuntime(CriticRole):
     runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
 
     def __init__(
@@ -219,20 +214,8 @@ class DualModelRuntime:
         save_peft_adapter(self._student, STUDENT_ADAPTER, directory)
 
     # ------------------------------------------------------------------ critic (PPO)
-    @property
-    def value_head(self) -> torch.nn.Linear:
-        if self._value_head is None:
-            raise KeyError("runtime has no critic role (models.critic)")
-        return self._value_head
-
-    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        yield from named_critic_parameters(self._critic, self.value_head)
-
-    def critic_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.named_critic_parameters()]
-
-    def save_critic(self, directory: str) -> None:
-        save_critic(self._critic, self.value_head, directory)
+    def _critic_model(self) -> Any:
+        return self._critic
 
     def role_manifest(self) -> Mapping[str, Any]:
         return {"runtime": self.runtime, "roles": dict(self._manifest)}

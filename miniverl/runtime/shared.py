@@ -31,12 +31,7 @@ from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
-from miniverl.runtime.critic import (
-    CRITIC_ADAPTER,
-    build_value_head,
-    named_critic_parameters,
-    save_critic,
-)
+from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
 from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
@@ -83,7 +78,7 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
         )
 
 
-class SharedBackboneRuntime:
+class SharedBackboneRuntime(CriticRole):
     runtime: Literal["dual_model", "shared_backbone"] = "shared_backbone"
 
     def __init__(
@@ -272,20 +267,8 @@ class SharedBackboneRuntime:
         save_peft_adapter(self._model, "student", directory)
 
     # ------------------------------------------------------------------ critic (PPO)
-    @property
-    def value_head(self) -> torch.nn.Linear:
-        if self._value_head is None:
-            raise KeyError("runtime has no critic role (models.critic)")
-        return self._value_head
-
-    def named_critic_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        yield from named_critic_parameters(self._model, self.value_head)
-
-    def critic_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.named_critic_parameters()]
-
-    def save_critic(self, directory: str) -> None:
-        save_critic(self._model, self.value_head, directory)
+    def _critic_model(self) -> Any:
+        return self._model
 
     def role_manifest(self) -> Mapping[str, Any]:
         return {"runtime": self.runtime, "backbone": dict(self._base_identity), "roles": dict(self._manifest)}
