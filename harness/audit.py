@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from harness import policy
+from harness import policy, registry
 from harness.candidate import check_candidate
 from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE_MEMBERS
+from harness.full.catalog import evidence_role, implemented
+from harness.full.scales import SCALES
 from harness.jsonio import sha256_bytes, sha256_file
 from harness.known_good import read_known_good
 from harness.proc import Redactor
@@ -269,6 +271,67 @@ class Auditor:
             )
         return f"{len(wanted)} principal records: names, levels, profile, bindings and checks match the policy"
 
+    def workload_records(self) -> str:
+        """Each full workload's record: bound, bound to this candidate and profile, its checks meet the policy,
+        and every check its judge decides is re-derived here from the archived evidence and must agree."""
+        q, profile, locate = self._q(), self._profile(), self._locate()
+        if q.level != "full_qualification":
+            return f"level {q.level}: no full workload records"
+        by_role = {a.role: a for a in q.artifacts}
+        scale = SCALES[profile.name]
+        for spec in registry.REGISTRY.workloads[1:]:
+            role = policy.record_artifact_role(spec)
+            art = by_role.get(role)
+            require(
+                art is not None and art.path == spec.principal_record,
+                "workload_records",
+                f"{spec.principal_record} is not bound by qualification.json as {role}",
+            )
+            assert art is not None
+            path = locate(art)
+            _verify_file(path, art)
+            record = load_record(WorkloadRecord, path, spec.principal_record, check="workload_records")
+            require(
+                (record.name, record.level, record.profile) == (spec.name, "full_qualification", q.profile.name)
+                and record.source_commit == q.candidate.source_commit
+                and record.wheel_sha256 == q.candidate.wheel.sha256,
+                "workload_records",
+                f"{spec.principal_record} is {record.name!r} at {record.level} on {record.profile}, or binds "
+                "another commit or wheel",
+            )
+            problems = policy.check_problems(record.checks, policy.required_checks(profile, spec.name))
+            require(
+                not problems and record.status == "passed",
+                "workload_records",
+                f"{spec.principal_record}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
+            )
+            workload = implemented(spec.name)
+            require(workload is not None, "workload_records", f"the harness has no judge for {spec.name}")
+            assert workload is not None
+            own = {a.role: a for a in record.artifacts}
+            evidence: dict[str, Path] = {}
+            for local in workload.evidence:
+                bound = by_role.get(evidence_role(spec.name, local))
+                if bound is None:
+                    continue
+                require(
+                    own.get(bound.role) == bound,
+                    "workload_records",
+                    f"{spec.principal_record} and qualification.json bind {bound.path} differently",
+                )
+                evidence[local] = locate(bound)
+                _verify_file(evidence[local], bound)
+            judged = workload.judge(evidence, profile, scale)
+            recorded = {c.name: c.passed for c in record.checks.executed}
+            disagree = sorted(n for n, (ok, _) in judged.checks.items() if recorded.get(n) is not ok or not ok)
+            require(
+                not disagree,
+                "workload_rejudged",
+                f"{spec.name}: re-judged from its evidence, {disagree[:5]} do not pass "
+                f"({'; '.join(judged.checks[n][1][:120] for n in disagree[:2])})",
+            )
+        return f"{len(registry.REGISTRY.workloads) - 1} full workload records bound, within policy, and re-judged"
+
     def evidence(self) -> str:
         q, locate = self._q(), self._locate()
         subordinate = [a for a in q.artifacts if not a.role.startswith("principal_")]
@@ -348,6 +411,7 @@ def chain_checks(a: Auditor) -> list[VerificationCheck]:
             a.check("known_good_sha256", a.known_good)
             a.check("qualification_status", a.status)
             a.check("principal_records", a.principal_records)
+            a.check("workload_records", a.workload_records)
             a.check("evidence_files", a.evidence)
     return list(a.checks)
 

@@ -45,8 +45,20 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
         keep_work=args.keep_work,
         model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
         grpo=not args.skip_grpo,
+        verl_python=_verl_python(getattr(args, "verl_python", None)),
     )
     return run_smoke(opts)
+
+
+def _verl_python(value: str | None) -> Path | None:
+    """An interpreter whose environment has verl 0.9.1 (`make verl` builds one); the path itself is not resolved
+    so that a venv's python stays the venv's."""
+    if value is None:
+        return None
+    path = Path(value).absolute()
+    if not path.is_file():
+        raise UsageError(f"--verl-python {value!r} is not a file", check="verl_python")
+    return path
 
 
 def _dir(value: str | None, flag: str) -> Path | None:
@@ -203,6 +215,8 @@ def parser() -> argparse.ArgumentParser:
             action="store_true",
             help="skip the GRPO cycle (local diagnosis only: the auditor's policy requires it)",
         )
+        if name == "full":
+            s.add_argument("--verl-python", help="python of an environment with verl 0.9.1 (for `diagnose`)")
     st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
     st.add_argument("action", choices=["check", "record", "describe"])
     st.add_argument("--status", choices=["measured", "declared"], default="declared", help="describe only")

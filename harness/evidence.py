@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ArchiveError
+from harness.full.catalog import archive_members
 from harness.jsonio import fsync_dir, sha256_file
 from harness.safeio import regular_file_size
 
@@ -23,7 +24,7 @@ MAX_TOTAL_BYTES = 2 << 30
 MAX_MEMBERS = 10_000
 
 # Explicit evidence-role mapping: semantic role -> archive member name. Nothing is derived from paths.
-ARCHIVE_MEMBERS = {
+SMOKE_ARCHIVE_MEMBERS = {
     "transcript": "release-smoke/transcript.json",
     "doctor": "release-smoke/doctor.json",
     "workload_config": "release-smoke/inputs/release-smoke.yaml",
@@ -37,11 +38,9 @@ ARCHIVE_MEMBERS = {
     "adapter_manifest": "release-smoke/adapter/miniverl-manifest.json",
     "grpo_summary": "release-smoke/grpo/summary.json",
     "grpo_metrics": "release-smoke/grpo/metrics.jsonl",
-    "workload_backend_matrix": "v011/backend-matrix.json",
-    "workload_grpo_cycles": "v012/grpo-cycles.json",
-    "workload_ppo_rm_handoff": "v013/ppo-rm-handoff.json",
-    "workload_product_workflows": "v014/product-workflows.json",
 }
+# ... and each full workload's evidence and subordinate record (declared by the workloads, harness/full).
+ARCHIVE_MEMBERS = {**SMOKE_ARCHIVE_MEMBERS, **archive_members()}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from harness.records import (
     LocalBinding,
     Profile,
     Qualification,
+    WorkloadSpec,
     Worktree,
 )
 
@@ -54,6 +55,14 @@ SMOKE_EVIDENCE_ROLES = (
     "adapter_manifest",
     "grpo_summary",
 )
+
+
+def record_artifact_role(spec: WorkloadSpec) -> str:
+    """The role under which qualification.json binds a workload's record (principal or subordinate)."""
+    for p in PRINCIPALS:
+        if p.workload == spec.name:
+            return p.artifact_role
+    return "workload_" + spec.name.replace("-", "_")
 
 
 def principals(level: str) -> tuple[PrincipalRole, ...]:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from harness import policy, registry
 from harness.candidate import replace_dir
 from harness.checkbook import CheckBook
+from harness.full.catalog import evidence_role, qualification_paths
+from harness.full.runner import Outcome
 from harness.jsonio import fsync_tree, sha256_file
 from harness.recordio import record_bytes
 from harness.records import (
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 
 EVIDENCE_LIMIT_BYTES = 256 << 20  # uploaded artifacts are bounded
 # role -> path of the evidence file inside the qualification directory (explicit; never derived).
-EVIDENCE_PATHS = {
+SMOKE_EVIDENCE_PATHS = {
     "transcript": "evidence/transcript.json",
     "doctor": "evidence/doctor.json",
     "workload_config": "evidence/inputs/release-smoke.yaml",
@@ -55,6 +57,7 @@ EVIDENCE_PATHS = {
     "grpo_summary": "evidence/grpo/summary.json",
     "grpo_metrics": "evidence/grpo/metrics.jsonl",
 }
+EVIDENCE_PATHS = {**SMOKE_EVIDENCE_PATHS, **qualification_paths()}
 PRINCIPAL_ROLES = {p.filename: p.artifact_role for p in policy.PRINCIPALS}
 
 
@@ -78,6 +81,9 @@ class QualificationInputs:
     origin: dict[str, str | int | bool | None]
     started: str
     wall: float
+    outcomes: tuple[Outcome, ...] = ()
+    missing: tuple[str, ...] = ()  # registered full workloads with no implementation (full level only)
+    not_run: str | None = None  # why no full workload ran (the smoke failed first)
 
 
 def _artifact(root: Path, rel: str, role: str) -> Artifact:
@@ -139,19 +145,37 @@ def write_qualification(q: QualificationInputs) -> str:
             )
         ]
         if q.opts.level == "full_qualification":
-            for spec in registry.REGISTRY.workloads:
-                if spec.name != "release-smoke":
-                    workloads.append(
-                        WorkloadResult(
-                            name=spec.name,
-                            principal_record=spec.principal_record,
-                            status="missing",
-                            reasons=[
-                                f"workload {spec.name} is not implemented yet ({spec.provided_by}); "
-                                f"{spec.principal_record} was not produced"
-                            ],
-                        )
+            for outcome in q.outcomes:
+                result, arts = _write_workload(staging, q, outcome)
+                workloads.append(result)
+                artifacts += arts
+            ran = {o.name for o in q.outcomes}
+            for spec in registry.REGISTRY.workloads[1:]:
+                if spec.name in ran or spec.name in q.missing:
+                    continue
+                workloads.append(
+                    WorkloadResult(
+                        name=spec.name,
+                        principal_record=spec.principal_record,
+                        status="failed",
+                        reasons=[f"workload {spec.name} was not run: {q.not_run or 'no outcome'}"],
                     )
+                )
+            for name in q.missing:
+                spec = registry.workload(name)
+                workloads.append(
+                    WorkloadResult(
+                        name=name,
+                        principal_record=spec.principal_record,
+                        status="missing",
+                        reasons=[
+                            f"workload {name} is not implemented ({spec.provided_by}); {spec.principal_record} "
+                            "was not produced"
+                        ],
+                    )
+                )
+            order = [w.name for w in registry.REGISTRY.workloads]
+            workloads.sort(key=lambda w: order.index(w.name))
         reasons = list(smoke_reasons) + [r for w in workloads[1:] for r in w.reasons]
         finished = utc_now()
         inputs = q.facts.inputs
@@ -227,6 +251,43 @@ def write_qualification(q: QualificationInputs) -> str:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return record.status
+
+
+def _write_workload(staging: Path, q: QualificationInputs, outcome: Outcome) -> tuple[WorkloadResult, list[Artifact]]:
+    """Copy one workload's evidence under evidence/, write its record, and return what qualification.json binds."""
+    spec = registry.workload(outcome.name)
+    evidence: list[Artifact] = []
+    for role, (member, source) in sorted(outcome.files.items()):
+        rel = f"evidence/{member}"
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, staging / rel)
+        os.chmod(staging / rel, 0o644)
+        evidence.append(_artifact(staging, rel, evidence_role(outcome.name, role)))
+    unportable = [a.path for a in evidence if not portable(staging / a.path)]
+    if unportable:
+        outcome.book.record("evidence_portable", False, f"local paths in {unportable}")
+    checks = outcome.book.checks()
+    reasons = checks.failures()
+    record = WorkloadRecord(
+        kind="miniverl.workload-record",
+        schema_version=1,
+        name=outcome.name,
+        level="full_qualification",
+        status="failed" if reasons else "passed",
+        reasons=reasons,
+        source_commit=q.manifest.source_commit,
+        wheel_sha256=q.manifest.wheel.sha256,
+        profile=q.opts.profile.name,
+        checks=checks,
+        metrics=dict(outcome.metrics),
+        artifacts=list(evidence),
+    )
+    (staging / spec.principal_record).write_bytes(record_bytes(record))
+    role = policy.record_artifact_role(spec)
+    result = WorkloadResult(
+        name=spec.name, principal_record=spec.principal_record, status=record.status, reasons=reasons[:10]
+    )
+    return result, [*evidence, _artifact(staging, spec.principal_record, role)]
 
 
 def _invocations(root: Path) -> int:

@@ -14,6 +14,8 @@ from harness import registry
 from harness.candidate import MANIFEST, build_candidate, check_candidate, read_pins, workflow_binding
 from harness.checkbook import CheckBook
 from harness.errors import HarnessError, UsageError
+from harness.full.runner import Outcome, RunnerOptions, run_workloads
+from harness.full.scales import SCALES
 from harness.install import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check
 from harness.jsonio import sha256_file
 from harness.origin import prove_origin
@@ -49,6 +51,7 @@ class SmokeOptions:
     keep_work: bool = False
     model_cache: Path | None = None
     grpo: bool = True
+    verl_python: Path | None = None  # an environment with verl 0.9.1 for the handoff diagnosis (full level)
 
 
 def worktree(repo: Path, commit: str) -> Worktree:
@@ -117,6 +120,7 @@ def run_smoke(opts: SmokeOptions) -> int:
     origin_facts: dict[str, str | int | bool | None] = {}
     python_version = platform.python_version()
     smi = gpu_facts()
+    env = {"MINIVERL_CACHE": str(opts.model_cache)} if opts.model_cache else {}
     try:
         venv = work / "venv"
         _progress("creating a fresh venv")
@@ -150,7 +154,6 @@ def run_smoke(opts: SmokeOptions) -> int:
             book.record(name, passed, detail)
         cli_dir = work / "cli"
         cli_dir.mkdir()
-        env = {"MINIVERL_CACHE": str(opts.model_cache)} if opts.model_cache else {}
         cli = CliDriver(venv=venv, work=cli_dir, redact=redact, extra_env=env)
         _progress("driving the installed CLI")
         try:
@@ -169,6 +172,27 @@ def run_smoke(opts: SmokeOptions) -> int:
             redact.text(str(exc)),
         )
     book.skip_remaining([c for c in book.required if c not in registry.EVIDENCE_CHECKS], "an earlier step failed")
+    outcomes: list[Outcome] = []
+    missing: list[str] = []
+    not_run: str | None = None
+    if opts.level == "full_qualification":
+        smoke_failures = book.checks().failures()
+        if smoke_failures or "input_prompts" not in facts.evidence:
+            not_run = "the release smoke failed first: " + (smoke_failures[:1] or ["no sampled prompts"])[0][:200]
+        else:
+            outcomes, missing = run_workloads(
+                RunnerOptions(
+                    venv=work / "venv",
+                    root=work / "full",
+                    redact=redact,
+                    extra_env=env,
+                    profile=profile,
+                    scale=SCALES[profile.name],
+                    data_source=facts.evidence["input_prompts"],
+                    model_wheel=model_wheel(opts.offline_wheels),
+                    verl_python=opts.verl_python,
+                )
+            )
     inputs = QualificationInputs(
         opts=opts,
         manifest=manifest,
@@ -188,6 +212,9 @@ def run_smoke(opts: SmokeOptions) -> int:
         origin=origin_facts,
         started=started,
         wall=time.monotonic() - t0,
+        outcomes=tuple(outcomes),
+        missing=tuple(missing),
+        not_run=not_run,
     )
     status = write_qualification(inputs)
     if not opts.keep_work and opts.work is None:

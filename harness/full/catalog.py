@@ -1,0 +1,50 @@
+"""The implemented full workloads, by registry name (the registry says what each must prove), and the explicit
+evidence layout their records use."""
+
+from __future__ import annotations
+
+from harness import policy, registry
+from harness.full.base import Workload
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in ()}
+
+# The version-specific folder of each subordinate workload record inside the evidence archive.
+SUBORDINATE_FOLDERS = {
+    "backend-matrix": "v011",
+    "grpo-cycles": "v012",
+    "ppo-rm-handoff": "v013",
+    "product-workflows": "v014",
+}
+
+
+def implemented(name: str) -> Workload | None:
+    return WORKLOADS.get(name)
+
+
+def evidence_role(workload: str, role: str) -> str:
+    """The qualification artifact role of one workload's evidence file."""
+    return f"{workload}.{role}"
+
+
+def archive_members() -> dict[str, str]:
+    """Artifact role -> archive member, for every full workload's evidence and subordinate record."""
+    members = {
+        evidence_role(w.name, role): member for w in WORKLOADS.values() for role, member in sorted(w.evidence.items())
+    }
+    for spec in registry.REGISTRY.workloads:
+        if spec.asset_role == "subordinate":
+            members[policy.record_artifact_role(spec)] = f"{SUBORDINATE_FOLDERS[spec.name]}/{spec.principal_record}"
+    return members
+
+
+def qualification_paths() -> dict[str, str]:
+    """Artifact role -> path inside the qualification directory (evidence under evidence/, records at the top)."""
+    paths = {
+        evidence_role(w.name, role): f"evidence/{member}"
+        for w in WORKLOADS.values()
+        for role, member in sorted(w.evidence.items())
+    }
+    for spec in registry.REGISTRY.workloads:
+        if spec.asset_role == "subordinate":
+            paths[policy.record_artifact_role(spec)] = spec.principal_record
+    return paths
