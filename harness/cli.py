@@ -247,8 +247,10 @@ def parser() -> argparse.ArgumentParser:
     vc.add_argument("--level", required=True, choices=["release_smoke", "full_qualification"])
     vc.add_argument("--assets", action="store_true", help="also audit out/release-assets")
     vc.add_argument("--out", default=str(REPO_ROOT / "out" / "release-verification.json"))
+    from harness.full.probe import add_arguments as add_workload_arguments
     from harness.gate.main import add_arguments as add_gate_arguments
 
+    add_workload_arguments(sub.add_parser("workload", help="run one full workload against an existing venv (dev)"))
     add_gate_arguments(sub.add_parser("release-gate", help="verify one gpu.yml run through the GitHub API"))
     return p
 
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             return _verify_checkout(args)
         if args.command == "release-gate":
             return _release_gate(args)
+        if args.command == "workload":
+            from harness.full.probe import probe
+
+            return probe(args)
         return _verify(args)
     except HarnessError as exc:
         print(f"harness: error: {exc.line()}", file=sys.stderr)

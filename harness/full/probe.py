@@ -1,0 +1,71 @@
+"""``python -m harness workload NAME``: run one full workload against an existing venv and print its judgement.
+
+For developing and re-recording a workload (its evidence goes to ``--out``); a qualification never uses this:
+``python -m harness full`` runs every workload on a freshly installed candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.full.catalog import implemented
+from harness.full.runner import RunnerOptions, run_one
+from harness.full.scales import SCALES
+from harness.install import model_wheel
+from harness.proc import Redactor
+from harness.profiles import get_profile
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="a registered full workload")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--venv", required=True, help="a venv whose bin/miniverl runs the workload")
+    p.add_argument("--data", required=True, help="a prompts parquet (e.g. `miniverl data sample --rows 8`)")
+    p.add_argument("--work", required=True, help="scratch directory (replaced)")
+    p.add_argument("--out", required=True, help="directory that receives the evidence, laid out as archive members")
+    p.add_argument("--model-cache", help="MINIVERL_CACHE for the CLI")
+    p.add_argument("--offline-wheels")
+    p.add_argument("--verl-python")
+
+
+def probe(args: argparse.Namespace) -> int:
+    workload = implemented(args.name)
+    if workload is None:
+        raise UsageError(f"no implemented full workload {args.name!r}", check="workload")
+    profile = get_profile(args.profile)
+    work, out = Path(args.work).absolute(), Path(args.out).absolute()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    opts = RunnerOptions(
+        venv=Path(args.venv).absolute(),
+        root=work,
+        redact=Redactor({"work": work / args.name, "venv": Path(args.venv).absolute()}),
+        extra_env={"MINIVERL_CACHE": str(Path(args.model_cache).absolute())} if args.model_cache else {},
+        profile=profile,
+        scale=SCALES[profile.name],
+        data_source=Path(args.data),
+        model_wheel=model_wheel(Path(args.offline_wheels)) if args.offline_wheels else None,
+        verl_python=Path(args.verl_python).absolute() if args.verl_python else None,
+    )
+    outcome = run_one(workload, opts)
+    for member, source in outcome.files.values():
+        (out / member).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, out / member)
+    checks = outcome.book.checks()
+    print(
+        json.dumps(
+            {
+                "workload": args.name,
+                "failures": checks.failures(),
+                "checks": [c.model_dump() for c in checks.executed],
+                "skipped": [c.model_dump() for c in checks.skipped],
+                "metrics": outcome.metrics,
+            },
+            indent=1,
+        )
+    )
+    return 0 if not checks.failures() else 1
