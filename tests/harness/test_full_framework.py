@@ -13,8 +13,8 @@ from harness.full import catalog
 from harness.full.base import Context, Judgement, Scale, Workload
 from harness.full.runner import RunnerOptions, run_one
 from harness.full.scales import SCALES
-from harness.profiles import PROFILES
 from harness.proc import Redactor
+from harness.profiles import PROFILES
 from harness.qualification import write_workload
 from harness.recordio import load_record
 from harness.records import Profile, WorkloadRecord
