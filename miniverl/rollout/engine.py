@@ -50,17 +50,18 @@ class EngineStats:
     host_syncs: int = 0
 
 
-def _policy_state(model: Any) -> tuple[int, tuple[Any, ...]]:
-    """What decides the folded weights besides the policy version: the parameters' in-place version
-    counters (an optimizer step bumps them) and the LoRA layers' active/disabled/merged adapter state
-    (a role switch changes it without touching any parameter)."""
-    versions = sum(int(p._version) for p in model.parameters())
-    adapters = {
-        (tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
-        for m in model.modules()
+def _policy_state(model: Any) -> tuple[Any, ...]:
+    """What the folded weights are a function of: every parameter's identity (name, storage, in-place
+    version counter: an optimizer step or a ``copy_`` bumps it) and the LoRA layers' active/disabled/
+    merged adapter state (a role switch or PEFT's ``disable_adapter()`` changes it without touching
+    any parameter)."""
+    tensors = tuple((name, p.data_ptr(), int(p._version)) for name, p in model.named_parameters())
+    adapters = tuple(
+        (name, tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
+        for name, m in model.named_modules()
         if hasattr(m, "lora_A") and hasattr(m, "base_layer")
-    }
-    return versions, tuple(sorted(adapters))
+    )
+    return tensors, adapters
 
 
 class FastRolloutEngine:

@@ -156,10 +156,17 @@ def decoder_shape(config: Any, rotary: Any) -> DecoderShape:
 
 
 def _put(existing: torch.Tensor | None, value: torch.Tensor | None, device: torch.device, dtype: torch.dtype) -> Any:
+    """``value`` in the rollout copy: a new tensor the copy owns, or ``existing`` refilled in place.
+
+    Always a copy: ``value`` may be the model's own parameter (``detach().float()`` of an fp32
+    weight is the same storage), and a rollout tensor that aliased it would make the next in-place
+    refill write into the model (e.g. ``W + ΔW`` into the frozen base weight after a fold taken with
+    the adapter disabled).
+    """
     if value is None:
         return None
     if existing is None:
-        return value.to(device=device, dtype=dtype).contiguous()
+        return value.to(device=device, dtype=dtype, copy=True).contiguous()
     existing.copy_(value)
     return existing
 
