@@ -16,6 +16,8 @@ table, SiLU MLP and full attention; :func:`unsupported_reason` says why a model 
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +104,24 @@ def unsupported_reason(model: Any) -> str | None:
         if isinstance(use_dora, dict) and any(use_dora.values()):
             return "DoRA adapters are not supported"
     return None
+
+
+def policy_digest(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 hex of named tensors (the policy evidence in ``metrics.jsonl``).
+
+    For each tensor in sorted name order: the name, the dtype (``torch.bfloat16``), the shape and
+    the byte count, each followed by a NUL, then the tensor's raw bytes (contiguous, on CPU). The
+    same tensors give the same digest on every device; any changed element, dtype or shape changes it.
+    """
+    items = dict(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    h = hashlib.sha256()
+    for name in sorted(items):
+        flat = items[name].detach().reshape(-1).contiguous().cpu()
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        shape = ",".join(str(d) for d in items[name].shape)
+        h.update(f"{name}\0{items[name].dtype}\0{shape}\0{len(raw)}\0".encode())
+        h.update(raw)
+    return h.hexdigest()
 
 
 def _plain_weight(module: Any) -> torch.Tensor:
