@@ -10,7 +10,7 @@ GRPO step paths (``prompts`` groups of ``samples`` completions of ``new_tokens``
   with the fast engine, seeded rewards, group advantages, :func:`~miniverl.training.algorithms.grpo.grpo_update`
   on the role runtime (LoRA r16, PEFT's default fp32 adapter), gradient clipping, AdamW;
 * ``miniverl_fast_bf16``: the same with bf16 adapter tensors and fp32 master copies in the
-  optimizer (:class:`~miniverl.training.update.Bf16MasterAdapter`; CUDA only);
+  optimizer (:class:`~miniverl.training.update.Bf16MasterAdapter`; bf16 models only);
 * ``miniverl_hf``: the same step with the transformers decode loop (``engine="hf"``);
 * ``trl``: TRL's ``GRPOTrainer`` on the same model shape and lengths when ``trl`` is importable,
   else recorded ``not_run`` with the reason (never ``passed``).
@@ -21,7 +21,7 @@ Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)
   over the vocabulary in fp32, the policy-gradient loss, backward, AdamW (PEFT's fp32 adapter);
 * ``miniverl_update``: :func:`grpo_update` on the role runtime (chunked log-probs of the selected
   positions only) + AdamW, PEFT's fp32 adapter;
-* ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (CUDA only).
+* ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (bf16 models only).
 
 Per cell: ``warmup`` untimed steps (the first is ``first_call_seconds``: graph capture, cuDNN/SDPA
 plans), then the median of ``repeats`` CUDA-synchronized steps; peak reserved is
@@ -373,12 +373,12 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     loader = RandomLoader(opts.model, opts.seed)
     completion_tokens = opts.prompts * opts.samples * opts.new_tokens
     cells: list[dict[str, Any]] = []
-    sections = [("step", p) for p in opts.paths] + [("update", p) for p in opts.update_paths]
+    sections = [("update", p) for p in opts.update_paths] + [("step", p) for p in opts.paths]  # cheap ones first
     for section, path in sections:
         cell: dict[str, Any] = {"section": section, "path": path}
         _release(device)
-        if path.endswith("_bf16") and device.type != "cuda":
-            cell.update(status="not_run", reason="bf16 adapter with fp32 masters is a CUDA path")
+        if path.endswith("_bf16") and dtype_name != "bfloat16":
+            cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
         elif path == "trl":
             cell.update(_trl_cell(loader, opts, device, dtype_name))
         else:

@@ -13,6 +13,8 @@ optimizer step (CUDA-synchronized); the first ``warmup`` steps are not timed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 import statistics
 import tempfile
@@ -100,7 +102,8 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
             peft_config=peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS),
             callbacks=[Timer()],
         )
-        trainer.train()
+        with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its log dicts: keep stdout clean
+            trainer.train()
         checkpointing = bool(config.gradient_checkpointing)
     del trainer, model
     timed = timings[opts.warmup :]

@@ -58,7 +58,7 @@ def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) ->
         assert cell["completion_tokens"] == 2 * 2 * 5  # fixed lengths (checked on every step)
         assert cell["completion_tokens_per_second"] == pytest.approx(20 / cell["median_step_seconds"])
         assert cell["median_rollout_seconds"] > 0 and cell["median_update_seconds"] > 0
-    assert by[("step", "miniverl_fast_bf16")]["status"] == "not_run"  # a CUDA path
+    assert by[("step", "miniverl_fast_bf16")]["status"] == "not_run"  # needs a bf16 model
     assert by[("update", "miniverl_update_bf16")]["status"] == "not_run"
     trl = by[("step", "trl")]
     assert trl["status"] != "passed"
