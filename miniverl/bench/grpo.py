@@ -72,6 +72,7 @@ class GrpoBenchOptions:
     update_paths: tuple[str, ...] = UPDATE_PATHS
     update_shape: tuple[int, int] = (8, 512)
     learning_rate: float = 1e-5
+    activation_checkpointing: int = 0  # miniverl cells: recompute every n-th decoder layer in backward (0: off)
     seed: int = 0
 
 
@@ -144,7 +145,9 @@ class IdTokenizer:
         return ""
 
 
-def _runtime(loader: RandomLoader, device: torch.device, dtype_name: str, train_batch: int) -> Any:
+def _runtime(
+    loader: RandomLoader, device: torch.device, dtype_name: str, train_batch: int, checkpointing: int = 0
+) -> Any:
     """A dual-model role runtime on the random model (LoRA r16, seeded init); ``.bench_config`` is what
     :func:`grpo_update` reads."""
     from miniverl.config.schema import ModelsSection
@@ -160,7 +163,7 @@ def _runtime(loader: RandomLoader, device: torch.device, dtype_name: str, train_
                         "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": LORA_TARGETS}},
         }
     )  # fmt: skip
-    runtime: Any = build_runtime(section, device=device, loader=loader)
+    runtime: Any = build_runtime(section, device=device, loader=loader, activation_checkpointing=checkpointing)
     set_student_init(runtime, seed=loader.seed + 1)
     runtime.bench_config = SimpleNamespace(  # what grpo_update reads
         algorithm=SimpleNamespace(grpo=_grpo_section()),
@@ -226,7 +229,7 @@ def _step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device
     from miniverl.training.algorithms.grpo import grpo_update
 
     rows = opts.prompts * opts.samples
-    runtime = _runtime(loader, device, dtype_name, train_batch=rows)
+    runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing)
     trainer = _Trainer(runtime, opts.learning_rate, bf16_master=path == "miniverl_fast_bf16")
     vocab = int(loader.config.vocab_size)
     prompts = [
@@ -305,7 +308,7 @@ def _update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, devi
         return naive, model
     from miniverl.training.algorithms.grpo import grpo_update
 
-    runtime = _runtime(loader, device, dtype_name, train_batch=batch)
+    runtime = _runtime(loader, device, dtype_name, train_batch=batch, checkpointing=opts.activation_checkpointing)
     trainer = _Trainer(runtime, opts.learning_rate, bf16_master=path == "miniverl_update_bf16")
     sequences = _update_sequences([(row[:prompt], row[prompt:]) for row in ids], advantages)
 
@@ -466,8 +469,8 @@ def validate_options(opts: GrpoBenchOptions) -> None:
     for name in ("prompts", "samples", "new_tokens", "prompt_tokens", "rollout_batch", "repeats"):
         if getattr(opts, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    if opts.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {opts.warmup}")
+    if opts.warmup < 0 or opts.activation_checkpointing < 0:
+        raise UsageError("--warmup and --activation-checkpointing must be >= 0")
     batch, length = opts.update_shape
     if batch < 1 or length < 4:
         raise UsageError(f"--update-shape {batch},{length}: give B >= 1 and T >= 4")
@@ -493,7 +496,7 @@ def options_from_args(args: argparse.Namespace) -> GrpoBenchOptions:
         model=args.model, device=args.device, dtype=args.dtype, prompts=args.prompts, samples=args.samples,
         new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, rollout_batch=args.rollout_batch,
         warmup=args.warmup, repeats=args.repeats, paths=args.paths, update_paths=args.update_paths,
-        update_shape=args.update_shape,
+        update_shape=args.update_shape, activation_checkpointing=args.activation_checkpointing,
     )  # fmt: skip
     validate_options(opts)
     return opts

@@ -38,6 +38,9 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
         "--update-paths", type=_names, default=UPDATE_PATHS, help=f"update paths: {','.join(UPDATE_PATHS)}"
     )
     parser.add_argument("--update-shape", type=_int_pair, default=(8, 512), help="update rows,tokens (B,T)")
+    parser.add_argument(
+        "--activation-checkpointing", type=int, default=0, help="miniverl cells: recompute every n-th layer (0: off)"
+    )
     parser.add_argument("--out", required=True, help="output directory")
 
 

@@ -72,10 +72,10 @@ def render_grpo_markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", "| ratio | value |", "|---|---:|"]
     for key, value in report["ratios"].items():
-        lines.append(f"| {key} | {_fmt(value)} |")
+        lines.append(f"| {key} | {_fmt(value, 4)} |")
     lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
     for g in report["goals"]:
-        lines.append(f"| {g['name']} | {_fmt(g['observed'])} | {g['target']} | {g['status']} |")
+        lines.append(f"| {g['name']} | {_fmt(g['observed'], 4)} | {g['target']} | {g['status']} |")
     return "\n".join(lines) + "\n"
 
 
