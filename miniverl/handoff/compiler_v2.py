@@ -39,9 +39,9 @@ def refusals(config: MiniverlConfig) -> None:
         raise refuse("critic_other_base", f"models.critic source {critic.source}", compiler=COMPILER_V2)
     lora = critic.lora if critic is not None else None
     if lora is not None and lora.dropout != 0:
-        raise refuse("lora_dropout", f"models.critic.lora.dropout {lora.dropout}", compiler=COMPILER_V2)
+        raise refuse("critic_lora_dropout", f"models.critic.lora.dropout {lora.dropout}", compiler=COMPILER_V2)
     if lora is not None and float(lora.alpha) != int(lora.alpha):
-        raise refuse("lora_alpha_not_integer", f"models.critic.lora.alpha {lora.alpha}", compiler=COMPILER_V2)
+        raise refuse("critic_lora_alpha_not_integer", f"models.critic.lora.alpha {lora.alpha}", compiler=COMPILER_V2)
     if not ppo.whiten_advantages:
         raise refuse("unwhitened_gae", compiler=COMPILER_V2)
     if config.rollout.prompts_per_cycle % ppo.mini_batches:
