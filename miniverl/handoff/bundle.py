@@ -88,7 +88,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     try:
-        critic = _critic_model_config(ir, config)  # refuses a model whose critic head verl would not train
+        critic = critic_model_config(ir, config)  # refuses a model whose critic head verl would not train
         written: dict[str, Any] = {}
         adapter = _write_adapter(run_dir, tmp, ir, critic, written) if run_dir is not None else None
         if critic is not None and run_dir is None:
@@ -242,7 +242,7 @@ def _copy_model(config: MiniverlConfig, target: Path) -> None:
     shutil.copytree(src, target, symlinks=False, ignore=shutil.ignore_patterns(".*"))
 
 
-def _critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, Any] | None:
+def critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, Any] | None:
     """PPO: the base model's ``config.json`` (read without weights), after the value-head check."""
     if not isinstance(ir.algorithm, PpoIR):
         return None

@@ -77,6 +77,10 @@ def test_rules_and_ir_digests_reach_the_report(cli, prompts, workdir: Path) -> N
     manifest = json.loads((bundle / "manifest.json").read_text())
     _, report = _diagnose(cli, bundle)
     assert (report["ir_digest"], report["rules_digest"]) == (manifest["ir_digest"], manifest["rules_digest"])
+    # the keys the qualification harness reads
+    assert (report["launch_status"], report["compiler"], report["verl_version"]) == (
+        "ready", manifest["compiler"], "0.9.1",
+    )  # fmt: skip
 
 
 def test_run_bundle_with_adapter_is_ready(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
