@@ -191,7 +191,16 @@ def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[di
     if unknown:
         raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
     if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
-        raise refuse("critic_lora_value_head", "a native PPO config (critic, gae)", compiler=COMPILER_V2)
+        rank = flat.get("critic.model.lora_rank") or 0
+        what = (
+            "its LoRA critic is wrapped fresh by verl (CAUSAL_LM, no modules_to_save): verl never trains that "
+            "value head, while miniverl always does (a miniverl PPO config hands off with a trained-head critic "
+            "adapter, compiler v2)"
+            if rank
+            else "its critic is full-parameter (critic.model.lora_rank 0 or absent): miniverl's critic is a LoRA "
+            "plus a value head"
+        )
+        raise refuse("critic_lora_value_head", f"a native PPO config (critic, gae): {what}", compiler=COMPILER_V2)
     config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
     decisions: dict[str, str] = {}
     for rule in RULES:
