@@ -218,6 +218,11 @@ class RolloutSection(Strict):
     top_k: Annotated[int, Field(ge=0)] = 0
     batch_size: Annotated[int, Field(ge=1)] = 8
     use_chat_template: bool = True
+    engine: Literal["auto", "fast", "hf"] = Field(
+        default="auto",
+        description="the rollout generator: 'fast' (folded bf16 policy copy, static KV cache, CUDA graphs on CUDA), "
+        "'hf' (the transformers decode loop), 'auto' (fast when it supports the model, else hf)",
+    )
 
 
 class RewardTerm(Strict):
