@@ -209,7 +209,12 @@ class DataSection(Strict):
 
 
 class RolloutSection(Strict):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description="who samples: 'hf' (the training model, in process; its log-probs are the trainer's) or "
+        "'vllm' (another engine, whose log-probs a policy-gradient update may use only after the trainer "
+        "recomputes old_logp; refused where vllm is not installed)",
+    )
     prompts_per_cycle: Annotated[int, Field(ge=1)] = 2
     samples_per_prompt: Annotated[int, Field(ge=1)] = 4
     max_new_tokens: Annotated[int, Field(ge=1)] = 32

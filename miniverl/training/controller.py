@@ -28,6 +28,7 @@ from miniverl.evaluation import periodic_evaluator
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
+from miniverl.rollout.backends import RolloutBackend, rollout_backend
 from miniverl.rollout.hf import RolloutReport, Trajectory
 from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
 from miniverl.rollout.weights import policy_digest
@@ -77,8 +78,10 @@ class Controller:
         on_update: Callable[[int], None] | None = None,
         progress: Callable[[int, int, MetricsLine], None] | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        backend: RolloutBackend | None = None,
     ) -> None:
         self.config = config
+        self.backend = backend if backend is not None else rollout_backend(config.rollout)
         self.plan = plan
         self.runtime = runtime
         self.rows = list(rows)
@@ -168,11 +171,9 @@ class Controller:
             self.on_phase(name, cycle_index)
 
     def _rollout(self, prompts: list[PromptRow], report: RolloutReport | None = None) -> list[Trajectory]:
-        from miniverl.rollout.hf import generate_group
-
         r = self.config.rollout
         with self.runtime.generation_model() as model:
-            sampled = generate_group(
+            sampled = self.backend.generate(
                 model,
                 self.runtime.tokenizer,
                 prompts,
@@ -233,7 +234,8 @@ class Controller:
         self._phase("score", index)
         scores = self._score(prompts, trajectories) if on_policy else []
         rollout_seconds = time.perf_counter() - cycle_start
-        batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores)
+        source = self.backend.logprob_source if on_policy else "trainer"
+        batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores, logprob_source=source)
         rewards = batch.rewards
         groups: dict[str, list[float]] = {}
         for traj, reward in zip(trajectories, rewards, strict=False):
