@@ -63,6 +63,10 @@ def _qualify(session: nox.Session, command: str) -> None:
     from pathlib import Path
 
     args = session.posargs or ["--profile", "cpu-reference"]
+    verl = Path(".nox/verl/bin/python")
+    if command == "full" and "--verl-python" not in args and verl.is_file():
+        # `make verl` built verl 0.9.1's own venv; the handoff diagnosis runs there (recorded in the evidence).
+        args = [*args, "--verl-python", str(verl)]
     started = time.time()
     session.run("python", "-m", "harness", command, *args, success_codes=[0, 1])
     record = Path("out/qualification/qualification.json")

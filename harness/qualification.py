@@ -146,7 +146,13 @@ def write_qualification(q: QualificationInputs) -> str:
         ]
         if q.opts.level == "full_qualification":
             for outcome in q.outcomes:
-                result, arts = _write_workload(staging, q, outcome)
+                result, arts = write_workload(
+                    staging,
+                    outcome,
+                    source_commit=m.source_commit,
+                    wheel_sha256=m.wheel.sha256,
+                    profile=q.opts.profile.name,
+                )
                 workloads.append(result)
                 artifacts += arts
             ran = {o.name for o in q.outcomes}
@@ -253,7 +259,9 @@ def write_qualification(q: QualificationInputs) -> str:
     return record.status
 
 
-def _write_workload(staging: Path, q: QualificationInputs, outcome: Outcome) -> tuple[WorkloadResult, list[Artifact]]:
+def write_workload(
+    staging: Path, outcome: Outcome, *, source_commit: str, wheel_sha256: str, profile: str
+) -> tuple[WorkloadResult, list[Artifact]]:
     """Copy one workload's evidence under evidence/, write its record, and return what qualification.json binds."""
     spec = registry.workload(outcome.name)
     evidence: list[Artifact] = []
@@ -275,9 +283,9 @@ def _write_workload(staging: Path, q: QualificationInputs, outcome: Outcome) -> 
         level="full_qualification",
         status="failed" if reasons else "passed",
         reasons=reasons,
-        source_commit=q.manifest.source_commit,
-        wheel_sha256=q.manifest.wheel.sha256,
-        profile=q.opts.profile.name,
+        source_commit=source_commit,
+        wheel_sha256=wheel_sha256,
+        profile=profile,
         checks=checks,
         metrics=dict(outcome.metrics),
         artifacts=list(evidence),

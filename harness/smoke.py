@@ -173,14 +173,14 @@ def run_smoke(opts: SmokeOptions) -> int:
         )
     book.skip_remaining([c for c in book.required if c not in registry.EVIDENCE_CHECKS], "an earlier step failed")
     outcomes: list[Outcome] = []
-    missing: list[str] = []
+    absent: list[str] = []
     not_run: str | None = None
     if opts.level == "full_qualification":
         smoke_failures = book.checks().failures()
         if smoke_failures or "input_prompts" not in facts.evidence:
             not_run = "the release smoke failed first: " + (smoke_failures[:1] or ["no sampled prompts"])[0][:200]
         else:
-            outcomes, missing = run_workloads(
+            outcomes, absent = run_workloads(
                 RunnerOptions(
                     venv=work / "venv",
                     root=work / "full",
@@ -213,7 +213,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         started=started,
         wall=time.monotonic() - t0,
         outcomes=tuple(outcomes),
-        missing=tuple(missing),
+        missing=tuple(absent),
         not_run=not_run,
     )
     status = write_qualification(inputs)

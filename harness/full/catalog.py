@@ -6,7 +6,8 @@ from __future__ import annotations
 from harness import policy, registry
 from harness.full.base import Workload
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in ()}
+_IMPLEMENTED: tuple[Workload, ...] = ()
+WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
 # The version-specific folder of each subordinate workload record inside the evidence archive.
 SUBORDINATE_FOLDERS = {
