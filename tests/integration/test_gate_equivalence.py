@@ -13,6 +13,7 @@ import torch
 
 from miniverl.gate.equivalence import (
     BATCHES,
+    OBJECTIVE_TOLERANCES,
     OBJECTIVES,
     RUNTIMES,
     TOLERANCES,
@@ -75,6 +76,7 @@ def test_per_cell_observations_rejudge_the_comparisons(report: dict[str, Any]) -
         comparisons = {c["name"]: c for c in report["comparisons"] if c["objective"] == objective}
         for name in TOLERANCES:
             assert max(c["observations"][name] for c in cells) == comparisons[name]["observed"]
+            assert comparisons[name]["tolerance"] == OBJECTIVE_TOLERANCES[objective][name]
         reference = cells[0]
         assert (reference["runtime"], reference["trajectory_batch_size"]) == ("dual_model", 1)
         assert reference["observations"]["loss_abs_diff"] == 0.0
@@ -82,6 +84,16 @@ def test_per_cell_observations_rejudge_the_comparisons(report: dict[str, Any]) -
             pair = cell["observations"]["vs_other_runtime"]
             assert pair["runtime"] != cell["runtime"] and pair["same_physical_plan"] is True
             assert pair["loss_abs_diff"] == pair["grad_max_abs_diff"] == pair["updated_logit_max_abs_diff"] == 0.0
+
+
+def test_gate_tolerances_are_the_preregistered_ones(report: dict[str, Any]) -> None:
+    """harness/preregistration/backend-matrix-v1.json (committed before any measurement) declares what the gate uses."""
+    prereg = json.loads((Path(__file__).parents[2] / "harness/preregistration/backend-matrix-v1.json").read_text())
+    assert prereg["tolerances"] == OBJECTIVE_TOLERANCES == report["tolerances"]
+    assert prereg["objectives"] == list(OBJECTIVES) == report["objectives"]
+    cells = [(c["objective"], c["runtime"], c["trajectory_batch_size"]) for c in report["cells"]]
+    assert [(c["objective"], c["runtime"], c["trajectory_batch_size"]) for c in prereg["cells"]] == cells
+    assert prereg["gate_argv"] == ["gate", "equivalence", "--objectives", ",".join(OBJECTIVES)]
 
 
 def test_default_gate_keeps_the_8_opd_cells(tmp_path: Path) -> None:
