@@ -234,9 +234,8 @@ def _key(cell: dict[str, Any]) -> tuple[Any, Any, Any]:
     return (cell.get("objective"), cell.get("runtime"), cell.get("trajectory_batch_size"))
 
 
-def _cell_problems(cell: dict[str, Any]) -> list[str]:
-    """What a completed cell must carry: finite loss, maxima, wall seconds and observations."""
-    problems = []
+def _value_problems(cell: dict[str, Any]) -> list[str]:
+    """The values conformance compares: finite loss, maxima and observations, and a physical plan."""
     obs = cell.get("observations")
     obs = obs if isinstance(obs, dict) else {}
     pair = obs.get("vs_other_runtime")
@@ -245,18 +244,48 @@ def _cell_problems(cell: dict[str, Any]) -> list[str]:
         "loss": cell.get("loss"),
         "grad_abs_max": cell.get("grad_abs_max"),
         "logit_abs_max": cell.get("logit_abs_max"),
-        "wall_seconds": cell.get("wall_seconds"),
         "reference_grad_abs_max": obs.get("reference_grad_abs_max"),
         "reference_logit_abs_max": obs.get("reference_logit_abs_max"),
         **{name: obs.get(name) for name in COMPARISONS},
         **{f"vs_other_runtime.{name}": pair.get(name) for name in COMPARISONS if "rel" not in name},
     }
-    problems += [f"{name} {str(v)[:20]}" for name, v in numbers.items() if finite(v) is None]
-    if (finite(cell.get("wall_seconds")) or 0.0) <= 0:
-        problems.append("wall_seconds not > 0")
-    if not isinstance(cell.get("plan"), list) or count(cell.get("physical_forwards")) is None:
+    problems = [f"{name} {str(v)[:20]}" for name, v in numbers.items() if finite(v) is None]
+    if not isinstance(cell.get("plan"), list):
         problems.append("no physical plan")
     return problems
+
+
+def _completion_problems(cell: dict[str, Any]) -> list[str]:
+    """A completed cell also ran its update (wall seconds > 0) through counted physical forwards."""
+    problems = _value_problems(cell)
+    if (finite(cell.get("wall_seconds")) or 0.0) <= 0:
+        problems.append(f"wall_seconds {str(cell.get('wall_seconds'))[:20]}")
+    forwards, plan = count(cell.get("physical_forwards")), cell.get("plan")
+    if not forwards or not isinstance(plan, list) or forwards != len(plan):
+        problems.append(f"physical_forwards {str(cell.get('physical_forwards'))[:20]} for its plan")
+    return problems
+
+
+def _preregistered_cells(
+    doc: dict[str, Any] | None, prereg: BackendMatrixPreregistration
+) -> tuple[dict[tuple[Any, Any, Any], dict[str, Any]], list[str]]:
+    """The report's cells by (objective, runtime, batch), and what differs from the preregistered list."""
+    cells = _cells(doc)
+    if cells is None:
+        return {}, ["the gate report is missing, not one JSON object, or its cells are not objects"]
+    want = [(c.objective, c.runtime, c.trajectory_batch_size) for c in prereg.cells]
+    keys = [_key(c) for c in cells]
+    by_key = {_key(c): c for c in cells}
+    problems = []
+    if len(set(keys)) != len(keys):
+        problems.append(f"{len(keys) - len(set(keys))} duplicated cells")
+    missing = [k for k in want if k not in by_key]
+    extra = [k for k in keys if k not in set(want)]
+    if missing:
+        problems.append(f"missing cells {missing[:4]}")
+    if extra:
+        problems.append(f"cells not preregistered {[str(k)[:60] for k in extra[:4]]}")
+    return by_key, problems
 
 
 def _judge_cells(
@@ -266,41 +295,25 @@ def _judge_cells(
     profile: Profile,
     scale: Scale,
     gate_codes: list[int] | None,
-) -> dict[tuple[Any, Any, Any], dict[str, Any]] | None:
-    cells = _cells(doc)
-    want = [(c.objective, c.runtime, c.trajectory_batch_size) for c in prereg.cells]
-    if doc is None or cells is None:
-        judgement.check(
-            "all_cells_completed",
-            False,
-            f"the gate report is missing or not one JSON object; gate exit codes {gate_codes}",
-        )
-        return None
-    keys = [_key(c) for c in cells]
-    by_key = {_key(c): c for c in cells}
-    problems: list[str] = []
-    if len(set(keys)) != len(keys):
-        problems.append(f"{len(keys) - len(set(keys))} duplicated cells")
-    missing = [k for k in want if k not in by_key]
-    extra = [k for k in keys if k not in set(want)]
-    if missing:
-        problems.append(f"missing cells {missing[:4]}")
-    if extra:
-        problems.append(f"cells not preregistered {extra[:4]}")
-    bad = {f"{k[0]}/{k[1]}/{k[2]}": _cell_problems(c) for k, c in by_key.items()}
+) -> None:
+    by_key, problems = _preregistered_cells(doc, prereg)
+    bad = {f"{k[0]}/{k[1]}/{k[2]}": _completion_problems(c) for k, c in by_key.items()}
     bad = {k: v for k, v in bad.items() if v}
     if bad:
         first = next(iter(bad))
         problems.append(f"{len(bad)} cells lack finite observations ({first}: {', '.join(bad[first][:3])})")
     model, device = GATE_MODEL.get(scale.matrix_model), profile.device
-    if doc.get("model") != model or doc.get("device") != device:
+    if doc is not None and (doc.get("model") != model or doc.get("device") != device):
         problems.append(
             f"ran on {str(doc.get('model'))[:40]!r}/{str(doc.get('device'))[:10]!r}, declared {model!r}/{device!r}"
         )
-    if doc.get("objectives") != list(prereg.objectives):
+    if doc is not None and doc.get("objectives") != list(prereg.objectives):
         problems.append(f"objectives {str(doc.get('objectives'))[:60]}, preregistered {list(prereg.objectives)}")
     if gate_codes is None or len(gate_codes) != 1 or gate_codes[0] not in (0, 1):
         problems.append(f"gate exit codes {gate_codes} (0: passed, 1: a comparison failed; else it did not finish)")
+    if not problems:
+        judgement.metrics["cells"] = len(by_key)
+        judgement.metrics["gate_seconds"] = finite(doc.get("seconds")) if doc is not None else None
     judgement.check(
         "all_cells_completed",
         not problems,
@@ -308,7 +321,6 @@ def _judge_cells(
         or f"{len(by_key)} distinct preregistered cells on {model}/{device}, each with finite "
         "loss, maxima, wall seconds and observations",
     )
-    return by_key if not problems else None
 
 
 def _rejudge(
@@ -368,12 +380,13 @@ def _rejudge(
 def _judge_conformance(
     judgement: Judgement,
     doc: dict[str, Any] | None,
-    by_key: Any,
     prereg: BackendMatrixPreregistration,
     gate_codes: list[int] | None,
 ) -> None:
-    if by_key is None or doc is None:
-        judgement.check("conformance", False, "not every preregistered cell completed: nothing to compare")
+    by_key, problems = _preregistered_cells(doc, prereg)
+    bad = sorted(f"{k[0]}/{k[1]}/{k[2]}" for k, c in by_key.items() if _value_problems(c))
+    if problems or bad or doc is None:
+        judgement.check("conformance", False, "; ".join(problems) or f"cells without the values to compare: {bad[:4]}")
         return
     failures = _rejudge(by_key, prereg, judgement.metrics)
     gate_says = doc.get("status")
@@ -480,11 +493,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     steps = transcript_steps(evidence.get("transcript"))
     gate_codes = steps.get(GATE_STEP) if steps is not None else None
     doc = read_json(evidence.get("gate_report"))
-    by_key = _judge_cells(judgement, doc, prereg, profile, scale, gate_codes)
-    if by_key is not None:
-        judgement.metrics["cells"] = len(by_key)
-        judgement.metrics["gate_seconds"] = finite(doc.get("seconds")) if doc is not None else None
-    _judge_conformance(judgement, doc, by_key, prereg, gate_codes)
+    _judge_cells(judgement, doc, prereg, profile, scale, gate_codes)
+    _judge_conformance(judgement, doc, prereg, gate_codes)
     _judge_speed(judgement, evidence, prereg, profile, steps.get(BENCH_STEP) if steps is not None else None)
     if profile.device == "cuda":
         _judge_teardown(judgement, doc, profile)
