@@ -93,12 +93,21 @@ REGISTRY = WorkloadRegistry(
         ),
         WorkloadSpec(
             name="backend-matrix",
-            description="rollout-backend matrix: preregistered cells per backend, policy refreshes, conformance",
+            description="the preregistered 24-cell runtime matrix (harness/preregistration/backend-matrix-v1.json): "
+            "conformance, speed thresholds, policy refreshes per rollout backend, grouped trajectories, vLLM boundary",
             principal_record="backend-matrix.json",
             asset_role="subordinate",
-            required_checks=["all_cells_completed", "policy_refreshes", "conformance"],
-            provided=False,
-            provided_by="a later runtime issue",
+            required_checks=[
+                "all_cells_completed",
+                "conformance",
+                "speed_thresholds",
+                "policy_refreshes",
+                "grouped_trajectory_identity",
+                "vllm_boundary",
+                "teardown",
+            ],
+            provided=True,
+            provided_by="harness/full/backend_matrix.py",
         ),
         WorkloadSpec(
             name="grpo-cycles",

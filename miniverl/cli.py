@@ -410,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate = group("gate", "equivalence gates")
     equivalence = gate.add_parser("equivalence", help="dual/shared x batch {1,2,4,auto} equivalence gate")
     _add_matrix_arguments(equivalence)
+    equivalence.add_argument("--objectives", help="comma-separated of sft,kd,opd (default opd: 8 cells; all: 24)")
     equivalence.set_defaults(handler=cmd_gate)
 
     bench = group("bench", "benchmarks")

@@ -4,9 +4,10 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
+from harness.full import backend_matrix
 from harness.full.base import Workload
 
-_IMPLEMENTED: tuple[Workload, ...] = ()
+_IMPLEMENTED: tuple[Workload, ...] = (backend_matrix.WORKLOAD,)
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
 # The version-specific folder of each subordinate workload record inside the evidence archive.
