@@ -4,9 +4,15 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
+from harness.full import direct_gkd, grpo_cycles, pg_k1, smollm2
 from harness.full.base import Workload
 
-_IMPLEMENTED: tuple[Workload, ...] = ()
+_IMPLEMENTED: tuple[Workload, ...] = (
+    direct_gkd.WORKLOAD,
+    pg_k1.WORKLOAD,
+    smollm2.WORKLOAD,
+    grpo_cycles.WORKLOAD,
+)
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
 # The version-specific folder of each subordinate workload record inside the evidence archive.
