@@ -101,8 +101,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if plan.direct_config is not None:
         payload |= {"compiler": plan.direct_config.compiler, "native_sha256": plan.direct_config.native.sha256}
         human += f"; {plan.direct_config.compiler}, native sha256 {plan.direct_config.native.sha256}"
+    handoff = _handoff_section(plan)
+    payload["handoff"] = handoff
+    if handoff["status"] == "compiles":
+        digests = f"IR {handoff['ir_digest'][:16]}, rules {handoff['rules_digest'][:16]}"
+        human += f"\nhandoff: {handoff['compiler']} ({digests})"
+    else:
+        human += f"\nhandoff {handoff['status']} ({handoff['refusal']['code']}) by {handoff['compiler']}"
     _emit(args, payload, human)
     return 0
+
+
+def _handoff_section(plan: Any) -> dict[str, Any]:
+    """Which verl compiler takes this plan (or its named refusal), with the IR and rules digests."""
+    from miniverl.config.loader import validate_config
+    from miniverl.handoff.plan_section import handoff_section
+
+    config = validate_config(dict(plan.config), origin="the plan")
+    return handoff_section(plan, config).model_dump(mode="json")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
