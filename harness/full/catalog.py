@@ -4,9 +4,13 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
+from harness.full import ppo_rm_handoff, product_workflows
 from harness.full.base import Workload
 
-_IMPLEMENTED: tuple[Workload, ...] = ()
+_IMPLEMENTED: tuple[Workload, ...] = (
+    ppo_rm_handoff.WORKLOAD,
+    product_workflows.WORKLOAD,
+)
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
 # The version-specific folder of each subordinate workload record inside the evidence archive.

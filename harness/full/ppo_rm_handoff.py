@@ -115,15 +115,20 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     inv = wt.transcript_invocations(evidence.get("transcript"))
     lines = _lines(evidence, "metrics")
     summary = read_json(evidence.get("summary"))
+    plan = read_json(evidence.get("plan"))
     ran, ran_why = wt.step_ok(inv, "run")
     completed = (
         summary is not None
+        and plan is not None
+        and isinstance(plan.get("plan_digest"), str)
+        and summary.get("plan_digest") == plan["plan_digest"]
         and summary.get("status") == "completed"
         and summary.get("algorithm") == "ppo"
         and count(summary.get("updates")) == CYCLES
     )
     base = (
-        f"{ran_why}; summary status {summary.get('status') if summary else None!r}, "
+        f"{ran_why}; summary of plan {'plan.json' if completed else 'not plan.json or missing'}, "
+        f"status {summary.get('status') if summary else None!r}, "
         f"updates {summary.get('updates') if summary else None}; "
         + ("metrics steps 1..2" if lines is not None else "metrics.jsonl missing, unreadable or not steps 1..2")
     )
