@@ -157,9 +157,10 @@ def _digest(line: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and _DIGEST.fullmatch(value) else None
 
 
-def _refreshes_of(engine: str, evidence: dict[str, Path], cycles: int) -> tuple[bool, str]:
+def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple[bool, str]:
     """One engine's refresh chain: (passed, detail naming the engine and the first bad step)."""
     where = f"engine {engine}"
+    cycles = scale.policy_refreshes
     summary = read_json(evidence.get(f"refresh_{engine}_summary"))
     if summary is None:
         return False, f"{where}: no readable summary.json (the run failed or did not run)"
@@ -172,6 +173,11 @@ def _refreshes_of(engine: str, evidence: dict[str, Path], cycles: int) -> tuple[
     rollout = config.get("rollout") if isinstance(config, dict) else None
     if not isinstance(rollout, dict) or rollout.get("engine") != engine or rollout.get("backend") != "hf":
         return False, f"{where}: the plan does not ask for rollout.backend hf with rollout.engine {engine}"
+    sizes = {"prompts_per_cycle": scale.prompts_per_cycle, "samples_per_prompt": scale.samples_per_prompt}
+    sizes["max_new_tokens"] = scale.max_new_tokens
+    smaller = [f"{k} {rollout.get(k)!r} (scale {v})" for k, v in sizes.items() if count(rollout.get(k)) != v]
+    if smaller:
+        return False, f"{where}: the plan's rollout sizes are not the scale's: {', '.join(smaller)}"
     lines = read_jsonl(evidence.get(f"refresh_{engine}_metrics"))
     if lines is None:
         return False, f"{where}: metrics.jsonl missing or not strict JSON lines"
@@ -308,7 +314,7 @@ def judge_refreshes(evidence: dict[str, Path], judgement: Judgement, profile: Pr
         judgement.check("grouped_trajectory_identity", False, "no evidence layout for this scale")
         _vllm(evidence, judgement)
         return
-    refreshes = [_refreshes_of(engine, evidence, cycles) for engine in ENGINES]
+    refreshes = [_refreshes_of(engine, evidence, scale) for engine in ENGINES]
     for engine, (ok, _) in zip(ENGINES, refreshes, strict=True):
         judgement.metrics[f"refresh_{engine}_chain_ok"] = ok
     judgement.check("policy_refreshes", all(ok for ok, _ in refreshes), "; ".join(d for _, d in refreshes))
