@@ -406,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(rollout_bench)
     rollout_bench.add_argument("--json", action="store_true", help="print the result as JSON")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
+    from miniverl.bench.grpo_args import add_grpo_arguments, cmd_bench_grpo
+
+    grpo_bench = bench.add_parser("grpo", help="GRPO step and update: miniverl fast/hf vs TRL vs naive HF+PEFT")
+    add_grpo_arguments(grpo_bench)
+    grpo_bench.add_argument("--json", action="store_true", help="print the result as JSON")
+    grpo_bench.set_defaults(handler=cmd_bench_grpo)
 
     handoff = add("handoff", cmd_handoff, "compile a plan or run into a verl 0.9 launch bundle")
     handoff.add_argument("source", metavar="RUN_OR_PLAN", help="a run directory (resumes its adapter) or a plan.json")

@@ -30,7 +30,9 @@ def _threads() -> Any:
     torch.set_num_threads(before)
 
 
-def _run(workdir: Path, model_dir: Path, *, algorithm: str = "grpo", engine: str = "auto") -> list[dict[str, Any]]:
+def _run(
+    workdir: Path, model_dir: Path, *, algorithm: str = "grpo", engine: str = "auto", cuda: bool = False
+) -> list[dict[str, Any]]:
     from miniverl.cli import main
     from miniverl.data import sample_dataset
     from miniverl.rollout.engine import release_engines
@@ -42,6 +44,8 @@ def _run(workdir: Path, model_dir: Path, *, algorithm: str = "grpo", engine: str
     config["rollout"]["samples_per_prompt"] = 4
     config["algorithm"]["rewards"] = REWARDS
     config["rollout"]["engine"] = engine
+    if cuda:
+        config["models"].update({"device": "cuda", "dtype": "bfloat16"})
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -73,6 +77,16 @@ def test_every_cycle_rolls_out_from_the_live_policy(workdir: Path, tiny_model_di
             assert len(line[key]) == 64 and set(line[key]) <= HEX
     assert all(line["policy_digest_before"] != line["policy_digest_after"] for line in lines)  # updates did change it
     assert _fresh_policy_failures(lines) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_cuda_bf16_rollouts_are_from_the_live_policy(workdir: Path, tiny_model_dir: Path, engine: str) -> None:
+    """On CUDA the fast engine folds into a bf16 copy and replays CUDA graphs: still the live policy."""
+    lines = _run(workdir, tiny_model_dir, engine=engine, cuda=True)
+    assert [line["rollout_backend"] for line in lines] == [engine] * 3
+    assert _fresh_policy_failures(lines) == []
+    assert all(line["policy_digest_before"] != line["policy_digest_after"] for line in lines)
 
 
 @pytest.mark.parametrize("algorithm", ["opd", "ppo"])
