@@ -178,6 +178,11 @@ def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple
     smaller = [f"{k} {rollout.get(k)!r} (scale {v})" for k, v in sizes.items() if count(rollout.get(k)) != v]
     if smaller:
         return False, f"{where}: the plan's rollout sizes are not the scale's: {', '.join(smaller)}"
+    models = config.get("models") if isinstance(config, dict) else None
+    student = models.get("student") if isinstance(models, dict) else None
+    quantization = student.get("quantization") if isinstance(student, dict) else None
+    if quantization != (scale.quantization or "none"):
+        return False, f"{where}: the plan's student quantization {quantization!r} is not the scale's"
     lines = read_jsonl(evidence.get(f"refresh_{engine}_metrics"))
     if lines is None:
         return False, f"{where}: metrics.jsonl missing or not strict JSON lines"

@@ -157,6 +157,10 @@ BAD: dict[str, tuple[str, Callable[[dict[str, Path]], None]]] = {
         _edit_json("refresh_fast_plan", lambda d: d["config"]["rollout"].update(engine="auto")),
     ),
     "no summary": ("policy_refreshes", _drop("refresh_hf_summary")),
+    "not the scale's quantization": (
+        "policy_refreshes",
+        _edit_json("refresh_fast_plan", lambda d: d["config"]["models"]["student"].update(quantization="nf4")),
+    ),
     "fewer new tokens than the scale": (
         "policy_refreshes",
         _edit_json("refresh_hf_plan", lambda d: d["config"]["rollout"].update(max_new_tokens=8)),
