@@ -70,6 +70,8 @@ def test_the_judge_passes_on_real_cpu_reference_evidence() -> None:
         "speed_thresholds": True,
     }, judgement.checks
     assert "teardown" not in decided  # CUDA only
+    for fixture in (FIXTURES, FIXTURES / "h200-cu130"):
+        assert all(portable(path) for path in _evidence(fixture).values())  # no local path in the evidence
     assert judgement.metrics["cells"] == 24
     assert judgement.metrics["preregistration"] == "harness/preregistration/backend-matrix-v1.json"
     assert judgement.metrics["preregistration_sha256"] == sha256_file(bm.PREREGISTRATION)
