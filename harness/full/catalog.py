@@ -4,10 +4,18 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
-from harness.full import backend_matrix
+from harness.full import backend_matrix, direct_gkd, grpo_cycles, pg_k1, ppo_rm_handoff, product_workflows, smollm2
 from harness.full.base import Workload
 
-_IMPLEMENTED: tuple[Workload, ...] = (backend_matrix.WORKLOAD,)
+_IMPLEMENTED: tuple[Workload, ...] = (
+    direct_gkd.WORKLOAD,
+    pg_k1.WORKLOAD,
+    smollm2.WORKLOAD,
+    backend_matrix.WORKLOAD,
+    grpo_cycles.WORKLOAD,
+    ppo_rm_handoff.WORKLOAD,
+    product_workflows.WORKLOAD,
+)
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
 # The version-specific folder of each subordinate workload record inside the evidence archive.

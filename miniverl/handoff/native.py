@@ -12,6 +12,7 @@ key by key (:func:`native_diff`).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,20 @@ def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any
         )
     if "model" not in bindings:
         raise _refused("model_binding_missing", "set model=<local dir | hub-id@40-hex | builtin name>")
+    bindings["model"] = portable_model(bindings["model"])
     return bindings
+
+
+def portable_model(model: Any) -> Any:
+    """A local model directory as a path relative to the working directory, like ``data.path``.
+
+    The plan and the run record the binding; records never hold a path of the machine that wrote
+    them, so an absolute directory is written relative to where ``miniverl plan`` runs.
+    """
+    text = str(model)
+    if Path(text).is_absolute() and Path(text).is_dir():
+        return os.path.relpath(text)
+    return model
 
 
 def student_from_binding(model: Any) -> dict[str, Any]:
@@ -103,7 +117,7 @@ def student_from_binding(model: Any) -> dict[str, Any]:
     if pinned:
         return {"source": "hub", "model_id": pinned["id"], "revision": pinned["rev"]}
     if Path(text).is_dir():
-        return {"source": "local", "path": str(Path(text).resolve())}
+        return {"source": "local", "path": str(portable_model(text))}
     raise _refused(
         "model_unresolvable",
         f"model {text!r} is neither a local directory, a hub id@40-hex revision nor a builtin model "
@@ -177,7 +191,16 @@ def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[di
     if unknown:
         raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
     if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
-        raise refuse("critic_lora_value_head", "a native PPO config (critic, gae)", compiler=COMPILER_V2)
+        rank = flat.get("critic.model.lora_rank") or 0
+        what = (
+            "its LoRA critic is wrapped fresh by verl (CAUSAL_LM, no modules_to_save): verl never trains that "
+            "value head, while miniverl always does (a miniverl PPO config hands off with a trained-head critic "
+            "adapter, compiler v2)"
+            if rank
+            else "its critic is full-parameter (critic.model.lora_rank 0 or absent): miniverl's critic is a LoRA "
+            "plus a value head"
+        )
+        raise refuse("critic_lora_value_head", f"a native PPO config (critic, gae): {what}", compiler=COMPILER_V2)
     config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
     decisions: dict[str, str] = {}
     for rule in RULES:

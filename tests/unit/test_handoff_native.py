@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,8 @@ def test_bindings_only_runtime_keys_and_a_resolvable_model(tmp_path: Path) -> No
     hub = _import(_native(), {"model": "Qwen/Qwen3-0.6B@" + "a" * 40})["models"]["student"]
     assert (hub["source"], hub["model_id"], hub["revision"]) == ("hub", "Qwen/Qwen3-0.6B", "a" * 40)
     local = _import(_native(), {"model": str(tmp_path)})["models"]["student"]
-    assert local["source"] == "local" and local["path"] == str(tmp_path.resolve())
+    assert local["source"] == "local" and local["path"] == os.path.relpath(tmp_path)  # never an absolute path
+    assert parse_bindings([f"model={tmp_path}"], None)["model"] == os.path.relpath(tmp_path)
     file = tmp_path / "bind.yaml"
     file.write_text("model: smollm2-135m-instruct\ndevice: cpu\n")
     assert parse_bindings(["device=cuda"], file) == {"model": "smollm2-135m-instruct", "device": "cuda"}

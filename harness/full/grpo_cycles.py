@@ -1,0 +1,90 @@
+"""``grpo-cycles`` (v0.12, subordinate record v012/grpo-cycles.json): two LoRA GRPO cycles on the profile's model.
+
+The deterministic target-length formatting reward (plus the calculator's exact answer) on the embedded SmolLM2,
+NF4 base weights where the profile's scale declares ``quantization: nf4``. Both updates must change the adapter
+after rewards varied within a group and advantages were nonzero; on CUDA the peak reserved memory stays under
+the profile's threshold. Then ``miniverl handoff RUN --out bundle --json`` must compile the run into the verl
+plan ``verl-rl-v0.9-single-gpu-v1``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from harness.full import runs
+from harness.full.base import Context, Judgement, Scale, Workload
+from harness.full.reading import read_json
+from harness.records import Profile
+
+NAME = "grpo-cycles"
+YAML = "grpo-cycles.yaml"
+CYCLES = 2
+COMPILER = "verl-rl-v0.9-single-gpu-v1"
+FOLDER = "v012/grpo-cycles"
+EVIDENCE = {
+    "transcript": f"{FOLDER}/transcript.json",
+    "plan": f"{FOLDER}/plan.json",
+    "summary": f"{FOLDER}/summary.json",
+    "metrics": f"{FOLDER}/metrics.jsonl",
+    "handoff_output": f"{FOLDER}/handoff-output.json",
+}
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def run(ctx: Context) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    planned, _ = runs.plan(
+        ctx,
+        "plan",
+        YAML,
+        "plan.json",
+        [f"train.cycles={CYCLES}"],
+        min_new_tokens=runs.GRPO_MIN_NEW_TOKENS,
+        quantize=True,
+    )
+    if planned.ok:
+        done, _ = runs.run(ctx, "run", "plan.json", "g")
+        if done.ok:
+            handed = ctx.cli("handoff", ["handoff", "runs/g", "--out", "bundle", "--json"], timeout=600)
+            files["handoff_output"] = runs.save_output(ctx, "handoff.json", handed)
+    d = runs.run_dir(ctx, "g")
+    files.update(plan=d / "plan.json", summary=d / "summary.json", metrics=d / "metrics.jsonl")
+    return runs.existing(files)
+
+
+def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
+    j = Judgement()
+    r = runs.Run(evidence, "summary", "metrics", "grpo")
+    runs.reward_varies(j, r)
+    runs.nonzero_advantages(j, r)
+    done, done_why = r.completed(CYCLES)
+    moved, deltas = runs.positive_each(r, "adapter_delta_norm")
+    want_quant = scale.quantization or "none"
+    planned_quant = runs.section(read_json(evidence.get("plan")), "config", "models", "student").get("quantization")
+    ran_quant = (r.summary or {}).get("quantization")
+    quant_ok = planned_quant == want_quant and ran_quant == want_quant
+    exits = runs.exits(evidence).get("run")
+    j.check(
+        "two_updates_changed",
+        done and moved and len(deltas) == CYCLES and quant_ok and exits == [0],
+        f"run exit {exits}; {done_why}; adapter delta norm per update {deltas}; quantization planned "
+        f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r})",
+    )
+    runs.judge_cuda(j, profile, {"run": r.summary}, teardown=False, peak=True)
+    out = read_json(evidence.get("handoff_output")) or {}
+    compiler = out.get("compiler")
+    handoff_exit = runs.exits(evidence).get("handoff")
+    j.check(
+        "verl_plan_compiled",
+        handoff_exit == [0] and compiler == COMPILER,
+        f"`miniverl handoff` exit {handoff_exit}, compiler {runs.short(compiler)!r} (want {COMPILER!r})",
+    )
+    for key in ("ir_digest", "rules_digest"):
+        value = out.get(key)
+        j.metrics[f"handoff_{key}"] = value if isinstance(value, str) and _DIGEST.match(value) else None
+    runs.summary_metrics(j, "run", r)
+    return j
+
+
+WORKLOAD = Workload(name=NAME, evidence=EVIDENCE, run=run, judge=judge)

@@ -1,0 +1,123 @@
+"""``smollm2``: the embedded SmolLM2 canonical resume workload (principal record qualification-smollm2.json).
+
+Run A: the 2-cycle plan, uninterrupted. Run B: the same plan, started as a child process and sent SIGTERM as soon
+as its first checkpoint committed (``checkpoints/step-000001/checkpoint.json`` exists); it must stop with the
+documented interrupted exit (130), and ``miniverl run --resume`` must finish it. The final checkpoints of A and B
+must hold the same adapter, optimizer and RNG state (sha256 in checkpoint.json), and B's metrics lines must equal
+A's in everything but time and memory figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.full import runs
+from harness.full.base import Context, Judgement, Scale, Workload
+from harness.full.reading import count, read_json
+from harness.records import Profile
+
+NAME = "smollm2"
+YAML = "smollm2-resume.yaml"
+CYCLES = 2
+INTERRUPT_AFTER = 1  # the checkpoint step whose commit triggers SIGTERM
+INTERRUPTED_EXIT = 130  # docs: SIGTERM stops a run as Ctrl-C does
+FOLDER = "v011/smollm2"
+RUN_ARGS = ["--output", "runs", "--json"]
+
+EVIDENCE = {
+    "transcript": f"{FOLDER}/transcript.json",
+    "plan_output": f"{FOLDER}/plan-output.json",
+    "a_summary": f"{FOLDER}/run-a/summary.json",
+    "a_metrics": f"{FOLDER}/run-a/metrics.jsonl",
+    "a_checkpoint": f"{FOLDER}/run-a/checkpoint.json",
+    "interrupt": f"{FOLDER}/run-b/interrupt.json",
+    "b_resume_output": f"{FOLDER}/run-b/resume-output.json",
+    "b_summary": f"{FOLDER}/run-b/summary.json",
+    "b_metrics": f"{FOLDER}/run-b/metrics.jsonl",
+    "b_checkpoint": f"{FOLDER}/run-b/checkpoint.json",
+}
+STEPS = {"plan": 0, "run_a": 0, "run_b_interrupted": INTERRUPTED_EXIT, "run_b_resume": 0}
+
+
+def run(ctx: Context) -> dict[str, Path]:
+    planned, plan_output = runs.plan(ctx, "plan", YAML, "plan.json", [f"train.cycles={CYCLES}"])
+    files: dict[str, Path] = {"plan_output": plan_output}
+    if planned.ok:
+        runs.run(ctx, "run_a", "plan.json", "a")
+        b = runs.run_dir(ctx, "b")
+        stopped = ctx.cli.interrupt(
+            "run_b_interrupted",
+            ["run", "--plan", "plan.json", "--run-id", "b", *RUN_ARGS],
+            wait_for=runs.checkpoint_json(b, INTERRUPT_AFTER).relative_to(ctx.work),
+            timeout=runs.RUN_TIMEOUT,
+        )
+        files["interrupt"] = runs.save_json(
+            ctx,
+            "interrupt.json",
+            {
+                "signal": stopped.signal,
+                "signalled": stopped.signalled,
+                "wait_for": stopped.wait_for,
+                "appeared_after_seconds": stopped.appeared_after_seconds,
+                "exit_code": stopped.result.invocation.exit_code,
+                "summary_written": (b / "summary.json").exists(),
+                "metrics_lines_after_interrupt": _lines(b / "metrics.jsonl"),
+            },
+        )
+        _, files["b_resume_output"] = runs.run(ctx, "run_b_resume", "plan.json", "b", "--resume")
+    for label in ("a", "b"):
+        d = runs.run_dir(ctx, label)
+        files[f"{label}_summary"] = d / "summary.json"
+        files[f"{label}_metrics"] = d / "metrics.jsonl"
+        files[f"{label}_checkpoint"] = runs.checkpoint_json(d, CYCLES)
+    return runs.existing(files)
+
+
+def _lines(path: Path) -> int | None:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return None
+
+
+def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
+    j = Judgement()
+    a = runs.Run(evidence, "a_summary", "a_metrics", "grpo")
+    b = runs.Run(evidence, "b_summary", "b_metrics", "grpo")
+    steps_ok, steps_why = runs.steps_ok(evidence, STEPS)
+    a_ok, a_why = a.completed(CYCLES)
+    b_ok, b_why = b.completed(CYCLES)
+    j.check("run_completed", steps_ok and a_ok and b_ok, f"{steps_why}; run A: {a_why}; run B: {b_why}")
+
+    stop = read_json(evidence.get("interrupt")) or {}
+    exit_code = count(stop.get("exit_code"))
+    interrupted = (
+        stop.get("signal") == "SIGTERM"
+        and stop.get("signalled") is True
+        and exit_code == INTERRUPTED_EXIT
+        and runs.exits(evidence).get("run_b_interrupted") == [INTERRUPTED_EXIT]
+        and stop.get("summary_written") is False
+        and count(stop.get("metrics_lines_after_interrupt")) == INTERRUPT_AFTER
+    )
+    resumed_from = (b.summary or {}).get("resumed_from_step")
+    state_ok, state_why = runs.same_state(evidence.get("a_checkpoint"), evidence.get("b_checkpoint"), CYCLES)
+    lines_ok, lines_why = runs.same_metrics(a, b)
+    j.check(
+        "resume_tensor_exact",
+        interrupted and resumed_from == INTERRUPT_AFTER and state_ok and lines_ok,
+        f"run B: signal {str(stop.get('signal'))[:10]!r} sent {stop.get('signalled') is True} after "
+        f"{str(stop.get('wait_for'))[:80]!r} appeared, exit {exit_code} (want {INTERRUPTED_EXIT}), summary written "
+        f"{stop.get('summary_written')}, {stop.get('metrics_lines_after_interrupt')} metrics lines left (want "
+        f"{INTERRUPT_AFTER}); resumed from step {resumed_from if isinstance(resumed_from, int) else None} "
+        f"(want {INTERRUPT_AFTER}); {state_why}; {lines_why}",
+    )
+    runs.judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=True, peak=False)
+    runs.summary_metrics(j, "a", a)
+    runs.summary_metrics(j, "b", b)
+    j.metrics["interrupt_after_seconds"] = (
+        stop.get("appeared_after_seconds") if isinstance(stop.get("appeared_after_seconds"), int | float) else None
+    )
+    return j
+
+
+WORKLOAD = Workload(name=NAME, evidence=EVIDENCE, run=run, judge=judge)
