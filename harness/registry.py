@@ -99,7 +99,7 @@ REGISTRY = WorkloadRegistry(
         ),
         WorkloadSpec(
             name="backend-matrix",
-            description="the preregistered 24-cell runtime matrix (harness/preregistration/backend-matrix-v1.json): "
+            description="the preregistered 24-cell runtime matrix (harness/preregistration/backend-matrix-v2.json): "
             "conformance, speed thresholds, policy refreshes per rollout backend, grouped trajectories, vLLM boundary",
             principal_record="backend-matrix.json",
             asset_role="subordinate",

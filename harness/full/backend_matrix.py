@@ -27,8 +27,8 @@ from harness.records import Profile, Record
 
 NAME = "backend-matrix"
 FOLDER = "v011/backend-matrix"
-PREREGISTRATION = HARNESS_DIR / "preregistration" / "backend-matrix-v1.json"
-PREREGISTRATION_SCHEMA = HARNESS_DIR / "preregistration" / "backend-matrix-v1.schema.json"
+PREREGISTRATION = HARNESS_DIR / "preregistration" / "backend-matrix-v2.json"
+PREREGISTRATION_SCHEMA = HARNESS_DIR / "preregistration" / "backend-matrix-v2.schema.json"
 GATE_STEP, BENCH_STEP = "gate_equivalence", "bench_rollout"
 GATE_OUT, BENCH_OUT = "gate/equivalence-report.json", "bench"
 # `miniverl gate equivalence --model` takes the scale's name; the report names the gate's model choice.

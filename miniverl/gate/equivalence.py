@@ -74,7 +74,7 @@ TOLERANCES = {
     "updated_logit_max_rel_to_reference_max": 3e-3,
 }
 # SFT's token NLL on random tokens is two orders of magnitude above a student/teacher divergence: its absolute loss
-# and gradient tolerances are wider (relative ones unchanged). harness/preregistration/backend-matrix-v1.json
+# and gradient tolerances are wider (relative ones unchanged). harness/preregistration/backend-matrix-v2.json
 # declares the same values (a test keeps them equal).
 OBJECTIVE_TOLERANCES = {
     "sft": {**TOLERANCES, "loss_abs_diff": 1e-4, "grad_max_abs_diff": 1e-3},
