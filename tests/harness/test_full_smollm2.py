@@ -117,7 +117,8 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _exit("run_b_resume", 2),
         _set("a_summary", "status", "failed"),
         _set("b_summary", "cycles", 1),
-        lambda root: _edit_line(root, "a_metrics", 1, "loss", None),
+        lambda root: [_edit_line(root, role, 1, "loss", None) for role in ("a_metrics", "b_metrics")],
+        _set("plan_output", "plan_digest", "f" * 64),
     ],
     "resume_tensor_exact": [
         _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
@@ -132,6 +133,8 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _exit("run_b_interrupted", 0),
         _set("b_summary", "resumed_from_step", None),
         _set("b_checkpoint", "step", 1),
+        _set("b_resume_output", "resumed", False),
+        _set("b_resume_output", "status", "failed"),
     ],
 }
 
