@@ -312,7 +312,7 @@ def section(doc: dict[str, Any] | None, *keys: str) -> dict[str, Any]:
 def short(value: Any) -> Any:
     """A value small enough for a check's detail (long strings cut, containers named)."""
     if isinstance(value, str):
-        return value[:20]
+        return value[:80]
     if isinstance(value, bool) or value is None or isinstance(value, int | float):
         return value
     return type(value).__name__

@@ -87,7 +87,14 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     steps_ok, steps_why = runs.steps_ok(evidence, STEPS)
     a_ok, a_why = a.completed(CYCLES)
     b_ok, b_why = b.completed(CYCLES)
-    j.check("run_completed", steps_ok and a_ok and b_ok, f"{steps_why}; run A: {a_why}; run B: {b_why}")
+    planned = (read_json(evidence.get("plan_output")) or {}).get("plan_digest")
+    ran = [(r.summary or {}).get("plan_digest") for r in (a, b)]
+    same_plan = isinstance(planned, str) and ran == [planned, planned]
+    j.check(
+        "run_completed",
+        steps_ok and a_ok and b_ok and same_plan,
+        f"{steps_why}; run A: {a_why}; run B: {b_why}; both ran the planned plan_digest {same_plan}",
+    )
 
     stop = read_json(evidence.get("interrupt")) or {}
     exit_code = count(stop.get("exit_code"))
@@ -100,15 +107,18 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         and count(stop.get("metrics_lines_after_interrupt")) == INTERRUPT_AFTER
     )
     resumed_from = (b.summary or {}).get("resumed_from_step")
+    resume_out = read_json(evidence.get("b_resume_output")) or {}
+    resumed = resume_out.get("status") == "completed" and "resumed" not in resume_out
     state_ok, state_why = runs.same_state(evidence.get("a_checkpoint"), evidence.get("b_checkpoint"), CYCLES)
     lines_ok, lines_why = runs.same_metrics(a, b)
     j.check(
         "resume_tensor_exact",
-        interrupted and resumed_from == INTERRUPT_AFTER and state_ok and lines_ok,
-        f"run B: signal {str(stop.get('signal'))[:10]!r} sent {stop.get('signalled') is True} after "
-        f"{str(stop.get('wait_for'))[:80]!r} appeared, exit {exit_code} (want {INTERRUPTED_EXIT}), summary written "
-        f"{stop.get('summary_written')}, {stop.get('metrics_lines_after_interrupt')} metrics lines left (want "
-        f"{INTERRUPT_AFTER}); resumed from step {resumed_from if isinstance(resumed_from, int) else None} "
+        interrupted and resumed and resumed_from == INTERRUPT_AFTER and state_ok and lines_ok,
+        f"run B: signal {runs.short(stop.get('signal'))!r} sent {stop.get('signalled') is True} after "
+        f"{runs.short(stop.get('wait_for'))!r} appeared, exit {exit_code} (want {INTERRUPTED_EXIT}), summary "
+        f"written {runs.short(stop.get('summary_written'))}, {runs.short(stop.get('metrics_lines_after_interrupt'))} "
+        f"metrics lines left (want {INTERRUPT_AFTER}); `run --resume` {'trained on' if resumed else 'did not train'}"
+        f", from step {runs.short(resumed_from)} "
         f"(want {INTERRUPT_AFTER}); {state_why}; {lines_why}",
     )
     runs.judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=True, peak=False)

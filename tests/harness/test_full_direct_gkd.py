@@ -1,0 +1,178 @@
+"""The direct-gkd workload: its judge on real captured evidence, one bad value per check, hostile evidence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import policy
+from harness.full import direct_gkd
+from harness.full.scales import SCALES
+from harness.profiles import PROFILES
+from harness.records import Profile
+
+FIXTURE = Path(__file__).parent / "full_fixtures" / "direct-gkd"
+CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
+W = direct_gkd.WORKLOAD
+
+
+def _evidence(root: Path) -> dict[str, Path]:
+    return {role: root / member for role, member in W.evidence.items() if (root / member).exists()}
+
+
+def _judge(root: Path, profile: Profile = CPU) -> dict[str, bool]:
+    j = W.judge(_evidence(root), profile, SCALES[profile.name])
+    return {name: ok for name, (ok, _) in j.checks.items()}
+
+
+def _failed(root: Path, profile: Profile = CPU) -> set[str]:
+    return {name for name, ok in _judge(root, profile).items() if not ok}
+
+
+@pytest.fixture
+def ev(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "ev")
+    return tmp_path / "ev"
+
+
+def _path(root: Path, role: str) -> Path:
+    return root / W.evidence[role]
+
+
+def _edit_json(root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
+    path = _path(root, role)
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _edit_line(root: Path, role: str, index: int, key: str, value: Any) -> None:
+    path = _path(root, role)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[index][key] = value
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _exit(step: str, code: int) -> Callable[[Path], None]:
+    def change(doc: dict[str, Any]) -> None:
+        for inv in doc["invocations"]:
+            if inv["step"] == step:
+                inv["exit_code"] = code
+
+    return lambda root: _edit_json(root, "transcript", change)
+
+
+def _digest(role: str, name: str) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
+
+
+def _set(role: str, key: str, value: Any) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d.update({key: value}))
+
+
+def _cuda(peak: int) -> Callable[[Path], None]:
+    block = {
+        "baseline_allocated_bytes": 100 << 20,
+        "final_allocated_bytes": 100 << 20,
+        "peak_reserved_bytes": peak,
+        "peak_allocated_bytes": peak // 2,
+        "teardown_returned_to_baseline": True,
+        "teardown_tolerance_bytes": 2 << 20,
+    }
+
+    def change(root: Path) -> None:
+        for role in ("a_summary", "b_summary"):
+            _edit_json(root, role, lambda d: d.update(cuda=dict(block)))
+
+    return change
+
+
+def test_the_real_cpu_evidence_passes_every_required_check() -> None:
+    checks = _judge(FIXTURE)
+    assert set(checks) == set(policy.required_checks(CPU, "direct-gkd"))
+    assert all(checks.values()), checks
+
+
+def test_the_evidence_members_are_declared_and_small() -> None:
+    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    assert members == sorted(W.evidence.values())
+    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+
+
+def _distill(key: str, value: Any) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, "a_plan", lambda d: d["config"]["algorithm"]["distill"].update({key: value}))
+
+
+def _reload(key: str, value: Any) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, "export_output", lambda d: d["reload"].update({key: value}))
+
+
+BAD: dict[str, list[Callable[[Path], None]]] = {
+    "run_completed": [
+        _exit("run_a", 1),
+        _exit("run_b_extend", 1),
+        _exit("export", 1),
+        _set("a_summary", "status", "failed"),
+        _distill("objective", "exact"),
+        _distill("divergence", "reverse_kl"),
+        lambda root: _edit_json(
+            root, "a_plan", lambda d: d["config"]["models"]["teacher"].update(privileged_context=None)
+        ),
+    ],
+    "resume_tensor_exact": [
+        _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
+        _digest("a_checkpoint", "optimizer.safetensors"),
+        _digest("b_checkpoint", "rng.safetensors"),
+        lambda root: _edit_line(root, "b_metrics", 1, "kl", 0.5),
+        _set("b_summary", "resumed_from_step", None),
+        lambda root: _edit_json(root, "b_first_output", lambda d: d["summary"].update(updates=2)),
+    ],
+    "export_reload": [
+        _reload("passed", False),
+        _reload("max_abs_logit_diff", 1.0),
+        _reload("tolerance", 1.0),
+        lambda root: _path(root, "export_manifest").write_bytes(b"{}"),
+        _set("b_summary", "dtype", "float64"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
+)
+def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
+    BAD[check][index](ev)
+    assert _failed(ev) == {check}
+
+
+def test_peak_reserved_is_judged_on_a_cuda_profile(ev: Path) -> None:
+    assert _failed(ev, CUDA) == {"peak_reserved"}  # no cuda block
+    _cuda(2 << 30)(ev)
+    assert _failed(ev, CUDA) == set() and "peak_reserved" in _judge(ev, CUDA)
+    _cuda(15 << 30)(ev)
+    assert _failed(ev, CUDA) == {"peak_reserved"}
+    _cuda(0)(ev)
+    assert _failed(ev, CUDA) == {"peak_reserved"}
+
+
+HOSTILE = ["missing", "directory", "garbled", "huge"]
+
+
+@pytest.mark.parametrize("role", sorted(W.evidence))
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
+    path = _path(ev, role)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "garbled":
+        path.write_bytes(b'{"files": {"a": \xff NaN')
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(17 << 20)
+    assert _failed(ev)

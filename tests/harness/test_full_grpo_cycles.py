@@ -1,0 +1,167 @@
+"""The grpo-cycles workload: its judge on real captured evidence, one bad value per check, hostile evidence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import policy
+from harness.full import grpo_cycles
+from harness.full.scales import SCALES
+from harness.profiles import PROFILES
+from harness.records import Profile
+
+FIXTURE = Path(__file__).parent / "full_fixtures" / "grpo-cycles"
+CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
+W = grpo_cycles.WORKLOAD
+
+
+def _evidence(root: Path) -> dict[str, Path]:
+    return {role: root / member for role, member in W.evidence.items() if (root / member).exists()}
+
+
+def _judge(root: Path, profile: Profile = CPU) -> dict[str, bool]:
+    j = W.judge(_evidence(root), profile, SCALES[profile.name])
+    return {name: ok for name, (ok, _) in j.checks.items()}
+
+
+def _failed(root: Path, profile: Profile = CPU) -> set[str]:
+    return {name for name, ok in _judge(root, profile).items() if not ok}
+
+
+@pytest.fixture
+def ev(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "ev")
+    return tmp_path / "ev"
+
+
+def _path(root: Path, role: str) -> Path:
+    return root / W.evidence[role]
+
+
+def _edit_json(root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
+    path = _path(root, role)
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _edit_line(root: Path, role: str, index: int, key: str, value: Any) -> None:
+    path = _path(root, role)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[index][key] = value
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _exit(step: str, code: int) -> Callable[[Path], None]:
+    def change(doc: dict[str, Any]) -> None:
+        for inv in doc["invocations"]:
+            if inv["step"] == step:
+                inv["exit_code"] = code
+
+    return lambda root: _edit_json(root, "transcript", change)
+
+
+def _digest(role: str, name: str) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
+
+
+def _set(role: str, key: str, value: Any) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d.update({key: value}))
+
+
+def _on_cuda(root: Path, peak: int = 2 << 30) -> None:
+    """The evidence as an NF4 CUDA run would have it (quantization nf4, a cuda block)."""
+    block = {
+        "baseline_allocated_bytes": 100 << 20,
+        "final_allocated_bytes": 100 << 20,
+        "peak_reserved_bytes": peak,
+        "peak_allocated_bytes": peak // 2,
+        "teardown_returned_to_baseline": True,
+        "teardown_tolerance_bytes": 2 << 20,
+    }
+    _edit_json(root, "summary", lambda d: d.update(cuda=block, quantization="nf4"))
+    _edit_json(root, "plan", lambda d: d["config"]["models"]["student"].update(quantization="nf4"))
+
+
+def test_the_real_cpu_evidence_passes_every_required_check() -> None:
+    checks = _judge(FIXTURE)
+    assert set(checks) == set(policy.required_checks(CPU, "grpo-cycles"))
+    assert all(checks.values()), checks
+
+
+def test_the_evidence_members_are_declared_and_small() -> None:
+    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    assert members == sorted(W.evidence.values())
+    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert all(m.startswith("v012/grpo-cycles/") for m in members)
+
+
+BAD: dict[str, list[Callable[[Path], None]]] = {
+    "reward_varies_within_group": [
+        lambda root: _edit_line(root, "metrics", 0, "reward_std_within_group_max", 0.0),
+        lambda root: _edit_line(root, "metrics", 1, "reward_std_within_group_max", -1.0),
+    ],
+    "nonzero_advantages": [
+        lambda root: _edit_line(root, "metrics", 1, "nonzero_advantages", 0),
+        lambda root: _edit_line(root, "metrics", 0, "nonzero_advantages", True),
+    ],
+    "two_updates_changed": [
+        lambda root: _edit_line(root, "metrics", 1, "adapter_delta_norm", 0.0),
+        lambda root: _edit_line(root, "metrics", 0, "adapter_delta_norm", None),
+        _set("summary", "updates", 1),
+        _set("summary", "quantization", "nf4"),  # a CPU scale declares no quantization
+        _exit("run", 1),
+    ],
+    "verl_plan_compiled": [
+        _set("handoff_output", "compiler", "verl-rl-v0.8-multi-gpu"),
+        _exit("handoff", 1),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
+)
+def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
+    BAD[check][index](ev)
+    assert _failed(ev) == {check}
+
+
+def test_on_a_cuda_nf4_profile_quantization_and_peak_memory_are_judged(ev: Path) -> None:
+    assert _failed(ev, CUDA) == {"two_updates_changed", "peak_reserved"}  # unquantized, no cuda block
+    _on_cuda(ev)
+    assert _failed(ev, CUDA) == set() and "peak_reserved" in _judge(ev, CUDA)
+    _on_cuda(ev, peak=int(14.6 * (1 << 30)))
+    assert _failed(ev, CUDA) == {"peak_reserved"}
+
+
+def test_handoff_digests_are_recorded_when_present(ev: Path) -> None:
+    j = W.judge(_evidence(ev), CPU, SCALES[CPU.name])
+    assert j.metrics["handoff_ir_digest"] == json.loads(_path(ev, "handoff_output").read_text()).get("ir_digest")
+    _set("handoff_output", "ir_digest", "not a digest")(ev)
+    j = W.judge(_evidence(ev), CPU, SCALES[CPU.name])
+    assert j.metrics["handoff_ir_digest"] is None and all(ok for ok, _ in j.checks.values())
+
+
+HOSTILE = ["missing", "directory", "garbled", "huge"]
+
+
+@pytest.mark.parametrize("role", sorted(W.evidence))
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
+    path = _path(ev, role)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "garbled":
+        path.write_bytes(b'{"files": {"a": \xff NaN')
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(17 << 20)
+    assert _failed(ev)

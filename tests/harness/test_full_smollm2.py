@@ -1,0 +1,245 @@
+"""The smollm2 resume workload: its judge on real captured evidence, one bad value per check, hostile evidence,
+and the CliDriver's interrupt capability on a stand-in CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import policy
+from harness.full import smollm2
+from harness.full.scales import SCALES
+from harness.proc import Redactor
+from harness.profiles import PROFILES
+from harness.records import Profile
+from harness.transcript import CliDriver
+
+FIXTURE = Path(__file__).parent / "full_fixtures" / "smollm2"
+CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
+W = smollm2.WORKLOAD
+
+
+def _evidence(root: Path) -> dict[str, Path]:
+    return {role: root / member for role, member in W.evidence.items() if (root / member).exists()}
+
+
+def _judge(root: Path, profile: Profile = CPU) -> dict[str, bool]:
+    j = W.judge(_evidence(root), profile, SCALES[profile.name])
+    return {name: ok for name, (ok, _) in j.checks.items()}
+
+
+def _failed(root: Path, profile: Profile = CPU) -> set[str]:
+    return {name for name, ok in _judge(root, profile).items() if not ok}
+
+
+@pytest.fixture
+def ev(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "ev")
+    return tmp_path / "ev"
+
+
+def _path(root: Path, role: str) -> Path:
+    return root / W.evidence[role]
+
+
+def _edit_json(root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
+    path = _path(root, role)
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _edit_line(root: Path, role: str, index: int, key: str, value: Any) -> None:
+    path = _path(root, role)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[index][key] = value
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _exit(step: str, code: int) -> Callable[[Path], None]:
+    def change(doc: dict[str, Any]) -> None:
+        for inv in doc["invocations"]:
+            if inv["step"] == step:
+                inv["exit_code"] = code
+
+    return lambda root: _edit_json(root, "transcript", change)
+
+
+def _digest(role: str, name: str) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
+
+
+def _set(role: str, key: str, value: Any) -> Callable[[Path], None]:
+    return lambda root: _edit_json(root, role, lambda d: d.update({key: value}))
+
+
+def _cuda(baseline: int = 100 << 20, final: int = 100 << 20, peak: int = 2 << 30) -> Callable[[Path], None]:
+    block = {
+        "baseline_allocated_bytes": baseline,
+        "final_allocated_bytes": final,
+        "peak_reserved_bytes": peak,
+        "peak_allocated_bytes": peak // 2,
+        "teardown_returned_to_baseline": True,
+        "teardown_tolerance_bytes": 2 << 20,
+    }
+
+    def change(root: Path) -> None:
+        for role in ("a_summary", "b_summary"):
+            _edit_json(root, role, lambda d: d.update(cuda=dict(block)))
+
+    return change
+
+
+def test_the_real_cpu_evidence_passes_every_required_check() -> None:
+    checks = _judge(FIXTURE)
+    assert set(policy.required_checks(CPU, "smollm2")) <= set(checks)
+    assert all(checks.values()), checks
+    assert "teardown" not in checks  # CUDA-only: not judged on a CPU profile
+
+
+def test_the_evidence_members_are_declared_and_small() -> None:
+    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    assert members == sorted(W.evidence.values())
+    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert all(m.startswith("v011/smollm2/") for m in members)
+
+
+BAD: dict[str, list[Callable[[Path], None]]] = {
+    "run_completed": [
+        _exit("run_a", 1),
+        _exit("run_b_resume", 2),
+        _set("a_summary", "status", "failed"),
+        _set("b_summary", "cycles", 1),
+        lambda root: [_edit_line(root, role, 1, "loss", None) for role in ("a_metrics", "b_metrics")],
+        _set("plan_output", "plan_digest", "f" * 64),
+    ],
+    "resume_tensor_exact": [
+        _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
+        _digest("a_checkpoint", "optimizer.safetensors"),
+        _digest("b_checkpoint", "rng.safetensors"),
+        lambda root: _edit_line(root, "b_metrics", 1, "reward_mean", 0.123456),
+        lambda root: _edit_line(root, "b_metrics", 0, "grad_norm", 1e9),
+        _set("interrupt", "signalled", False),
+        _set("interrupt", "exit_code", 0),
+        _set("interrupt", "metrics_lines_after_interrupt", 2),
+        _set("interrupt", "summary_written", True),
+        _exit("run_b_interrupted", 0),
+        _set("b_summary", "resumed_from_step", None),
+        _set("b_checkpoint", "step", 1),
+        _set("b_resume_output", "resumed", False),
+        _set("b_resume_output", "status", "failed"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
+)
+def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
+    BAD[check][index](ev)
+    assert _failed(ev) == {check}
+
+
+def test_the_time_and_memory_figures_may_differ_between_the_runs(ev: Path) -> None:
+    _edit_line(ev, "b_metrics", 1, "cycle_seconds", 1234.5)
+    _edit_line(ev, "b_metrics", 0, "update_seconds", 0.001)
+    assert _failed(ev) == set()
+
+
+def test_cuda_teardown_is_judged_from_both_summaries_on_a_cuda_profile(ev: Path) -> None:
+    _cuda()(ev)
+    assert _failed(ev, CUDA) == set() and "teardown" in _judge(ev, CUDA)
+    _cuda(final=(100 << 20) + (64 << 20))(ev)
+    assert _failed(ev, CUDA) == {"teardown"}
+
+
+def test_a_cuda_profile_without_a_cuda_block_fails_teardown(ev: Path) -> None:
+    assert _failed(ev, CUDA) == {"teardown"}
+
+
+HOSTILE = ["missing", "directory", "garbled", "huge"]
+
+
+@pytest.mark.parametrize("role", sorted(W.evidence))
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
+    path = _path(ev, role)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "garbled":
+        path.write_bytes(b'{"files": {"a": \xff NaN')
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(17 << 20)
+    assert _failed(ev)
+
+
+# -- CliDriver.interrupt ---------------------------------------------------------------------------------
+
+STAND_IN = """#!{python}
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (sys.stderr.write("miniverl: interrupted\\n"), sys.exit(130)))
+mode = sys.argv[1]
+if mode == "exit":
+    sys.exit(0)
+time.sleep(0.2)
+if mode == "write":
+    os.makedirs("runs/b/checkpoints/step-000001", exist_ok=True)
+    open("runs/b/checkpoints/step-000001/checkpoint.json", "w").write("{{}}")
+time.sleep(30)
+sys.exit(0)
+"""
+
+
+def _driver(tmp_path: Path) -> CliDriver:
+    venv, work = tmp_path / "venv", tmp_path / "work"
+    (venv / "bin").mkdir(parents=True)
+    work.mkdir()
+    exe = venv / "bin" / "miniverl"
+    exe.write_text(STAND_IN.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return CliDriver(venv=venv, work=work, redact=Redactor({"work": work, "venv": venv}))
+
+
+WAIT = Path("runs/b/checkpoints/step-000001/checkpoint.json")
+
+
+def test_interrupt_signals_the_child_once_the_file_exists_and_records_it(tmp_path: Path) -> None:
+    cli = _driver(tmp_path)
+    stopped = cli.interrupt("run_b_interrupted", ["write"], wait_for=WAIT, timeout=20)
+    assert stopped.signalled and stopped.signal == "SIGTERM" and stopped.wait_for == WAIT.as_posix()
+    assert stopped.appeared_after_seconds is not None and stopped.appeared_after_seconds >= 0.2
+    inv = stopped.result.invocation
+    assert inv.exit_code == 130 and not inv.timed_out and inv.stderr_last_line == "miniverl: interrupted"
+    assert inv.duration_seconds < 20
+    assert [i.step for i in cli.transcript().invocations] == ["run_b_interrupted"]
+
+
+def test_interrupt_of_a_child_that_exits_first_records_it_unsignalled(tmp_path: Path) -> None:
+    cli = _driver(tmp_path)
+    stopped = cli.interrupt("early", ["exit"], wait_for=WAIT, timeout=20)
+    assert not stopped.signalled and stopped.appeared_after_seconds is None
+    assert stopped.result.invocation.exit_code == 0 and stopped.result.ok
+
+
+def test_interrupt_kills_a_child_that_outlives_the_timeout(tmp_path: Path) -> None:
+    cli = _driver(tmp_path)
+    stopped = cli.interrupt("slow", ["sleep"], wait_for=WAIT, timeout=1)
+    inv = stopped.result.invocation
+    assert not stopped.signalled and inv.timed_out and inv.exit_code == 124
+    assert inv.duration_seconds < 10
+
+
+def test_interrupt_of_a_missing_executable_is_recorded_not_raised(tmp_path: Path) -> None:
+    cli = _driver(tmp_path)
+    (cli.venv / "bin" / "miniverl").unlink()
+    stopped = cli.interrupt("gone", ["write"], wait_for=WAIT, timeout=5)
+    assert stopped.result.invocation.exit_code == 127 and not stopped.signalled
