@@ -36,6 +36,7 @@ REPLAY_REQUIRED = {
 }  # fmt: skip
 VERL_COMPILER_PPO = "verl-rl-v0.9-single-gpu-v2"
 VERL_COMPILER_GRPO = "verl-rl-v0.9-single-gpu-v1"
+VERL_VERSION = "0.9.1"  # the verl a bundle is diagnosed with
 
 
 # ----------------------------------------------------------------------------------------------- running
