@@ -194,8 +194,11 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     h_ok, h_why = _handoff(evidence, inv)
     j.check("handoff", h_ok, h_why)
 
+    diagnosed = read_json(evidence.get("diagnose")) or {}
     j.metrics.update(
         reward_source=REWARD_SOURCE,
+        launch_status=str(diagnosed.get("launch_status"))[:40] if diagnosed else None,
+        verl_version=str(diagnosed.get("verl_version"))[:20] if diagnosed else None,
         updates=count(summary.get("updates")) if summary else None,
         reward_mean=finite(summary.get("reward_mean")) if summary else None,
         wall_seconds_run=finite(summary.get("wall_seconds")) if summary else None,
@@ -292,9 +295,11 @@ def _handoff(evidence: dict[str, Path], inv: list[dict[str, Any]] | None) -> tup
         and agree
         and manifest_ok
         and status == "ready"
+        and diagnose.get("verl_version") == wt.VERL_VERSION
     )
     return ok, (
-        f"{h_why}; {d_why} in {env.get('verl_python')} ({env.get('reason')}); compiler {handoff.get('compiler')!r} "
+        f"{h_why}; {d_why} in {env.get('verl_python')} ({env.get('reason')}), verl "
+        f"{str(diagnose.get('verl_version'))[:20]} (want {wt.VERL_VERSION}); compiler {handoff.get('compiler')!r} "
         f"(want {wt.VERL_COMPILER_PPO!r}); IR/rules digests {'64-hex' if hex_ok else 'malformed'} and "
         f"{'equal' if agree else 'NOT equal'} in handoff, manifest and diagnose; manifest "
         f"{'lists its files and matches the handoff sha256' if manifest_ok else 'does not match'}; "

@@ -18,7 +18,7 @@ from typing import Any
 from harness.full.base import Context, Scale
 from harness.full.reading import count, finite, read_json, read_jsonl
 from harness.jsonio import canonical_bytes, sha256_bytes
-from harness.proc import HARNESS_DIR, clean_env
+from harness.proc import HARNESS_DIR, Redactor, clean_env
 from harness.records import Invocation
 from harness.transcript import CliResult
 
@@ -36,6 +36,7 @@ REPLAY_REQUIRED = {
 }  # fmt: skip
 VERL_COMPILER_PPO = "verl-rl-v0.9-single-gpu-v2"
 VERL_COMPILER_GRPO = "verl-rl-v0.9-single-gpu-v1"
+VERL_VERSION = "0.9.1"  # the verl a bundle is diagnosed with
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -123,7 +124,7 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
     invocation = Invocation(
         step=step,
-        argv=[ctx.cli.redact.text(str(python)), "-m", "miniverl", *ctx.cli.redact.argv(args)],
+        argv=[verl_label(ctx, python), "-m", "miniverl", *ctx.cli.redact.argv(args)],
         exit_code=code,
         duration_seconds=round(time.monotonic() - start, 3),
         timed_out=timed_out,
@@ -138,6 +139,11 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
     return result
 
 
+def verl_label(ctx: Context, python: Path) -> str:
+    """The interpreter as ``<verl-venv>/bin/python`` (its venv named, no local path)."""
+    return ctx.cli.redact.text(Redactor({"verl-venv": python.parent.parent}).text(str(python)))
+
+
 def diagnose_environment(ctx: Context) -> dict[str, Any]:
     """Which environment diagnoses the bundle: verl's own venv (``ctx.verl_python``), or none."""
     if ctx.verl_python is None:
@@ -145,7 +151,7 @@ def diagnose_environment(ctx: Context) -> dict[str, Any]:
     python = Path(ctx.verl_python)
     inside = python.is_relative_to(ctx.cli.venv)
     return {
-        "verl_python": ctx.cli.redact.text(str(python)),
+        "verl_python": verl_label(ctx, python),
         "reason": "the candidate's venv" if inside else "a separate venv with verl 0.9.1 (`make verl`)",
     }
 

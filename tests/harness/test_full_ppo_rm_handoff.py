@@ -122,6 +122,7 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("launch_blocked", "handoff", _top("diagnose", launch_status="compose_failed")),
     ("compiler_v1", "handoff", _top("handoff", compiler="verl-rl-v0.9-single-gpu-v1")),
     ("manifest_digest_differs", "handoff", _manifest_digest),
+    ("other_verl", "handoff", _top("diagnose", verl_version="0.8.0")),
     ("diagnose_exit_1", "handoff", _step("diagnose", exit_code=1)),
     ("no_verl", "handoff", _top("diagnose_environment", verl_python=None)),
 ]  # fmt: skip
