@@ -42,7 +42,8 @@ step() {  # step NAME CMD...: run CMD, keep its --json stdout as NAME.json, time
   start="$(date +%s%N)"
   "$@" > "$OUT/$name.json" || rc=$?
   end="$(date +%s%N)"
-  printf '{"step":"%s","seconds":%s,"exit":%s}\n' "$name" "$(( (end - start) / 100000000 ))e-1" "$rc" >> "$TIMES"
+  local tenths=$(( (end - start) / 100000000 ))
+  printf '{"step":"%s","seconds":%d.%d,"exit":%s}\n' "$name" $(( tenths / 10 )) $(( tenths % 10 )) "$rc" >> "$TIMES"
   check_native "$name"
   if [ "$rc" -ne 0 ]; then echo "$name exited $rc" >&2; cat "$OUT/$name.json" >&2; exit 1; fi
 }
@@ -56,6 +57,7 @@ step inspect-2 "$MINIVERL" inspect runs/native --json
 step resume-extend-1 "$MINIVERL" run --plan plan.json --run-id native --resume --extend 1 --json --quiet
 step inspect-3 "$MINIVERL" inspect runs/native --json
 step handoff "$MINIVERL" handoff runs/native --out bundle --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["direct_config"]["semantically_equal"] else "native-diff: not semantically equal")' "$OUT/handoff.json"
 step diagnose "$VERL_MINIVERL" diagnose bundle --json  # exit 0 only when launch_status is ready
 
 cp bundle/manifest.json "$OUT/bundle-manifest.json"

@@ -179,7 +179,8 @@ def _write_native(root: Path, ir: ExperimentIR, plan: PlanRecord) -> DirectConfi
     assert direct is not None
     raw = verified_native(direct)
     atomic_write_bytes(root / NATIVE_DIR / direct.native.name, raw)
-    diff = native_diff(raw, emit_verl_config(ir))
+    added = sum(link.added_cycles for link in plan.lineage)  # run --resume --extend N, recorded in the plan
+    diff = native_diff(raw, emit_verl_config(ir), added_cycles=added)
     atomic_write_bytes(root / NATIVE_DIFF, json.dumps(diff, indent=2, sort_keys=True).encode() + b"\n")
     return DirectConfigEvidence(
         compiler=direct.compiler,

@@ -270,6 +270,8 @@ def _dry_launch(root: Path, config: Any) -> dict[str, Any]:
         "data.train_files": str(root / "data" / "train.parquet"),
         "actor_rollout_ref.model.lora_rank": int(config.actor_rollout_ref.model.lora_rank),
     }
+    if bool(config.critic.get("enable")):  # PPO: the critic starts from the bundle's critic adapter
+        expected["critic.model.lora_adapter_path"] = str(root / "critic_adapter")
     for dotted, want in expected.items():
         node = printed
         for part in dotted.split("."):

@@ -40,7 +40,7 @@ HUB_PIN = re.compile(r"^(?P<id>[^@\s]+)@(?P<rev>[0-9a-f]{40})$")
 LEAF_KEYS = frozenset({"reward.custom_reward_function.reward_kwargs.miniverl_rewards"})
 #: maps whose absence is allowed (the KL keys only matter when a KL switch is on)
 OPTIONAL = frozenset({"kl_coef", "kl_est"})
-STATUSES = ("same", "runtime", "ignored", "changed", "native_only", "bundle_only")
+STATUSES = ("same", "runtime", "ignored", "extended", "changed", "native_only", "bundle_only")
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -278,6 +278,10 @@ def verified_native(direct: DirectConfig) -> bytes:
     return raw
 
 
+#: the one key a recorded extension (``run --resume --extend N``) changes
+EXTENDED_KEY = "trainer.total_training_steps"
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
@@ -289,8 +293,13 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
 
 
-def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, Any]:
-    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings."""
+def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycles: int = 0) -> dict[str, Any]:
+    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings.
+
+    ``added_cycles``: the cycles the run's recorded extensions added (``run --resume --extend N``,
+    the plan's ``lineage``). ``trainer.total_training_steps`` is then ``extended`` when it is exactly the
+    native value plus those cycles, and ``changed`` otherwise.
+    """
     native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
     bundle = flatten(bundle_config)
     entries = []
@@ -298,6 +307,8 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, 
         in_n, in_b = key in native, key in bundle
         if in_n and in_b and _same(native[key], bundle[key]):
             status = "same"
+        elif key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
+            status = "extended"
         elif key in RUNTIME_KEYS:
             status = "runtime"
         elif key in IGNORED_KEYS:
@@ -315,6 +326,7 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, 
         "native_sha256": hashlib.sha256(native_yaml).hexdigest(),
         "runtime_keys": sorted(RUNTIME_KEYS),
         "ignored_keys": sorted(IGNORED_KEYS),
+        "added_cycles": added_cycles,
         "counts": counts,
         "semantically_equal": counts["changed"] == counts["native_only"] == counts["bundle_only"] == 0,
         "entries": entries,

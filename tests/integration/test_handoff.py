@@ -285,6 +285,11 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
     resumed = cli("run", "--plan", "plan.json", "--run-id", "d", "--resume", "--json")
     assert resumed.code == 0, resumed.err
     assert cli("inspect", "runs/d", "--json").json()["updates"] == 2
+    extended = cli("run", "--plan", "plan.json", "--run-id", "d", "--resume", "--extend", "1", "--json")
+    assert extended.code == 0, extended.err
+    report = cli("inspect", "runs/d", "--json").json()
+    assert report["updates"] == 3 and report["direct_config"]["native_sha256_verified"]
+    assert sha256_file(native) == digest
 
     handed = cli("handoff", "runs/d", "--out", "bundle", "--json")
     assert handed.code == 0, handed.err
@@ -311,8 +316,11 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "reward.custom_reward_function.reward_kwargs.miniverl_rewards",  # carried inside reward_fn.py
         "trainer.project_name",  # ignored: logging
         "trainer.total_epochs",  # ignored: total_training_steps decides
+        "trainer.total_training_steps",  # 2 + the 1 cycle of the recorded extension
     }
-    assert {e["status"] for e in diff["entries"] if e["key"] in differing} == {"runtime", "ignored"}
+    statuses = {e["key"]: e["status"] for e in diff["entries"]}
+    assert statuses.pop("trainer.total_training_steps") == "extended" and diff["added_cycles"] == 1
+    assert {statuses[k] for k in differing - {"trainer.total_training_steps"}} == {"runtime", "ignored"}
     assert sha256_file(native) == digest  # the native file was never edited
     _no_local_paths(bundle, workdir, tiny_model_dir)
     _no_local_paths(workdir / "runs" / "d" / "plan.json", workdir, tiny_model_dir)

@@ -226,6 +226,19 @@ def test_native_diff_names_runtime_keys_and_real_changes() -> None:
     assert "actor_rollout_ref.model.path" in RUNTIME_KEYS
 
 
+def test_a_recorded_extension_is_the_only_accepted_change_of_the_step_count() -> None:
+    raw = NATIVE.read_bytes()
+    steps = flatten(_native())["trainer.total_training_steps"]
+    config = yaml.safe_load(raw)
+    config["trainer"]["total_training_steps"] = steps + 1  # run --resume --extend 1
+    extended = native_diff(raw, config, added_cycles=1)
+    entry = next(e for e in extended["entries"] if e["key"] == "trainer.total_training_steps")
+    assert entry["status"] == "extended" and extended["semantically_equal"] and extended["added_cycles"] == 1
+    unexplained = native_diff(raw, config)  # no extension recorded: a real change
+    assert not unexplained["semantically_equal"] and unexplained["counts"]["changed"] == 1
+    assert not native_diff(raw, config, added_cycles=2)["semantically_equal"]  # 2 recorded, 1 found
+
+
 def test_readme_holds_the_import_table() -> None:
     from miniverl.handoff.native_rules import render_markdown
 
