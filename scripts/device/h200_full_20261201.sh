@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # H200, 2026-12-01: the full qualification (issue 11) on the h200-cu130 profile, on a candidate built here.
-# One call carries at most 64 MiB, so the GGUF travels in three parts over back-to-back calls:
-#   (1) .carry/g1 -> /tmp/p1, (2) .carry/g2 + .carry/bnb -> /tmp, (3) this script with .carry/g3, .whl,
-#   out/candidate and .carry/git.tar. The harness runs in its own session (setsid), so a later call can
+# One call carries at most 64 MiB (working tree included), so the GGUF travels in two parts over
+# back-to-back calls: (1) .carry/h1 (its first 63,000,000 bytes) -> /tmp/p1, (2) .carry/h2 (the rest) -> /tmp/p2,
+# (3) this script with .carry/bnb, .whl, out/candidate and .carry/git.tar. The harness runs in its own session (setsid), so a later call can
 #   wait for it past one call's limit: `bash scripts/device/h200_full_20261201.sh wait`.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -11,9 +11,9 @@ if [ "${1:-start}" = "start" ]; then
   rm -rf $res; mkdir -p $res
   mkdir -p .git && tar xf .carry/git.tar -C .git && git config core.fileMode false
   git status --short | head -5; git log -1 --format=%H | tee $res/commit.txt
-  cat /tmp/p1 /tmp/p2 .carry/g3/p3 > /tmp/smol.gguf
+  cat /tmp/p1 /tmp/p2 > /tmp/smol.gguf
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c || exit 1
-  mkdir -p /tmp/whl && cp /tmp/bnb/*.whl .whl/*.whl /tmp/whl/ || exit 1
+  mkdir -p /tmp/whl && cp .carry/bnb/*.whl .whl/*.whl /tmp/whl/ || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
   MINIVERL_CACHE=/tmp/miniverl-cache python3 -m miniverl models fetch smollm2-135m-instruct --gguf /tmp/smol.gguf >/dev/null
