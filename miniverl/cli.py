@@ -117,6 +117,9 @@ def _handoff_section(plan: Any) -> dict[str, Any]:
     from miniverl.config.loader import validate_config
     from miniverl.handoff.plan_section import handoff_section
 
+    recorded = getattr(plan, "handoff", None)
+    if recorded is not None:  # recorded in plan.json
+        return dict(recorded.model_dump(mode="json"))
     config = validate_config(dict(plan.config), origin="the plan")
     return handoff_section(plan, config).model_dump(mode="json")
 

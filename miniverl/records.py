@@ -65,6 +65,18 @@ class PlanExtension(Record):
     added_cycles: int = Field(ge=1)
 
 
+class PlanHandoff(Record):
+    """What ``miniverl handoff plan.json`` compiles: the compiler or its named refusal, the IR and rules
+    digests (``miniverl/handoff/plan_section.py``; the IR does not contain the plan digest)."""
+
+    status: Literal["compiles", "refused", "unchecked"]
+    compiler: str
+    imported_by: str | None = None
+    ir_digest: str | None = None
+    rules_digest: str = SHA256
+    refusal: dict[str, str] | None = None
+
+
 class PlanRecord(Record):
     kind: Literal["miniverl.plan"] = "miniverl.plan"
     schema_version: Literal[1] = 1
@@ -83,14 +95,17 @@ class PlanRecord(Record):
     eval_data: DataBinding | None = None
     #: every extension of this plan, oldest first; the previous plans are kept in ``RUN_DIR/plans/``
     lineage: list[PlanExtension] = Field(default_factory=list)
+    #: the verl hand-off verdict of this plan; None only for plans written before it existed
+    handoff: PlanHandoff | None = None
     plan_digest: str = SHA256
 
     @model_serializer(mode="wrap")
     def _omit_absent_direct_config(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         # a plan compiled from a miniverl config has no direct_config key (its digest is unchanged)
         out = handler(self)
-        if isinstance(out, dict) and out.get("direct_config", 0) is None:
-            out.pop("direct_config")
+        for key in ("direct_config", "handoff"):
+            if isinstance(out, dict) and out.get(key, 0) is None:
+                out.pop(key)
         return out
 
 

@@ -56,7 +56,16 @@ def build_plan(
     }
     if direct_config is not None:  # compiler v4: the native verl YAML and its runtime bindings
         body["direct_config"] = direct_config
-    return _signed(body)
+    return _with_handoff(body, config)
+
+
+def _with_handoff(body: dict[str, Any], config: MiniverlConfig) -> PlanRecord:
+    """The signed plan with its ``handoff`` section (computed from the plan without it: no cycle)."""
+    from miniverl.handoff.plan_section import handoff_section
+
+    body = {k: v for k, v in body.items() if k != "handoff"}
+    section = handoff_section(_signed(body), config)
+    return _signed({**body, "handoff": section.model_dump(mode="json")})
 
 
 def _signed(body: dict[str, Any]) -> PlanRecord:
@@ -101,7 +110,7 @@ def extend_plan(plan: PlanRecord, added: int) -> PlanRecord:
             PlanExtension(previous_plan_digest=plan.plan_digest, previous_cycles=plan.cycles, added_cycles=added),
         ],
     )
-    return _signed(body)
+    return _with_handoff(body, config) if plan.handoff is not None else _signed(body)
 
 
 def plan_ancestry(plan: PlanRecord, plans_dir: Path) -> list[str]:
