@@ -36,7 +36,7 @@ EVIDENCE = {
     "b_metrics": f"{FOLDER}/run-b/metrics.jsonl",
     "b_checkpoint": f"{FOLDER}/run-b/checkpoint.json",
 }
-STEPS = {"plan": 0, "run_a": 0, "run_b_interrupted": INTERRUPTED_EXIT, "run_b_resume": 0}
+STEPS = {"plan": 0, "run_a": 0, "run_b_resume": 0}  # the interrupted step is judged by resume_tensor_exact
 
 
 def run(ctx: Context) -> dict[str, Path]:
