@@ -150,7 +150,8 @@ VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytes
 def verl(session: nox.Session) -> None:
     """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`.
 
-    The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml.
+    The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml and the PPO
+    (compiler v2) ones of examples/ppo-verl-smollm2.yaml and of a tiny PPO run (actor and critic adapters).
     """
     import json
     from pathlib import Path

@@ -101,8 +101,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if plan.direct_config is not None:
         payload |= {"compiler": plan.direct_config.compiler, "native_sha256": plan.direct_config.native.sha256}
         human += f"; {plan.direct_config.compiler}, native sha256 {plan.direct_config.native.sha256}"
+    handoff = _handoff_section(plan)
+    payload["handoff"] = handoff
+    if handoff["status"] == "compiles":
+        digests = f"IR {handoff['ir_digest'][:16]}, rules {handoff['rules_digest'][:16]}"
+        human += f"\nhandoff: {handoff['compiler']} ({digests})"
+    else:
+        human += f"\nhandoff {handoff['status']} ({handoff['refusal']['code']}) by {handoff['compiler']}"
     _emit(args, payload, human)
     return 0
+
+
+def _handoff_section(plan: Any) -> dict[str, Any]:
+    """Which verl compiler takes this plan (or its named refusal), with the IR and rules digests."""
+    from miniverl.config.loader import validate_config
+    from miniverl.handoff.plan_section import handoff_section
+
+    config = validate_config(dict(plan.config), origin="the plan")
+    return handoff_section(plan, config).model_dump(mode="json")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -394,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate = group("gate", "equivalence gates")
     equivalence = gate.add_parser("equivalence", help="dual/shared x batch {1,2,4,auto} equivalence gate")
     _add_matrix_arguments(equivalence)
+    equivalence.add_argument("--objectives", help="comma-separated of sft,kd,opd (default opd: 8 cells; all: 24)")
     equivalence.set_defaults(handler=cmd_gate)
 
     bench = group("bench", "benchmarks")
@@ -406,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(rollout_bench)
     rollout_bench.add_argument("--json", action="store_true", help="print the result as JSON")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
+    from miniverl.bench.grpo_args import add_grpo_arguments, cmd_bench_grpo
+
+    grpo_bench = bench.add_parser("grpo", help="GRPO step and update: miniverl fast/hf vs TRL vs naive HF+PEFT")
+    add_grpo_arguments(grpo_bench)
+    grpo_bench.add_argument("--json", action="store_true", help="print the result as JSON")
+    grpo_bench.set_defaults(handler=cmd_bench_grpo)
 
     handoff = add("handoff", cmd_handoff, "compile a plan or run into a verl 0.9 launch bundle")
     handoff.add_argument("source", metavar="RUN_OR_PLAN", help="a run directory (resumes its adapter) or a plan.json")

@@ -162,6 +162,28 @@ class MetricsLine(Record):
         description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "
         "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); finite values only",
     )
+    rollout_backend: Literal["fast", "hf"] | None = Field(
+        default=None,
+        description="what generated this cycle's samples: 'fast' (folded policy copy) or 'hf' (the transformers "
+        "decode loop); null when the cycle sampled nothing (SFT, KD)",
+    )
+    policy_digest_rollout: str | None = Field(
+        default=None,
+        description="sha256 of the trainable student adapter tensors the rollout used: for 'fast', of the snapshot "
+        "its fold was made from (a reused fold reports its own snapshot); for 'hf', of the live tensors at rollout "
+        "start. Equals policy_digest_before on every fresh-policy line; null when the cycle sampled nothing",
+    )
+    policy_digest_before: str | None = Field(
+        default=None,
+        description="sha256 of the trainable student adapter tensors just before this cycle's optimizer update "
+        "(equals the previous line's policy_digest_after)",
+    )
+    policy_digest_after: str | None = Field(
+        default=None,
+        description="sha256 of the trainable student adapter tensors just after this cycle's optimizer update. "
+        "Digest: for each tensor in sorted name order, name, dtype, shape and byte count (NUL-separated), then "
+        "its raw contiguous CPU bytes",
+    )
 
 
 class CudaTeardown(Record):

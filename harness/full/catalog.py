@@ -4,14 +4,17 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
-from harness.full import direct_gkd, grpo_cycles, pg_k1, smollm2
+from harness.full import backend_matrix, direct_gkd, grpo_cycles, pg_k1, ppo_rm_handoff, product_workflows, smollm2
 from harness.full.base import Workload
 
 _IMPLEMENTED: tuple[Workload, ...] = (
     direct_gkd.WORKLOAD,
     pg_k1.WORKLOAD,
     smollm2.WORKLOAD,
+    backend_matrix.WORKLOAD,
     grpo_cycles.WORKLOAD,
+    ppo_rm_handoff.WORKLOAD,
+    product_workflows.WORKLOAD,
 )
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from miniverl.config.schema import REWARD_MODEL_TERM, MiniverlConfig, RewardTerm
 from miniverl.data import COLUMNS, PromptRow
 from miniverl.errors import ConfigError, DataError
+from miniverl.rollout.backends import check_rollout_backend
 
 TEMPLATE_FIELDS = ("prompt", "context")
 
@@ -21,6 +22,7 @@ def check_config(config: MiniverlConfig) -> None:
     """Raise a one-line :class:`ConfigError` for the first problem found."""
     _check_rewards(config)
     _check_grpo(config)
+    check_rollout_backend(config)
     for role in ("teacher", "reference"):
         spec = getattr(config.models, role)
         if spec is not None and spec.privileged_context is not None:

@@ -209,7 +209,12 @@ class DataSection(Strict):
 
 
 class RolloutSection(Strict):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description="who samples: 'hf' (the training model, in process; its log-probs are the trainer's) or "
+        "'vllm' (another engine, whose log-probs a policy-gradient update may use only after the trainer "
+        "recomputes old_logp; refused where vllm is not installed)",
+    )
     prompts_per_cycle: Annotated[int, Field(ge=1)] = 2
     samples_per_prompt: Annotated[int, Field(ge=1)] = 4
     max_new_tokens: Annotated[int, Field(ge=1)] = 32
@@ -218,6 +223,11 @@ class RolloutSection(Strict):
     top_k: Annotated[int, Field(ge=0)] = 0
     batch_size: Annotated[int, Field(ge=1)] = 8
     use_chat_template: bool = True
+    engine: Literal["auto", "fast", "hf"] = Field(
+        default="auto",
+        description="the rollout generator: 'fast' (folded bf16 policy copy, static KV cache, CUDA graphs on CUDA), "
+        "'hf' (the transformers decode loop), 'auto' (fast when it supports the model, else hf)",
+    )
 
 
 class RewardTerm(Strict):

@@ -9,8 +9,7 @@ value of that component is 0 or 1, else it is ``None``.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,47 +39,27 @@ class Decoding:
         return cls(1, 0.0, 1.0, 0, rollout.max_new_tokens, rollout.batch_size, seed, rollout.use_chat_template)
 
 
-@contextmanager
-def own_rollout_engine(model: Any) -> Iterator[None]:
-    """Decode ``model`` with a rollout engine of its own, and put back the one it had.
-
-    The fast engine keeps its folded copy and decode workspace between calls; the workspace's size
-    (left by earlier, larger calls) changes float rounding, and on a near-uniform distribution a
-    sampled token. An evaluation therefore never reuses, and never resizes, the training rollout's
-    engine: each evaluation pass decodes from a fresh one, so its numbers do not depend on what ran
-    before it, and the training that follows decodes exactly as it would without the evaluation.
-    """
-    from miniverl.rollout.engine import _ENGINES
-
-    saved = _ENGINES.pop(model, None)
-    try:
-        yield
-    finally:
-        _ENGINES.pop(model, None)
-        if saved is not None:
-            _ENGINES[model] = saved
-
-
 def generate(model: Any, tokenizer: Any, rows: Sequence[PromptRow], decoding: Decoding, *, version: int) -> list[Any]:
-    """``decoding.samples`` responses per row through :func:`miniverl.rollout.hf.generate_group`,
-    decoded by an engine of their own (:func:`own_rollout_engine`)."""
+    """``decoding.samples`` responses per row through :func:`miniverl.rollout.hf.generate_group`.
+
+    The fast engine cached for ``model`` is shared with training: its fold is keyed by the adapter
+    state and parameter versions, so a base pass (adapter disabled) and a trained pass refold."""
     from miniverl.rollout.hf import generate_group
 
-    with own_rollout_engine(model):
-        return generate_group(
-            model,
-            tokenizer,
-            rows,
-            samples_per_prompt=decoding.samples,
-            max_new_tokens=decoding.max_new_tokens,
-            temperature=decoding.temperature,
-            top_p=decoding.top_p,
-            top_k=decoding.top_k,
-            seed=decoding.seed,
-            policy_version=version,
-            batch_size=decoding.batch_size,
-            use_chat_template=decoding.use_chat_template,
-        )
+    return generate_group(
+        model,
+        tokenizer,
+        rows,
+        samples_per_prompt=decoding.samples,
+        max_new_tokens=decoding.max_new_tokens,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
+        seed=decoding.seed,
+        policy_version=version,
+        batch_size=decoding.batch_size,
+        use_chat_template=decoding.use_chat_template,
+    )
 
 
 def summarize(trajectories: Sequence[Trajectory], scores: Sequence[RewardScore]) -> Summary:

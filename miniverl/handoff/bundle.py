@@ -2,10 +2,11 @@
 
 Layout (every path relative to the bundle; no absolute path is written anywhere)::
 
-    config/miniverl_grpo.yaml   the verl Hydra overlay (defaults: ppo_trainer)
+    config/miniverl_grpo.yaml   the verl Hydra overlay (defaults: ppo_trainer); miniverl_ppo.yaml for PPO
     data/train.parquet          prompts in verl's columns
     reward_fn.py                verl custom_reward_function calling miniverl's reward code
     adapter/                    the LoRA adapter to start from (from a run only)
+    critic_adapter/             PPO: the critic's TOKEN_CLS adapter with the value head (score)
     model/                      the base model directory (local models only)
     ir.json  rules.json         the compiled IR and the rules table (canonical JSON)
     launch.sh                   python -m verl.trainer.main_ppo with this config
@@ -35,14 +36,15 @@ from miniverl.config.schema import MiniverlConfig
 from miniverl.data import load_prompts
 from miniverl.errors import DataError, UsageError
 from miniverl.handoff.compiler import compile_plan_ir
-from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR, emit_verl_config, model_path, render_yaml
-from miniverl.handoff.ir import ExperimentIR, ir_digest
+from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR, config_name, emit_verl_config, model_path, render_yaml
+from miniverl.handoff.ir import ExperimentIR, PpoIR, ir_digest
 from miniverl.handoff.launch import launch_script, reward_file
 from miniverl.handoff.manifest import (
     MANIFEST_NAME,
     AdapterBinding,
     BundleManifest,
     BundleSource,
+    CriticAdapterBinding,
     DirectConfigEvidence,
     ModelBinding,
     file_entries,
@@ -50,7 +52,6 @@ from miniverl.handoff.manifest import (
 from miniverl.handoff.rules import load_rules, rules_digest
 from miniverl.records import PlanRecord
 
-CONFIG_NAME = "miniverl_grpo"
 NATIVE_DIR = "native"
 NATIVE_DIFF = "native-diff.json"
 VERL_SCHEMA = pa.schema(
@@ -87,7 +88,11 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     try:
-        adapter = _write_adapter(run_dir, tmp, model_path(ir)) if run_dir is not None else None
+        critic = critic_model_config(ir, config)  # refuses a model whose critic head verl would not train
+        written: dict[str, Any] = {}
+        adapter = _write_adapter(run_dir, tmp, ir, critic, written) if run_dir is not None else None
+        if critic is not None and run_dir is None:
+            written = _write_fresh_critic(tmp, ir, critic)
         _write_contents(tmp, ir, plan, config)
         direct = _write_native(tmp, ir, plan) if plan.direct_config is not None else None
         manifest = BundleManifest(
@@ -104,11 +109,12 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
                 identity_digest=ir.model.identity_digest,
             ),
             adapter=adapter,
-            config_name=CONFIG_NAME,
+            config_name=config_name(ir),
             launch="bash launch.sh",
             deviations=list(ir.deviations),
             files=file_entries(tmp),
             direct_config=direct,
+            critic_adapter=_critic_binding(ir, written),
         )
         atomic_write_bytes(
             tmp / MANIFEST_NAME, json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
@@ -121,6 +127,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {
+        "bundle": out.name,
         "out": str(out),
         "compiler": ir.compiler,
         "ir_digest": manifest.ir_digest,
@@ -152,10 +159,11 @@ def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: Mini
         f"IR sha256 {ir_digest(ir)}; plan sha256 {plan.plan_digest}.\n"
         "Launch with `bash launch.sh`; it passes the bundle's locations on the command line."
     )
-    atomic_write_text(root / "config" / f"{CONFIG_NAME}.yaml", render_yaml(emit_verl_config(ir), header=header))
+    name = config_name(ir)
+    atomic_write_text(root / "config" / f"{name}.yaml", render_yaml(emit_verl_config(ir), header=header))
     atomic_write_bytes(root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256))
     atomic_write_text(root / ir.reward.function_file, reward_file(ir))
-    atomic_write_text(root / "launch.sh", launch_script(ir, CONFIG_NAME))
+    atomic_write_text(root / "launch.sh", launch_script(ir, name))
     os.chmod(root / "launch.sh", 0o755)
     atomic_write_bytes(root / "ir.json", canonical_bytes(ir.model_dump(mode="json")) + b"\n")
     atomic_write_bytes(root / "rules.json", canonical_bytes(load_rules(ir.compiler).model_dump(mode="json")) + b"\n")
@@ -171,7 +179,8 @@ def _write_native(root: Path, ir: ExperimentIR, plan: PlanRecord) -> DirectConfi
     assert direct is not None
     raw = verified_native(direct)
     atomic_write_bytes(root / NATIVE_DIR / direct.native.name, raw)
-    diff = native_diff(raw, emit_verl_config(ir))
+    added = sum(link.added_cycles for link in plan.lineage)  # run --resume --extend N, recorded in the plan
+    diff = native_diff(raw, emit_verl_config(ir), added_cycles=added)
     atomic_write_bytes(root / NATIVE_DIFF, json.dumps(diff, indent=2, sort_keys=True).encode() + b"\n")
     return DirectConfigEvidence(
         compiler=direct.compiler,
@@ -234,10 +243,52 @@ def _copy_model(config: MiniverlConfig, target: Path) -> None:
     shutil.copytree(src, target, symlinks=False, ignore=shutil.ignore_patterns(".*"))
 
 
-def _write_adapter(run_dir: Path, root: Path, base_name: str) -> AdapterBinding:
-    """Export the run's last checkpoint (verified PEFT reload), keep the PEFT files, strip local paths."""
+def critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, Any] | None:
+    """PPO: the base model's ``config.json`` (read without weights), after the value-head check."""
+    if not isinstance(ir.algorithm, PpoIR):
+        return None
+    from miniverl.handoff.critic_adapter import require_trained_head
+    from miniverl.models.sources import resolve
+
+    student = config.models.student
+    resolved = resolve(student, fetch=False)
+    model_config = dict(resolved.config) if resolved.config is not None else None
+    if model_config is None and student.path is not None and (Path(student.path) / "config.json").is_file():
+        model_config = json.loads((Path(student.path) / "config.json").read_text(encoding="utf-8"))
+    if model_config is None:
+        raise UsageError(f"no config.json known for {resolved.label}: the critic's value head cannot be sized")
+    require_trained_head(ir, model_config)
+    return model_config
+
+
+def _critic_binding(ir: ExperimentIR, written: dict[str, Any]) -> CriticAdapterBinding | None:
+    if not isinstance(ir.algorithm, PpoIR):
+        return None
+    return CriticAdapterBinding(
+        start=ir.algorithm.critic.start, hidden_size=written["hidden_size"], lora_tensors=written["lora_tensors"]
+    )
+
+
+def _write_fresh_critic(root: Path, ir: ExperimentIR, model_config: dict[str, Any]) -> dict[str, Any]:
+    """A plan's critic: miniverl's seeded value head, no LoRA tensors (peft's fresh init in verl)."""
+    from miniverl.handoff.critic_adapter import require_trained_head, seeded_value_head, write_critic_adapter
+
+    assert isinstance(ir.algorithm, PpoIR)
+    hidden = require_trained_head(ir, model_config)
+    head = seeded_value_head(hidden, ir.algorithm.critic.head_seed)
+    return write_critic_adapter(root, ir, model_path(ir), head, None)
+
+
+def _write_adapter(
+    run_dir: Path, root: Path, ir: ExperimentIR, critic: dict[str, Any] | None, written: dict[str, Any]
+) -> AdapterBinding:
+    """Export the run's last checkpoint (verified PEFT reload), keep the PEFT files, strip local paths.
+
+    PPO: the exported critic (LoRA + value head, reload-verified) becomes ``critic_adapter/``.
+    """
     from miniverl.artifacts.export import export_run
 
+    base_name = model_path(ir)
     staging = root.parent / f"{root.name}-export"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -246,6 +297,11 @@ def _write_adapter(run_dir: Path, root: Path, base_name: str) -> AdapterBinding:
         target.mkdir()
         for name in ("adapter_model.safetensors", "adapter_config.json"):
             shutil.copyfile(staging / name, target / name)
+        if critic is not None:
+            from miniverl.handoff.critic_adapter import run_critic_tensors, write_critic_adapter
+
+            lora, head = run_critic_tensors(staging / "critic")
+            written.update(write_critic_adapter(root, ir, base_name, head, lora))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     config_path = target / "adapter_config.json"

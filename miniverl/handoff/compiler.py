@@ -116,7 +116,7 @@ def build_ir(
     return ExperimentIR(
         compiler=compiler,
         source=SourceIR(
-            plan_digest=plan.plan_digest, config_digest=plan.config_digest, miniverl_version=plan.miniverl_version
+            config_digest=plan.config_digest, data_sha256=plan.data.sha256, miniverl_version=plan.miniverl_version
         ),
         model=_model_binding(plan, config),
         lora=LoraIR(
@@ -163,7 +163,7 @@ def build_ir(
             needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
             reward_model=_reward_model_ir(plan, config),
         ),
-        deviations=_deviations(config) + extra_deviations(algorithm),
+        deviations=_deviations(config),
     )
 
 
@@ -282,15 +282,6 @@ def _reward_model_ir(plan: PlanRecord, config: MiniverlConfig) -> RewardModelIR 
     weight = next(t.weight for t in config.algorithm.rewards if t.name == REWARD_MODEL_TERM)
     kept = spec.model_dump(mode="json", exclude={"placement", "batch_size", "path"})
     return RewardModelIR(spec=kept, identity=dict(plan.models["reward"]), weight=weight)
-
-
-def extra_deviations(algorithm: GrpoIR | PpoIR) -> tuple[str, ...]:
-    if isinstance(algorithm, PpoIR):
-        return (
-            "critic_head_init: verl initializes the value head with the model's own init, not miniverl's "
-            "seeded head (algorithm.ppo.critic_head_seed)",
-        )
-    return ()
 
 
 def _deviations(config: MiniverlConfig) -> tuple[str, ...]:

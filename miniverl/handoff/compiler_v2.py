@@ -6,13 +6,15 @@ verl's ``adv_estimator: gae`` with ``gamma``/``lam``, whitened advantages, ``ppo
 over mini-batches of whole prompt groups for the actor and the critic, the PPO-clip bounds, the
 value clip, the critic's learning rate and gradient clip, and the KL to the reference.
 
-One refusal applies to every PPO plan of this miniverl: verl 0.9.1 builds a LoRA critic
-(``critic.model.lora_rank > 0``) as a ``*ForTokenClassification`` model wrapped with a
-``CAUSAL_LM`` ``LoraConfig`` and no ``modules_to_save``, so its value head is never trained (with
-peft 0.21 the wrap fails outright), while miniverl trains the value head with the critic's LoRA
-and has no full-parameter critic. :func:`compile_v2` therefore raises ``critic_lora_value_head``
-after the plan-specific refusals; :func:`ppo_ir` is the IR that v2 emits once that refusal can be
-lifted (tested, digests in ``tests/golden/handoff-v2.json``).
+The critic: verl 0.9.1 builds a LoRA critic (``critic.model.lora_rank > 0``) as a
+``*ForTokenClassification`` model. Wrapped fresh (``get_peft_model`` with a ``CAUSAL_LM`` config and
+no ``modules_to_save``) its value head is never trained; loaded from ``critic.model.lora_adapter_path``
+(``PeftModel.from_pretrained`` with the adapter's own config) a ``TOKEN_CLS`` adapter trains the head
+(``score`` in ``modules_to_save``). v2 therefore always emits ``lora_adapter_path: critic_adapter``
+and the bundle writes that adapter with miniverl's value head
+(:mod:`miniverl.handoff.critic_adapter`). A model whose token-classification head is not ``score``
+is still refused, ``critic_lora_value_head`` (checked when the bundle is written: it needs the
+model's ``config.json``).
 """
 
 from __future__ import annotations
@@ -25,17 +27,21 @@ from miniverl.records import PlanRecord
 
 
 def compile_v2(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
-    refusals(config)
-    raise refuse("critic_lora_value_head", "models.critic.lora", compiler=COMPILER_V2)
+    return ppo_ir(plan, config, start_adapter=start_adapter)
 
 
 def refusals(config: MiniverlConfig) -> None:
-    """Every v2 refusal that depends on the plan (the critic's LoRA refusal comes after these)."""
+    """Every v2 refusal that depends on the plan alone (the model's head is checked by the bundle)."""
     common_refusals(config, COMPILER_V2)
     ppo, models = config.algorithm.ppo, config.models
     critic = models.critic
     if critic is not None and critic.source != "student":
         raise refuse("critic_other_base", f"models.critic source {critic.source}", compiler=COMPILER_V2)
+    lora = critic.lora if critic is not None else None
+    if lora is not None and lora.dropout != 0:
+        raise refuse("critic_lora_dropout", f"models.critic.lora.dropout {lora.dropout}", compiler=COMPILER_V2)
+    if lora is not None and float(lora.alpha) != int(lora.alpha):
+        raise refuse("critic_lora_alpha_not_integer", f"models.critic.lora.alpha {lora.alpha}", compiler=COMPILER_V2)
     if not ppo.whiten_advantages:
         raise refuse("unwhitened_gae", compiler=COMPILER_V2)
     if config.rollout.prompts_per_cycle % ppo.mini_batches:
@@ -50,7 +56,7 @@ def refusals(config: MiniverlConfig) -> None:
 
 
 def ppo_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = False) -> ExperimentIR:
-    """The v2 IR of a PPO plan that passes :func:`refusals` (the critic's LoRA refusal aside)."""
+    """The v2 IR of a PPO plan that passes :func:`refusals`."""
     refusals(config)
     ppo, critic = config.algorithm.ppo, config.models.critic
     assert critic is not None and critic.lora is not None  # the config fills a PPO critic in
@@ -70,6 +76,8 @@ def ppo_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = Fa
             target_modules=tuple(critic.lora.target_modules),
             lr=ppo.critic_learning_rate,
             clip_grad=ppo.critic_max_grad_norm,
+            start="run_checkpoint" if start_adapter else "seeded_head",
+            head_seed=ppo.critic_head_seed,
         ),
         **kl_fields(ppo),
     )

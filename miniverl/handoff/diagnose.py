@@ -6,7 +6,9 @@
 4. verl's own ``validate_config`` passes on the composed config (``verl_validation_failed``);
 5. the reward file imports and has verl's signature, and its terms resolve (``reward_import_failed``);
 6. the Parquet file has verl's columns (``dataset_columns``);
-7. a run's start adapter agrees with the YAML's LoRA (``adapter_mismatch``);
+7. a run's start adapter agrees with the YAML's LoRA (``adapter_mismatch``); PPO: the critic adapter is
+   a ``TOKEN_CLS`` adapter with the value head (``score``) that agrees with the YAML's critic LoRA
+   (``critic_adapter_mismatch``);
 8. ``bash launch.sh --cfg job`` composes through verl's own ``main_ppo`` Hydra entry
    (``launch_script_failed``);
 9. a bundled base model directory is present (``model_missing``); with it, verl's RLHFDataset
@@ -61,8 +63,21 @@ def diagnose(bundle: Path) -> dict[str, Any]:
     stand_ins = install_vllm_standins()
     checks["stand_ins"] = stand_ins
     config = None
+    overrides = _launch_overrides(root, manifest)
+    if manifest.compiler == COMPILER_V2 and manifest.model.binding != "bundle":
+        # verl's validate_config instantiates the critic's HFModelConfig, which reads config.json
+        local = _local_base(manifest)
+        checks["base_model"] = "resolved locally (config.json for the critic)" if local else "not available here"
+        if local is None:
+            block(
+                "model_unavailable",
+                f"verl's critic config needs the base model's config.json; {manifest.model.model_id} is not in the "
+                "local cache: set MINIVERL_MODEL_PATH to its directory (or `miniverl models fetch` it)",
+            )
+        else:
+            overrides += [f"{key}={local}" for key in ("actor_rollout_ref.model.path", "critic.model.path")]
     try:
-        config = _compose(root, manifest.config_name, _launch_overrides(root, manifest))
+        config = _compose(root, manifest.config_name, overrides)
         checks["compose"] = "ok"
     except Exception as exc:
         block("compose_failed", _one_line(exc))
@@ -83,6 +98,8 @@ def diagnose(bundle: Path) -> dict[str, Any]:
     run("dataset_columns", "dataset", _check_dataset, root / "data" / "train.parquet")
     if manifest.adapter is not None:
         run("adapter_mismatch", "adapter", _check_adapter, root / "adapter", config)
+    if manifest.compiler == COMPILER_V2:
+        run("critic_adapter_mismatch", "critic_adapter", _check_critic_adapter, root / "critic_adapter", config)
     model_dir = root / "model"
     if manifest.model.binding != "bundle":
         checks["verl_dataset"] = "skipped: the tokenizer is resolved at launch (hub or builtin model)"
@@ -104,6 +121,7 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         "compiler": manifest.compiler,
         "ir_digest": manifest.ir_digest,
         "rules_digest": manifest.rules_digest,
+        "verl_version": verl_version,
         "checks": checks,
         "ray_started": False,
     }
@@ -121,9 +139,40 @@ def _launch_overrides(root: Path, manifest: Any) -> list[str]:
         overrides.append(f"actor_rollout_ref.model.path={root / 'model'}")
         if manifest.compiler == COMPILER_V2:  # the critic starts from the same base
             overrides.append(f"critic.model.path={root / 'model'}")
+    if manifest.compiler == COMPILER_V2:
+        overrides.append(f"critic.model.lora_adapter_path={root / 'critic_adapter'}")
     if manifest.adapter is not None:
         overrides.append(f"actor_rollout_ref.model.lora_adapter_path={root / 'adapter'}")
     return overrides
+
+
+def _local_base(manifest: Any) -> str | None:
+    """The base model's local directory without downloading: MINIVERL_MODEL_PATH, the builtin cache, the
+    Hugging Face cache at the pinned revision; None when none holds it (this process only, never written)."""
+    import os
+
+    from miniverl.handoff.launch import MODEL_ENV
+
+    given = os.environ.get(MODEL_ENV)
+    if given:
+        return given
+    model = manifest.model
+    if model.binding == "builtin":
+        from miniverl.models.builtin import cached_builtin
+
+        found = cached_builtin(str(model.model_id))
+        return str(found) if found is not None else None
+    if model.binding == "hub":
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(
+                str(model.model_id), revision=model.revision, local_files_only=True, allow_patterns=["config.json"]
+            )
+        except Exception:
+            return None
+        return str(folder)
+    return None
 
 
 def _compose(root: Path, config_name: str, overrides: list[str]) -> Any:
@@ -169,6 +218,7 @@ def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
     resolved = OmegaConf.to_container(composed, resolve=False)
     located = {"data.train_files", "data.val_files", "reward.custom_reward_function.path", "trainer.default_local_dir"}
     located |= {"actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_adapter_path"}
+    located |= {"critic.model.path", "critic.model.lora_adapter_path"}
     out: list[str] = []
 
     def walk(node: Any, have: Any, prefix: str) -> None:
@@ -220,6 +270,8 @@ def _dry_launch(root: Path, config: Any) -> dict[str, Any]:
         "data.train_files": str(root / "data" / "train.parquet"),
         "actor_rollout_ref.model.lora_rank": int(config.actor_rollout_ref.model.lora_rank),
     }
+    if bool(config.critic.get("enable")):  # PPO: the critic starts from the bundle's critic adapter
+        expected["critic.model.lora_adapter_path"] = str(root / "critic_adapter")
     for dotted, want in expected.items():
         node = printed
         for part in dotted.split("."):
@@ -254,6 +306,40 @@ def _check_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
         "lora_alpha": have["lora_alpha"],
         "base_model_name_or_path": found.get("base_model_name_or_path"),
     }
+
+
+def _check_critic_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
+    """verl loads the critic with this adapter's own config: TOKEN_CLS (the value head trained as
+    ``modules_to_save``), and the same LoRA as the YAML's ``critic.model``."""
+    import json
+
+    from safetensors import safe_open
+
+    from miniverl.handoff.critic_adapter import HEAD, SCORE_KEYS
+
+    found = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    if config is None:
+        raise ValueError("the config did not compose; the critic adapter cannot be compared")
+    if found.get("task_type") != "TOKEN_CLS" or HEAD not in (found.get("modules_to_save") or []):
+        raise ValueError(
+            f"critic adapter task_type {found.get('task_type')!r}, modules_to_save {found.get('modules_to_save')}: "
+            "verl would not train the value head"
+        )
+    model = config.critic.model
+    want: dict[str, Any] = {"r": int(model.lora_rank), "lora_alpha": int(model.lora_alpha)}
+    want["target_modules"] = sorted(model.target_modules)
+    have = {"r": found.get("r"), "lora_alpha": found.get("lora_alpha")}
+    have["target_modules"] = sorted(found.get("target_modules") or [])
+    if have != want:
+        raise ValueError(f"critic adapter_config.json {have} differs from critic.model {want}")
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as handle:
+        keys = set(handle.keys())
+        if not set(SCORE_KEYS) <= keys:
+            raise ValueError(f"critic adapter lacks the value head tensors {list(SCORE_KEYS)}")
+        shape = list(handle.get_slice(SCORE_KEYS[0]).get_shape())
+    if shape[0] != 1:
+        raise ValueError(f"value head weight {shape}: verl's critic has one label")
+    return {"task_type": "TOKEN_CLS", "value_head": HEAD, "hidden_size": shape[1], "lora_tensors": len(keys) - 2}
 
 
 def _load_with_verl(root: Path, model_dir: Path, config: Any) -> dict[str, Any]:

@@ -21,6 +21,11 @@ MODEL_DIR = "model"
 ADAPTER_DIR = "adapter"
 
 
+def config_name(ir: ExperimentIR) -> str:
+    """The YAML's name in ``config/`` (``miniverl_grpo`` or ``miniverl_ppo``)."""
+    return "miniverl_ppo" if isinstance(ir.algorithm, PpoIR) else "miniverl_grpo"
+
+
 def model_path(ir: ExperimentIR) -> str:
     """What ``actor_rollout_ref.model.path`` says in the YAML (launch.sh replaces it at launch)."""
     if ir.model.binding in ("hub", "builtin"):
@@ -142,6 +147,7 @@ def _critic_section(ir: ExperimentIR, algo: PpoIR, fsdp: dict[str, str]) -> dict
             "lora_rank": critic.lora_rank,
             "lora_alpha": critic.lora_alpha,
             "target_modules": list(critic.target_modules),
+            "lora_adapter_path": critic.adapter_dir,
             "enable_gradient_checkpointing": ir.model.gradient_checkpointing,
         },
         "ppo_mini_batch_size": algo.mini_batch_prompts,

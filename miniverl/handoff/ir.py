@@ -31,11 +31,15 @@ class IRModel(BaseModel):
 
 
 class SourceIR(IRModel):
-    """Where the experiment came from: a miniverl plan (v1/v2) or a native verl YAML (v4)."""
+    """Where the experiment came from: the plan's resolved config and data, by content.
+
+    The plan's own digest is not part of the IR: the plan records this IR's digest (its ``handoff``
+    section), so the IR cannot depend on it; the bundle manifest names the plan digest.
+    """
 
     kind: Literal["miniverl_plan"] = "miniverl_plan"
-    plan_digest: str
     config_digest: str
+    data_sha256: str
     miniverl_version: str
 
 
@@ -109,7 +113,11 @@ class CriticIR(IRModel):
     """PPO's value model: a LoRA on the actor's base plus a scalar value head.
 
     The optimizer shares the actor's weight decay, betas and eps (miniverl's ``train.*``) and has
-    its own learning rate and gradient clip.
+    its own learning rate and gradient clip. verl starts the critic from the bundle's
+    ``critic_adapter/`` (``critic.model.lora_adapter_path``): a ``TOKEN_CLS`` PEFT adapter whose
+    ``modules_to_save`` is the value head (``score``), so verl trains the head as miniverl does.
+    ``start``: ``seeded_head`` (a plan: miniverl's seeded head, fresh LoRA) or ``run_checkpoint``
+    (a run: the critic LoRA and head of its last checkpoint).
     """
 
     base: Literal["actor_base"] = "actor_base"
@@ -118,6 +126,10 @@ class CriticIR(IRModel):
     target_modules: tuple[str, ...]
     lr: float
     clip_grad: float
+    value_head: Literal["score_modules_to_save"] = "score_modules_to_save"
+    adapter_dir: Literal["critic_adapter"] = "critic_adapter"
+    start: Literal["seeded_head", "run_checkpoint"] = "seeded_head"
+    head_seed: int = 0
 
 
 class PpoIR(IRModel):

@@ -35,7 +35,12 @@ def launch_script(ir: ExperimentIR, config_name: str) -> str:
         if ir.lora.start_adapter == "bundle"
         else ""
     )
-    critic = '  critic.model.path="$MODEL_PATH" \\\n' if isinstance(ir.algorithm, PpoIR) else ""
+    critic = ""
+    if isinstance(ir.algorithm, PpoIR):
+        critic = (
+            '  critic.model.path="$MODEL_PATH" \\\n'
+            f'  critic.model.lora_adapter_path="$HERE/{ir.algorithm.critic.adapter_dir}" \\\n'
+        )
     return f"""#!/usr/bin/env bash
 # Written by miniverl {__version__} handoff ({ir.compiler}); runs verl {ir.verl_version} on this bundle.
 # Needs an environment with verl {ir.verl_version} (vLLM rollout, one CUDA GPU) and miniverl (the reward code).

@@ -44,6 +44,17 @@ class AdapterBinding(_Strict):
     reload_tolerance: float
 
 
+class CriticAdapterBinding(_Strict):
+    """PPO: the critic verl starts from (``critic.model.lora_adapter_path``), value head included."""
+
+    directory: Literal["critic_adapter"] = "critic_adapter"
+    task_type: Literal["TOKEN_CLS"] = "TOKEN_CLS"
+    value_head: Literal["score"] = "score"
+    start: Literal["seeded_head", "run_checkpoint"]
+    hidden_size: int = Field(ge=1)
+    lora_tensors: int = Field(ge=0)
+
+
 class ModelBinding(_Strict):
     binding: Literal["hub", "builtin", "bundle"]
     model_id: str | None
@@ -80,12 +91,14 @@ class BundleManifest(_Strict):
     deviations: list[str]
     files: dict[str, BundleFile]
     direct_config: DirectConfigEvidence | None = None
+    critic_adapter: CriticAdapterBinding | None = None
 
     @model_serializer(mode="wrap")
     def _omit_absent_direct_config(self, handler: SerializerFunctionWrapHandler) -> Any:
         out = handler(self)
-        if isinstance(out, dict) and out.get("direct_config", 0) is None:
-            out.pop("direct_config")
+        for key in ("direct_config", "critic_adapter"):
+            if isinstance(out, dict) and out.get(key, 0) is None:
+                out.pop(key)
         return out
 
 

@@ -12,6 +12,7 @@ key by key (:func:`native_diff`).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ HUB_PIN = re.compile(r"^(?P<id>[^@\s]+)@(?P<rev>[0-9a-f]{40})$")
 LEAF_KEYS = frozenset({"reward.custom_reward_function.reward_kwargs.miniverl_rewards"})
 #: maps whose absence is allowed (the KL keys only matter when a KL switch is on)
 OPTIONAL = frozenset({"kl_coef", "kl_est"})
-STATUSES = ("same", "runtime", "ignored", "changed", "native_only", "bundle_only")
+STATUSES = ("same", "runtime", "ignored", "extended", "changed", "native_only", "bundle_only")
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -92,7 +93,20 @@ def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any
         )
     if "model" not in bindings:
         raise _refused("model_binding_missing", "set model=<local dir | hub-id@40-hex | builtin name>")
+    bindings["model"] = portable_model(bindings["model"])
     return bindings
+
+
+def portable_model(model: Any) -> Any:
+    """A local model directory as a path relative to the working directory, like ``data.path``.
+
+    The plan and the run record the binding; records never hold a path of the machine that wrote
+    them, so an absolute directory is written relative to where ``miniverl plan`` runs.
+    """
+    text = str(model)
+    if Path(text).is_absolute() and Path(text).is_dir():
+        return os.path.relpath(text)
+    return model
 
 
 def student_from_binding(model: Any) -> dict[str, Any]:
@@ -103,7 +117,7 @@ def student_from_binding(model: Any) -> dict[str, Any]:
     if pinned:
         return {"source": "hub", "model_id": pinned["id"], "revision": pinned["rev"]}
     if Path(text).is_dir():
-        return {"source": "local", "path": str(Path(text).resolve())}
+        return {"source": "local", "path": str(portable_model(text))}
     raise _refused(
         "model_unresolvable",
         f"model {text!r} is neither a local directory, a hub id@40-hex revision nor a builtin model "
@@ -177,7 +191,16 @@ def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[di
     if unknown:
         raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
     if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
-        raise refuse("critic_lora_value_head", "a native PPO config (critic, gae)", compiler=COMPILER_V2)
+        rank = flat.get("critic.model.lora_rank") or 0
+        what = (
+            "its LoRA critic is wrapped fresh by verl (CAUSAL_LM, no modules_to_save): verl never trains that "
+            "value head, while miniverl always does (a miniverl PPO config hands off with a trained-head critic "
+            "adapter, compiler v2)"
+            if rank
+            else "its critic is full-parameter (critic.model.lora_rank 0 or absent): miniverl's critic is a LoRA "
+            "plus a value head"
+        )
+        raise refuse("critic_lora_value_head", f"a native PPO config (critic, gae): {what}", compiler=COMPILER_V2)
     config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
     decisions: dict[str, str] = {}
     for rule in RULES:
@@ -255,6 +278,10 @@ def verified_native(direct: DirectConfig) -> bytes:
     return raw
 
 
+#: the one key a recorded extension (``run --resume --extend N``) changes
+EXTENDED_KEY = "trainer.total_training_steps"
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
@@ -266,8 +293,13 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
 
 
-def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, Any]:
-    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings."""
+def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycles: int = 0) -> dict[str, Any]:
+    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings.
+
+    ``added_cycles``: the cycles the run's recorded extensions added (``run --resume --extend N``,
+    the plan's ``lineage``). ``trainer.total_training_steps`` is then ``extended`` when it is exactly the
+    native value plus those cycles, and ``changed`` otherwise.
+    """
     native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
     bundle = flatten(bundle_config)
     entries = []
@@ -275,6 +307,8 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, 
         in_n, in_b = key in native, key in bundle
         if in_n and in_b and _same(native[key], bundle[key]):
             status = "same"
+        elif key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
+            status = "extended"
         elif key in RUNTIME_KEYS:
             status = "runtime"
         elif key in IGNORED_KEYS:
@@ -292,6 +326,7 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any]) -> dict[str, 
         "native_sha256": hashlib.sha256(native_yaml).hexdigest(),
         "runtime_keys": sorted(RUNTIME_KEYS),
         "ignored_keys": sorted(IGNORED_KEYS),
+        "added_cycles": added_cycles,
         "counts": counts,
         "semantically_equal": counts["changed"] == counts["native_only"] == counts["bundle_only"] == 0,
         "entries": entries,

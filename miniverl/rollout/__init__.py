@@ -7,7 +7,15 @@ from typing import Any
 
 from miniverl.rollout.records import TrajectoryRecord, read_trajectories_jsonl, write_trajectories_jsonl
 
-_LAZY = {"generate_group", "PromptInput", "Trajectory", "encode_prompt", "resolve_eos_ids", "resolve_pad_id"}
+_LAZY = {
+    "generate_group",
+    "PromptInput",
+    "RolloutReport",
+    "Trajectory",
+    "encode_prompt",
+    "resolve_eos_ids",
+    "resolve_pad_id",
+}
 
 __all__ = ["TrajectoryRecord", "read_trajectories_jsonl", "write_trajectories_jsonl", *sorted(_LAZY)]
 

@@ -24,14 +24,14 @@ Random streams: the token at response position ``n`` of a sample uses ``uniform(
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from miniverl.rollout.decoder import DecodeWorkspace, SamplingSpec
-from miniverl.rollout.weights import RolloutWeights, fold_policy, unsupported_reason
+from miniverl.rollout.weights import RolloutWeights, fold_policy, policy_digest, unsupported_reason
 
 FinishReason = Literal["eos", "length"]
 
@@ -50,17 +50,18 @@ class EngineStats:
     host_syncs: int = 0
 
 
-def _policy_state(model: Any) -> tuple[int, tuple[Any, ...]]:
-    """What decides the folded weights besides the policy version: the parameters' in-place version
-    counters (an optimizer step bumps them) and the LoRA layers' active/disabled/merged adapter state
-    (a role switch changes it without touching any parameter)."""
-    versions = sum(int(p._version) for p in model.parameters())
-    adapters = {
-        (tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
-        for m in model.modules()
+def _policy_state(model: Any) -> tuple[Any, ...]:
+    """What the folded weights are a function of: every parameter's identity (name, storage, in-place
+    version counter: an optimizer step or a ``copy_`` bumps it) and the LoRA layers' active/disabled/
+    merged adapter state (a role switch or PEFT's ``disable_adapter()`` changes it without touching
+    any parameter)."""
+    tensors = tuple((name, p.data_ptr(), int(p._version)) for name, p in model.named_parameters())
+    adapters = tuple(
+        (name, tuple(m.active_adapters), bool(m.disable_adapters), bool(m.merged))
+        for name, m in model.named_modules()
         if hasattr(m, "lora_A") and hasattr(m, "base_layer")
-    }
-    return versions, tuple(sorted(adapters))
+    )
+    return tensors, adapters
 
 
 class FastRolloutEngine:
@@ -80,19 +81,32 @@ class FastRolloutEngine:
         self.weights: RolloutWeights | None = None
         self.workspace: DecodeWorkspace | None = None
         self._fold_key: tuple[Any, ...] | None = None
+        self.fold_digest: str | None = None  # policy_digest of the adapter snapshot the current fold was made from
         self.stats = EngineStats()
 
-    def sync_policy(self, model: Any, policy_version: int) -> None:
-        """Fold ``model`` into the rollout copy unless this (version, parameter state) is already there."""
+    def sync_policy(
+        self, model: Any, policy_version: int, tensors: Mapping[str, torch.Tensor] | None = None
+    ) -> str | None:
+        """Fold ``model`` into the rollout copy unless this (version, parameter state) is already there.
+
+        ``tensors`` (the trainable adapter tensors, by name): their :func:`policy_digest` is taken at
+        fold time, from the very tensors folded, and kept with the fold. Returns the digest of the
+        snapshot the current fold was made from (a reused fold reports its own, older snapshot, so a
+        stale fold shows up as a mismatch with the live policy); ``None`` without ``tensors``.
+        """
         key = (policy_version, _policy_state(model))
-        if self.weights is not None and key == self._fold_key:
-            return
+        reuse = self.weights is not None and key == self._fold_key
+        if reuse and (tensors is None or self.fold_digest is not None):
+            return self.fold_digest if tensors is not None else None
+        digest = policy_digest(tensors) if tensors is not None else None
         old = self.weights
         self.weights = fold_policy(model, device=self.device, dtype=self.dtype, into=old)
         if old is None or self.weights.embed is not old.embed or self.weights.lm_head is not old.lm_head:
             self.workspace = None  # new tensors: captured graphs would read the old ones
         self._fold_key = key
+        self.fold_digest = digest
         self.stats.folds += 1
+        return digest
 
     def _workspace(self, batch: int, capacity: int, max_new_tokens: int) -> DecodeWorkspace:
         assert self.weights is not None

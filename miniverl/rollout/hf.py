@@ -24,7 +24,7 @@ alone: pads are masked out of attention and real tokens keep positions 0, 1, 2, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -46,6 +46,21 @@ class PromptLike(Protocol):
 
     @property
     def prompt(self) -> str: ...
+
+
+@dataclass
+class RolloutReport:
+    """What one :func:`generate_group` call actually did (filled in by the call).
+
+    ``backend``: ``"fast"`` or ``"hf"``, the path that generated the samples. ``policy_digest``:
+    :func:`~miniverl.rollout.weights.policy_digest` of the ``policy_tensors`` the call was given,
+    as the rollout used them: for the fast engine, of the snapshot its fold was made from (taken at
+    fold time; a reused fold reports its older snapshot); for the hf loop, of the live tensors at
+    rollout start. ``None`` when no ``policy_tensors`` were given.
+    """
+
+    backend: Literal["fast", "hf"] | None = None
+    policy_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,8 @@ def generate_group(
     rollout_dtype: torch.dtype | None = None,
     check_every: int = 8,
     compile_glue: bool = False,
+    policy_tensors: Mapping[str, torch.Tensor] | None = None,
+    report: RolloutReport | None = None,
 ) -> list[Trajectory]:
     """Sample ``samples_per_prompt`` responses for each prompt; returned in (prompt, sample) order.
 
@@ -204,6 +221,10 @@ def generate_group(
     ``check_every`` is how many decode steps pass between two "all rows finished?" host checks;
     ``compile_glue`` (fast engine, CUDA) fuses the element-wise glue of a decode step with
     ``torch.compile`` (about 1.2-1.3x faster decode on the H200, a one-off compile of seconds).
+
+    ``report`` (a :class:`RolloutReport`) is filled with the backend used and, given
+    ``policy_tensors`` (the trainable adapter tensors by name), the digest of the policy the
+    rollout actually sampled from.
     """
     _check_args(samples_per_prompt, max_new_tokens, temperature, top_p, top_k, batch_size)
     ids_seen = [p.prompt_id for p in prompts]
@@ -236,13 +257,14 @@ def generate_group(
         use_fast = reason is None
 
     out: list[Trajectory] = []
+    digest: str | None = None
     with _eval_mode(model):
         if use_fast:
             from miniverl.rollout.decoder import SamplingSpec
             from miniverl.rollout.engine import EngineRow, engine_for
 
             fast = engine_for(model, target, rollout_dtype, compile_glue=compile_glue)
-            fast.sync_policy(model, policy_version)
+            digest = fast.sync_policy(model, policy_version, policy_tensors)
             decoded = fast.generate(
                 [EngineRow(r.prompt_ids, r.seed) for r in rows],
                 batch_size=batch_size,
@@ -252,6 +274,10 @@ def generate_group(
                 check_every=check_every,
             )
         else:
+            if policy_tensors is not None:
+                from miniverl.rollout.weights import policy_digest
+
+                digest = policy_digest(policy_tensors)
             decoded = []
             for start in range(0, len(rows), batch_size):
                 batch = rows[start : start + batch_size]
@@ -274,6 +300,9 @@ def generate_group(
                     response_text=tokenizer.decode(tokens, skip_special_tokens=True),
                 )
             )
+    if report is not None:
+        report.backend = "fast" if use_fast else "hf"
+        report.policy_digest = digest
     return out
 
 

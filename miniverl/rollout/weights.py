@@ -16,6 +16,8 @@ table, SiLU MLP and full attention; :func:`unsupported_reason` says why a model 
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +106,24 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+def policy_digest(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 hex of named tensors (the policy evidence in ``metrics.jsonl``).
+
+    For each tensor in sorted name order: the name, the dtype (``torch.bfloat16``), the shape and
+    the byte count, each followed by a NUL, then the tensor's raw bytes (contiguous, on CPU). The
+    same tensors give the same digest on every device; any changed element, dtype or shape changes it.
+    """
+    items = dict(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    h = hashlib.sha256()
+    for name in sorted(items):
+        flat = items[name].detach().reshape(-1).contiguous().cpu()
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        shape = ",".join(str(d) for d in items[name].shape)
+        h.update(f"{name}\0{items[name].dtype}\0{shape}\0{len(raw)}\0".encode())
+        h.update(raw)
+    return h.hexdigest()
+
+
 def _plain_weight(module: Any) -> torch.Tensor:
     weight = module.weight
     if type(weight).__name__ == "Params4bit":
@@ -156,10 +176,17 @@ def decoder_shape(config: Any, rotary: Any) -> DecoderShape:
 
 
 def _put(existing: torch.Tensor | None, value: torch.Tensor | None, device: torch.device, dtype: torch.dtype) -> Any:
+    """``value`` in the rollout copy: a new tensor the copy owns, or ``existing`` refilled in place.
+
+    Always a copy: ``value`` may be the model's own parameter (``detach().float()`` of an fp32
+    weight is the same storage), and a rollout tensor that aliased it would make the next in-place
+    refill write into the model (e.g. ``W + ΔW`` into the frozen base weight after a fold taken with
+    the adapter disabled).
+    """
     if value is None:
         return None
     if existing is None:
-        return value.to(device=device, dtype=dtype).contiguous()
+        return value.to(device=device, dtype=dtype, copy=True).contiguous()
     existing.copy_(value)
     return existing
 

@@ -28,8 +28,10 @@ from miniverl.evaluation import periodic_evaluator
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
-from miniverl.rollout.hf import Trajectory
+from miniverl.rollout.backends import RolloutBackend, rollout_backend
+from miniverl.rollout.hf import RolloutReport, Trajectory
 from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
+from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
@@ -76,8 +78,10 @@ class Controller:
         on_update: Callable[[int], None] | None = None,
         progress: Callable[[int, int, MetricsLine], None] | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        backend: RolloutBackend | None = None,
     ) -> None:
         self.config = config
+        self.backend = backend if backend is not None else rollout_backend(config.rollout)
         self.plan = plan
         self.runtime = runtime
         self.rows = list(rows)
@@ -166,12 +170,10 @@ class Controller:
         if self.on_phase is not None:
             self.on_phase(name, cycle_index)
 
-    def _rollout(self, prompts: list[PromptRow]) -> list[Trajectory]:
-        from miniverl.rollout.hf import generate_group
-
+    def _rollout(self, prompts: list[PromptRow], report: RolloutReport | None = None) -> list[Trajectory]:
         r = self.config.rollout
         with self.runtime.generation_model() as model:
-            sampled = generate_group(
+            sampled = self.backend.generate(
                 model,
                 self.runtime.tokenizer,
                 prompts,
@@ -184,8 +186,15 @@ class Controller:
                 policy_version=self.state.step,
                 batch_size=r.batch_size,
                 use_chat_template=r.use_chat_template,
+                engine=r.engine,
+                policy_tensors=self.algorithm.actor.named(),
+                report=report,
             )
         return sampled
+
+    def _policy_digest(self) -> str:
+        """:func:`policy_digest` of the trainable student adapter tensors, now."""
+        return policy_digest(self.algorithm.actor.named())
 
     def _score(self, prompts: list[PromptRow], trajectories: list[Trajectory]) -> list[RewardScore]:
         return self.reward.score_batch(prompts, trajectories)
@@ -217,14 +226,16 @@ class Controller:
         n = len(prompts) * cfg.rollout.samples_per_prompt
         progress.phase("rollout", f"{n} sequences, <= {cfg.rollout.max_new_tokens} new tokens each")
         on_policy = self.algorithm.on_policy
+        report = RolloutReport()
         if on_policy:
-            trajectories = self._rollout(prompts)
+            trajectories = self._rollout(prompts, report)
         else:  # SFT / KD: the dataset's oracle trajectories, nothing sampled and nothing to score
             trajectories = self.algorithm.oracle_trajectories(prompts, policy_version=self.state.step)
         self._phase("score", index)
         scores = self._score(prompts, trajectories) if on_policy else []
         rollout_seconds = time.perf_counter() - cycle_start
-        batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores)
+        source = self.backend.logprob_source if on_policy else "trainer"
+        batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores, logprob_source=source)
         rewards = batch.rewards
         groups: dict[str, list[float]] = {}
         for traj, reward in zip(trajectories, rewards, strict=False):
@@ -234,9 +245,11 @@ class Controller:
         update_start_allocated = torch.cuda.memory_allocated(self.runtime.device) if cuda else None
         self._phase("update", index)
         progress.phase("update", f"{sum(len(t.response_token_ids) for t in trajectories)} response tokens")
+        digest_before = self._policy_digest()
         update_start = time.perf_counter()
         result: AlgorithmStep = self.algorithm.update(batch, step=self.state.step)
         update_seconds = time.perf_counter() - update_start
+        digest_after = self._policy_digest()
         self.state.step += 1
         evaluated = self.evaluate(self.runtime, self.reward, self.state.step) if self.evaluate is not None else {}
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
@@ -262,6 +275,10 @@ class Controller:
             peak_reserved_bytes=torch.cuda.max_memory_reserved(self.runtime.device) if cuda else None,
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.runtime.device) if cuda else None,
             update_start_allocated_bytes=update_start_allocated,
+            rollout_backend=report.backend,
+            policy_digest_rollout=report.policy_digest,
+            policy_digest_before=digest_before,
+            policy_digest_after=digest_after,
             algorithm_metrics={
                 k: v
                 for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores), **evaluated}.items())

@@ -100,25 +100,47 @@ def run_from_plan(
         import torch  # noqa: F401
     except ImportError:
         raise DependencyError("training needs the [train] extra of the checkout or release wheel") from None
-    with _sigterm_as_interrupt():
-        return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, on_phase))
+    with _sigterm_as_interrupt() as stop:
+
+        def phase(name: str, step: int) -> None:
+            stop.check()
+            if on_phase is not None:
+                on_phase(name, step)
+
+        return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, phase), stop)
+
+
+class _StopRequest:
+    """The signal a run received. The handler raises KeyboardInterrupt where the signal lands, but C code that
+    clears errors (a dict lookup calling back into Python, say) can swallow it; ``check`` at each phase and after
+    the model load raises it again, so a stop is never lost."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"signal {self.signum}")
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _sigterm_as_interrupt() -> Iterator[_StopRequest]:
     """SIGTERM stops a run as SIGINT does: a KeyboardInterrupt that unwinds every temp file and temp dir."""
+    stop = _StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        stop.signum = signum
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
@@ -165,6 +187,7 @@ def _train(
     found: Any,
     progress: bool,
     hooks: tuple[Any, Any],
+    stop: _StopRequest,
 ) -> dict[str, Any]:
     import torch
 
@@ -205,6 +228,7 @@ def _train(
             (torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)) if cuda else (0, 0)
         )
         try:
+            stop.check()
             if fresh:
                 atomic_write_bytes(run_dir / "plan.json", plan_path.read_bytes())
                 manifest = RunManifest(

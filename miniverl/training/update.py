@@ -70,3 +70,37 @@ def rows_of(sequences: Sequence[UpdateSequence], teacher: bool) -> SequenceRows:
 def targets_of(sequences: Sequence[UpdateSequence], device: torch.device) -> torch.Tensor:
     ids = [t for s in sequences for t in s.response_ids()]
     return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+class Bf16MasterAdapter:
+    """bf16 trainable adapter tensors in the model, fp32 master copies in the optimizer (CUDA).
+
+    PEFT keeps LoRA weights in fp32 on a bf16 base (``autocast_adapter_dtype``), so every LoRA
+    linear casts its input to fp32 and runs fp32 GEMMs, forward and backward, each step. Here the
+    model's adapter tensors become bf16 (bf16 GEMMs, no per-layer casts) and the optimizer steps
+    fp32 masters: :meth:`step` casts the grads into the masters once (one foreach copy), steps
+    the optimizer over the masters, and copies the result back into the bf16 tensors (one foreach
+    copy). The masters start as exact fp32 copies of the adapter (taken before the cast), so no
+    update is lost to bf16 rounding between steps. CPU training keeps its fp32 adapter (not used).
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], dtype: torch.dtype = torch.bfloat16) -> None:
+        self.params = list(params)
+        self.masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        for p in self.params:
+            p.data = p.data.to(dtype)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Grads (bf16, in the model) -> fp32 masters; ``optimizer.step()`` over the masters; masters -> model."""
+        with torch.no_grad():
+            pairs = [(m, p) for m, p in zip(self.masters, self.params, strict=True) if p.grad is not None]
+            for m, _ in pairs:
+                if m.grad is None:
+                    m.grad = torch.empty_like(m)
+            if pairs:
+                grads: list[torch.Tensor] = [p.grad for _, p in pairs if p.grad is not None]
+                torch._foreach_copy_([m.grad for m, _ in pairs if m.grad is not None], grads)
+            optimizer.step()
+            torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.masters))
+        for p in self.params:
+            p.grad = None

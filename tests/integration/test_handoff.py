@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,29 +18,43 @@ from tests.conftest import CliResult, tiny_config
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _plan(cli: Callable[..., CliResult], write_config, config: dict) -> None:
+def _plan(cli: Callable[..., CliResult], write_config, config: dict) -> dict:
     write_config(config)
     result = cli("plan", "config.yaml", "--out", "plan.json", "--json")
     assert result.code == 0, result.err
+    return dict(result.json())
 
 
 def _no_local_paths(bundle: Path, *forbidden: Path) -> None:
-    needles = [str(p) for p in forbidden] + [str(Path.home())]
-    for path in bundle.rglob("*"):
+    """No file under ``bundle`` (or ``bundle`` itself, a file) holds one of the ``forbidden`` paths."""
+    needles = [str(p) for p in forbidden] + [str(p.resolve()) for p in forbidden] + [str(Path.home())]
+    for path in [bundle] if bundle.is_file() else bundle.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
             for needle in needles:
-                assert needle.encode() not in data, f"{path.relative_to(bundle)} holds the local path {needle}"
+                assert needle.encode() not in data, f"{path} holds the local path {needle}"
 
 
 def test_handoff_from_plan(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
-    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    planned = _plan(cli, write_config, tiny_config(tiny_model_dir))
     result = cli("handoff", "plan.json", "--out", "bundle", "--json")
     assert result.code == 0, result.err
     bundle = workdir / "bundle"
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["compiler"] == "verl-rl-v0.9-single-gpu-v1"
     assert manifest["ir_digest"] == result.json()["ir_digest"]
+    handed = result.json()  # the keys the qualification harness reads
+    assert {"bundle", "compiler", "ir_digest", "rules_digest", "manifest_sha256"} <= set(handed)
+    assert handed["manifest_sha256"] == sha256_file(bundle / "manifest.json")
+    # plan --json names the same compiler and digests the bundle records
+    assert planned["handoff"] == {
+        "status": "compiles",
+        "compiler": manifest["compiler"],
+        "imported_by": None,
+        "ir_digest": manifest["ir_digest"],
+        "rules_digest": manifest["rules_digest"],
+        "refusal": None,
+    }
     plan_digest = json.loads(Path("plan.json").read_text())["plan_digest"]
     assert manifest["source"] == {"kind": "plan", "plan_digest": plan_digest, "run_id": None, "checkpoint_step": None}
     assert manifest["model"]["binding"] == "bundle" and manifest["adapter"] is None
@@ -116,7 +131,13 @@ def test_handoff_is_deterministic_and_never_overwrites(cli, write_config, tiny_m
 def test_refusal_leaves_nothing(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
     config = tiny_config(tiny_model_dir)
     config["algorithm"]["grpo"] = {"eps": 1e-3}
-    _plan(cli, write_config, config)
+    section = _plan(cli, write_config, config)["handoff"]  # plan names the refusal up front
+    assert (section["status"], section["compiler"], section["refusal"]["code"]) == (
+        "refused", "verl-rl-v0.9-single-gpu-v1", "grpo_eps",
+    )  # fmt: skip
+    assert section["ir_digest"] is None and len(section["rules_digest"]) == 64
+    human = cli("plan", "config.yaml", "--out", "plan2.json")
+    assert "handoff refused (grpo_eps) by verl-rl-v0.9-single-gpu-v1" in human.out
     result = cli("handoff", "plan.json", "--out", "bundle")
     assert result.code == 2
     assert result.err.startswith("miniverl: error: handoff refused (grpo_eps)") and result.err.count("\n") == 1
@@ -232,12 +253,16 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
     )  # fmt: skip
     assert planned.code == 0, planned.err
     assert planned.json()["compiler"] == "verl-rl-v0.9-single-gpu-v4" and planned.json()["native_sha256"] == digest
+    section = planned.json()["handoff"]
+    assert (section["status"], section["compiler"]) == ("compiles", "verl-rl-v0.9-single-gpu-v1")
+    assert section["imported_by"] == "verl-rl-v0.9-single-gpu-v4"
     plan = json.loads(Path("plan.json").read_text())
     direct = plan["direct_config"]
     assert direct["native"]["text"].encode() == native.read_bytes()
     assert direct["runtime_bindings"] == {
-        "model": str(tiny_model_dir), "device": "cpu", "trajectory_batch_size": 2, "batch_size": 4,
+        "model": os.path.relpath(tiny_model_dir), "device": "cpu", "trajectory_batch_size": 2, "batch_size": 4,
     }  # fmt: skip
+    _no_local_paths(Path("plan.json"), workdir, tiny_model_dir)  # given as an absolute directory, recorded relative
     assert set(direct) >= {"rules_digest", "import_digest", "compiler"}
     refused = cli(
         "plan", "--verl-config", str(native), "--set", "model=x", "--set", "train.cycles=5", "--out", "p2.json"
@@ -260,6 +285,11 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
     resumed = cli("run", "--plan", "plan.json", "--run-id", "d", "--resume", "--json")
     assert resumed.code == 0, resumed.err
     assert cli("inspect", "runs/d", "--json").json()["updates"] == 2
+    extended = cli("run", "--plan", "plan.json", "--run-id", "d", "--resume", "--extend", "1", "--json")
+    assert extended.code == 0, extended.err
+    report = cli("inspect", "runs/d", "--json").json()
+    assert report["updates"] == 3 and report["direct_config"]["native_sha256_verified"]
+    assert sha256_file(native) == digest
 
     handed = cli("handoff", "runs/d", "--out", "bundle", "--json")
     assert handed.code == 0, handed.err
@@ -286,7 +316,11 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "reward.custom_reward_function.reward_kwargs.miniverl_rewards",  # carried inside reward_fn.py
         "trainer.project_name",  # ignored: logging
         "trainer.total_epochs",  # ignored: total_training_steps decides
+        "trainer.total_training_steps",  # 2 + the 1 cycle of the recorded extension
     }
-    assert {e["status"] for e in diff["entries"] if e["key"] in differing} == {"runtime", "ignored"}
+    statuses = {e["key"]: e["status"] for e in diff["entries"]}
+    assert statuses.pop("trainer.total_training_steps") == "extended" and diff["added_cycles"] == 1
+    assert {statuses[k] for k in differing - {"trainer.total_training_steps"}} == {"runtime", "ignored"}
     assert sha256_file(native) == digest  # the native file was never edited
     _no_local_paths(bundle, workdir, tiny_model_dir)
+    _no_local_paths(workdir / "runs" / "d" / "plan.json", workdir, tiny_model_dir)

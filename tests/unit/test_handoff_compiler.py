@@ -10,7 +10,7 @@ import pytest
 
 from miniverl.config.loader import validate_config
 from miniverl.config.schema import MiniverlConfig
-from miniverl.handoff.compiler import compile_plan_ir, require_compiler
+from miniverl.handoff.compiler import compile_plan_ir, compile_v1, require_compiler
 from miniverl.handoff.emit import emit_verl_config
 from miniverl.handoff.ir import COMPILER_V1, COMPILER_V2, COMPILER_V4, ExperimentIR, ir_digest
 from miniverl.handoff.rules import HandoffRefusal, load_rules, render_markdown, rules_digest
@@ -291,11 +291,14 @@ def test_bundle_manifest_schema_has_not_drifted() -> None:
 
 
 def test_a_ppo_plan_is_sent_to_compiler_v2_not_compiled_as_grpo() -> None:
-    config = _config()
-    config.algorithm.__dict__["name"] = "ppo"  # v1 must never take a PPO plan
+    base = _config().model_dump(mode="json")
+    base["algorithm"]["name"] = "ppo"
+    base["train"]["gradient_accumulation_steps"] = None
+    config = validate_config(base, origin="test")
+    assert compile_plan_ir(_plan(config), config).compiler == "verl-rl-v0.9-single-gpu-v2"
     with pytest.raises(HandoffRefusal) as caught:
-        compile_plan_ir(_plan(config), config)
-    assert caught.value.code == "critic_lora_value_head"  # compiler v2's refusal
+        compile_v1(_plan(config), config)  # v1 must never take a PPO plan
+    assert caught.value.code == "ppo_compiler_v2"
 
 
 @pytest.mark.parametrize("name", ["sft", "kd"])

@@ -63,12 +63,43 @@ def test_v2_rules_cover_every_config_field_and_the_readme_shows_the_table() -> N
     assert render_markdown(COMPILER_V2) in readme, "regenerate the v2 table in miniverl/handoff/README.md"
 
 
-def test_every_ppo_plan_is_refused_for_verls_untrained_lora_critic_head() -> None:
+def test_a_ppo_plan_compiles_with_v2_and_its_critic_starts_from_the_bundle_adapter() -> None:
     config = _ppo()
-    with pytest.raises(HandoffRefusal) as caught:
-        compile_plan_ir(_plan(config), config)
-    assert caught.value.code == "critic_lora_value_head" and caught.value.exit_code == 2
-    assert "modules_to_save" in str(caught.value)
+    ir = compile_plan_ir(_plan(config), config)
+    assert ir.compiler == COMPILER_V2 and isinstance(ir.algorithm, PpoIR)
+    critic = ir.algorithm.critic
+    assert (critic.adapter_dir, critic.value_head) == ("critic_adapter", "score_modules_to_save")
+    assert critic.start == "seeded_head"
+    run_ir = compile_plan_ir(_plan(config), config, start_adapter=True)
+    assert isinstance(run_ir.algorithm, PpoIR) and run_ir.algorithm.critic.start == "run_checkpoint"
+    assert emit_verl_config(ir)["critic"]["model"]["lora_adapter_path"] == "critic_adapter"
+
+
+def _llama_config(**extra: Any) -> dict[str, Any]:
+    return {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        **extra,
+    }
+
+
+def test_critic_lora_value_head_is_refused_where_verls_critic_head_is_not_score() -> None:
+    from miniverl.handoff.critic_adapter import require_trained_head, token_classification_head
+
+    config = _ppo()
+    ir = ppo_ir(_plan(config), config)
+    assert token_classification_head(_llama_config()) == "score"
+    assert require_trained_head(ir, _llama_config()) == 16
+    gpt2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 16, "n_layer": 1, "n_head": 2}
+    assert token_classification_head(gpt2) == "classifier"  # verl's LoRA wrap would not train miniverl's head
+    for model_config in (gpt2, {"model_type": "no-such-model"}):
+        with pytest.raises(HandoffRefusal) as caught:
+            require_trained_head(ir, model_config)
+        assert caught.value.code == "critic_lora_value_head" and caught.value.exit_code == 2
 
 
 @pytest.mark.parametrize(
@@ -82,6 +113,8 @@ def test_every_ppo_plan_is_refused_for_verls_untrained_lora_critic_head() -> Non
             "critic_other_base",
         ),
         ({"models__student__quantization": "nf4"}, "nf4_quantization"),
+        ({"models__critic": {"source": "student", "lora": {"r": 4, "dropout": 0.1}}}, "critic_lora_dropout"),
+        ({"models__critic": {"source": "student", "lora": {"r": 4, "alpha": 6.5}}}, "critic_lora_alpha_not_integer"),
         (
             {
                 "models__reference": {"source": "student"},
@@ -111,7 +144,7 @@ def test_ppo_ir_maps_gae_epochs_mini_batches_and_the_critic() -> None:
     ir = ppo_ir(_plan(config), config)
     assert ir.compiler == COMPILER_V2 and isinstance(ir.algorithm, PpoIR)
     assert ir.algorithm.mini_batch_prompts == 2 and ir.rollout.micro_batch_per_gpu == 2
-    assert any(d.startswith("critic_head_init") for d in ir.deviations)
+    assert not any(d.startswith("critic_head_init") for d in ir.deviations)  # the head is carried exactly
     verl = emit_verl_config(ir)
     actor, critic = verl["actor_rollout_ref"]["actor"], verl["critic"]
     assert verl["algorithm"]["adv_estimator"] == "gae"
@@ -125,7 +158,9 @@ def test_ppo_ir_maps_gae_epochs_mini_batches_and_the_critic() -> None:
     assert verl["trainer"]["max_critic_ckpt_to_keep"] == 2
     from miniverl.handoff.launch import launch_script
 
-    assert 'critic.model.path="$MODEL_PATH"' in launch_script(ir, "miniverl_ppo")  # launch.sh resolves it once
+    script = launch_script(ir, "miniverl_ppo")
+    assert 'critic.model.path="$MODEL_PATH"' in script  # launch.sh resolves it once
+    assert 'critic.model.lora_adapter_path="$HERE/critic_adapter"' in script
 
 
 def test_ppo_kl_in_reward_maps_to_verls_fixed_controller() -> None:

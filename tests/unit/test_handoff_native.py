@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,8 @@ def test_bindings_only_runtime_keys_and_a_resolvable_model(tmp_path: Path) -> No
     hub = _import(_native(), {"model": "Qwen/Qwen3-0.6B@" + "a" * 40})["models"]["student"]
     assert (hub["source"], hub["model_id"], hub["revision"]) == ("hub", "Qwen/Qwen3-0.6B", "a" * 40)
     local = _import(_native(), {"model": str(tmp_path)})["models"]["student"]
-    assert local["source"] == "local" and local["path"] == str(tmp_path.resolve())
+    assert local["source"] == "local" and local["path"] == os.path.relpath(tmp_path)  # never an absolute path
+    assert parse_bindings([f"model={tmp_path}"], None)["model"] == os.path.relpath(tmp_path)
     file = tmp_path / "bind.yaml"
     file.write_text("model: smollm2-135m-instruct\ndevice: cpu\n")
     assert parse_bindings(["device=cuda"], file) == {"model": "smollm2-135m-instruct", "device": "cuda"}
@@ -222,6 +224,19 @@ def test_native_diff_names_runtime_keys_and_real_changes() -> None:
     diff = native_diff(raw, nested)
     assert not diff["semantically_equal"] and diff["counts"]["changed"] == 1
     assert "actor_rollout_ref.model.path" in RUNTIME_KEYS
+
+
+def test_a_recorded_extension_is_the_only_accepted_change_of_the_step_count() -> None:
+    raw = NATIVE.read_bytes()
+    steps = flatten(_native())["trainer.total_training_steps"]
+    config = yaml.safe_load(raw)
+    config["trainer"]["total_training_steps"] = steps + 1  # run --resume --extend 1
+    extended = native_diff(raw, config, added_cycles=1)
+    entry = next(e for e in extended["entries"] if e["key"] == "trainer.total_training_steps")
+    assert entry["status"] == "extended" and extended["semantically_equal"] and extended["added_cycles"] == 1
+    unexplained = native_diff(raw, config)  # no extension recorded: a real change
+    assert not unexplained["semantically_equal"] and unexplained["counts"]["changed"] == 1
+    assert not native_diff(raw, config, added_cycles=2)["semantically_equal"]  # 2 recorded, 1 found
 
 
 def test_readme_holds_the_import_table() -> None:

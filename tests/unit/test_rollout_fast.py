@@ -177,3 +177,35 @@ def test_switching_the_active_adapter_refolds(tok: Any) -> None:
     expected = _gen(actor, tok, engine="hf", temperature=0.0)
     assert [t.response_token_ids for t in switched] == [t.response_token_ids for t in expected]
     assert [t.response_token_ids for t in switched] != [t.response_token_ids for t in first]
+
+
+def test_adapter_toggle_refolds_and_never_writes_into_the_model(tok: Any) -> None:
+    """A fold taken with the adapter disabled, then one with it enabled, then disabled again (what
+    ``miniverl eval`` does, base then trained, at one policy version): each decodes what a fresh
+    engine decodes, and the model's own tensors are never written (the rollout copy owns its tensors).
+    """
+    from miniverl.rollout.engine import release_engines
+
+    actor = _lora_actor(make_tiny_llama(tok, seed=4, initializer_range=0.2))
+    saved = {name: p.detach().clone() for name, p in actor.named_parameters()}
+
+    def run(off: bool, fresh: bool) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+        if fresh:
+            release_engines()
+        if off:
+            with actor.disable_adapter():
+                out = _gen(actor, tok, engine="fast")
+        else:
+            out = _gen(actor, tok, engine="fast")
+        return [(t.response_token_ids, t.sampled_logprobs) for t in out]
+
+    release_engines()
+    shared = [run(off, fresh=False) for off in (True, False, True, False)]
+    for name, p in actor.named_parameters():
+        assert torch.equal(p, saved[name]), f"the rollout fold wrote into the model's {name}"
+    assert shared[0] == run(True, fresh=True)
+    assert shared[1] == run(False, fresh=True)
+    assert shared[2] == shared[0] and shared[3] == shared[1]
+    assert shared[0] != shared[1]  # the adapter really changes the samples
+    engine = engine_for(actor, torch.device("cpu"))
+    assert engine.stats.folds == 1  # the fresh engine above

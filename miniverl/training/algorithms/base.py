@@ -21,6 +21,7 @@ from miniverl.config.schema import MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.errors import ConfigError
 from miniverl.rewards import RewardScore
+from miniverl.rollout.backends import LogprobSource
 from miniverl.rollout.hf import Trajectory
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.training.update import UpdateSequence
@@ -28,11 +29,17 @@ from miniverl.training.update import UpdateSequence
 
 @dataclass
 class CycleBatch:
-    """One cycle's prompts, fresh trajectories (prompt-major order) and their reward scores."""
+    """One cycle's prompts, fresh trajectories (prompt-major order) and their reward scores.
+
+    ``logprob_source``: who computed the trajectories' ``sampled_logprobs`` (the rollout backend's
+    :attr:`~miniverl.rollout.backends.RolloutBackend.logprob_source`); a policy-gradient update
+    must not take foreign ones as ``old_logp`` (:func:`~miniverl.rollout.backends.old_logp_origin`).
+    """
 
     prompts: list[PromptRow]
     trajectories: list[Trajectory]
     scores: list[RewardScore]
+    logprob_source: LogprobSource = "trainer"
 
     @property
     def rewards(self) -> list[float]:

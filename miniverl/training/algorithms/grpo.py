@@ -9,11 +9,13 @@ in DeepSeekMath) or as a penalty on each trajectory's score before the group adv
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
 from miniverl.algorithms import chunked_token_logprobs, grpo_advantages, kl_penalty, ppo_clip_token_losses
 from miniverl.config.schema import MiniverlConfig
+from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch
 from miniverl.training.update import UpdateSequence, UpdateStats, physical_batches, rows_of, targets_of
@@ -21,14 +23,23 @@ from miniverl.training.update import UpdateSequence, UpdateStats, physical_batch
 
 class Grpo(Algorithm):
     name = "grpo"
+    #: ``old_logp`` from the training model's own forward (always, in miniverl); ``False`` takes the rollout's
+    #: ``sampled_logprobs`` instead, which :func:`old_logp_origin` refuses unless the trainer computed them
+    recompute_old_logp: ClassVar[bool] = True
 
     def required_roles(self, config: MiniverlConfig) -> tuple[RoleName, ...]:
         return ("reference",) if config.algorithm.grpo.kl_coef > 0 else ()
 
     def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
         g = self.config.algorithm.grpo
+        origin = old_logp_origin(
+            batch.logprob_source,
+            recompute=self.recompute_old_logp,
+            algorithm=self.name,
+            plain_sampling=plain_sampling(self.config.rollout),
+        )
         scores = list(batch.rewards)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {OLD_LOGP_RECOMPUTED: 1.0 if origin == "trainer" else 0.0}
         if g.kl_coef > 0 and g.kl_mode == "reward":
             kl_per_traj = sequence_kl(self.runtime, batch.sequences(), self.config)
             scores = [s - g.kl_coef * k for s, k in zip(scores, kl_per_traj, strict=True)]
@@ -40,7 +51,8 @@ class Grpo(Algorithm):
             eps=g.eps,
         )
         advantages = [float(a) for a in adv]
-        stats = grpo_update(self.runtime, batch.sequences(advantages), self.config)
+        rollout_logp = [t.sampled_logprobs for t in batch.trajectories] if origin == "rollout" else None
+        stats = grpo_update(self.runtime, batch.sequences(advantages), self.config, rollout_logp=rollout_logp)
         grad_norm, delta = self.actor.step()
         # verl's names. Strict on-policy: the ratio is exactly 1, so the clip fraction is 0 by construction
         # and not logged; the loss is the policy-gradient surrogate, not a learning curve.
@@ -81,14 +93,22 @@ def sequence_kl(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
     return out
 
 
-def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config: MiniverlConfig) -> UpdateStats:
+def grpo_update(
+    runtime: RoleRuntime,
+    sequences: Sequence[UpdateSequence],
+    config: MiniverlConfig,
+    *,
+    rollout_logp: Sequence[Sequence[float]] | None = None,
+) -> UpdateStats:
     """GRPO: token-mean PPO-clip loss over the group (+ optional KL loss to the reference), backpropagated.
 
     Strict on-policy: the group was sampled by the current weights and no optimizer step happens
     before this backward, so ``old_logp`` is the current log-prob detached (ratio exactly 1; the
     clip only matters for later epochs, which strict on-policy training never runs). This saves a
-    second student forward per physical batch. With ``kl_mode: reward`` the KL is already in the
-    advantages and the loss has no KL term (the reported ``kl`` is then ``None``).
+    second student forward per physical batch. ``rollout_logp`` (one list per sequence) replaces
+    ``old_logp`` with the rollout's own log-probs (only where :func:`old_logp_origin` allowed it).
+    With ``kl_mode: reward`` the KL is already in the advantages and the loss has no KL term (the
+    reported ``kl`` is then ``None``).
     """
     grpo = config.algorithm.grpo
     chunk = config.train.logprob_chunk_size
@@ -113,7 +133,11 @@ def grpo_update(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
             )
         if entropy is not None:
             entropy_sum += float(entropy.detach().sum())
-        old_logp = logp.detach()
+        if rollout_logp is None:
+            old_logp = logp.detach()
+        else:
+            flat = [lp for i in index_list for lp in rollout_logp[i]]
+            old_logp = torch.tensor(flat, dtype=logp.dtype, device=logp.device)
         advantages = torch.tensor(
             [s.advantage for s in part for _ in range(s.response_len)], dtype=logp.dtype, device=logp.device
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from miniverl.config.schema import DistillSection
 from miniverl.data import PromptRow
 from miniverl.rollout.hf import Trajectory
 from miniverl.runtime.objectives import ObjectiveSpec, TeacherTargets, accumulate_objective, score_teacher
@@ -23,6 +24,19 @@ from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBat
 from miniverl.training.algorithms.opd import teacher_sequences
 from miniverl.training.algorithms.sft import oracle_trajectories, student_rows
 from miniverl.training.update import rows_of
+
+
+def kd_objective(distill: DistillSection, *, chunk_size: int) -> ObjectiveSpec:
+    """The objective offline KD optimizes for an ``algorithm.distill`` section (also the equivalence gate's)."""
+    return ObjectiveSpec(
+        kind="divergence",
+        variant=distill.objective,
+        divergence=distill.divergence,
+        beta=distill.beta,
+        temperature=distill.temperature,
+        top_k=distill.top_k,
+        chunk_size=chunk_size,
+    )
 
 
 class Kd(Algorithm):
@@ -35,16 +49,7 @@ class Kd(Algorithm):
     cache_reused: bool | None = None
 
     def objective(self) -> ObjectiveSpec:
-        d = self.config.algorithm.distill
-        return ObjectiveSpec(
-            kind="divergence",
-            variant=d.objective,
-            divergence=d.divergence,
-            beta=d.beta,
-            temperature=d.temperature,
-            top_k=d.top_k,
-            chunk_size=self.config.train.logprob_chunk_size,
-        )
+        return kd_objective(self.config.algorithm.distill, chunk_size=self.config.train.logprob_chunk_size)
 
     def oracle_trajectories(self, prompts: Sequence[PromptRow], *, policy_version: int) -> list[Trajectory]:
         return oracle_trajectories(self.config, self.runtime.tokenizer, prompts, policy_version=policy_version)

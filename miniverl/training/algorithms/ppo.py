@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,6 +39,7 @@ from miniverl.algorithms import (
     value_clip_loss,
 )
 from miniverl.config.schema import MiniverlConfig
+from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.runtime.critic import values_from_hidden
 from miniverl.training import checkpoint as ckpt
@@ -52,6 +53,9 @@ CRITIC_OPTIMIZER = "critic_optimizer.safetensors"
 class Ppo(Algorithm):
     name = "ppo"
     roles = ("critic",)
+    #: ``old_logp`` recomputed by the training model (step 1 above); ``False`` takes the rollout's
+    #: ``sampled_logprobs``, which :func:`old_logp_origin` refuses unless the trainer computed them
+    recompute_old_logp: ClassVar[bool] = True
 
     def __init__(self, config: MiniverlConfig, runtime: RoleRuntime, actor: TrainedParameters) -> None:
         super().__init__(config, runtime, actor)
@@ -95,10 +99,21 @@ class Ppo(Algorithm):
     # ------------------------------------------------------------------ one cycle
     def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
         ppo = self.config.algorithm.ppo
+        origin = old_logp_origin(
+            batch.logprob_source,
+            recompute=self.recompute_old_logp,
+            algorithm=self.name,
+            plain_sampling=plain_sampling(self.config.rollout),
+        )
         seqs = batch.sequences()
         if any(s.response_len < 1 for s in seqs):
             raise ValueError("PPO needs at least one response token per trajectory")
         old_logp, ref_logp, old_values = self._rollout_tensors(seqs)
+        if origin == "rollout":
+            old_logp = [
+                torch.tensor(t.sampled_logprobs, dtype=lp.dtype, device=lp.device)
+                for t, lp in zip(batch.trajectories, old_logp, strict=True)
+            ]
         n, t_len = len(seqs), max(s.response_len for s in seqs)
         dev = old_logp[0].device
         mask = torch.zeros(n, t_len, dtype=torch.bool, device=dev)
@@ -108,7 +123,7 @@ class Ppo(Algorithm):
             mask[i, : s.response_len] = True
             rewards[i, s.response_len - 1] = batch.rewards[i]
             values[i, : s.response_len] = old_values[i]
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {OLD_LOGP_RECOMPUTED: 1.0 if origin == "trainer" else 0.0}
         if ppo.kl_coef > 0 and ppo.kl_mode == "reward":
             assert ref_logp is not None
             kl_tok = torch.zeros_like(rewards)

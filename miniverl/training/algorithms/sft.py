@@ -68,6 +68,11 @@ def student_rows(batch: CycleBatch) -> SequenceRows:
     return rows_of(batch.sequences(), teacher=False)
 
 
+def sft_objective(*, chunk_size: int) -> ObjectiveSpec:
+    """The objective SFT optimizes (also the equivalence gate's)."""
+    return ObjectiveSpec(kind="sft", chunk_size=chunk_size)
+
+
 class Sft(Algorithm):
     name = "sft"
     on_policy = False
@@ -77,7 +82,7 @@ class Sft(Algorithm):
 
     def update(self, batch: CycleBatch, *, step: int) -> AlgorithmStep:
         rows = student_rows(batch)
-        objective = ObjectiveSpec(kind="sft", chunk_size=self.config.train.logprob_chunk_size)
+        objective = sft_objective(chunk_size=self.config.train.logprob_chunk_size)
         result = accumulate_objective(
             self.runtime, rows, objective, trajectory_batch_size=self.config.train.trajectory_batch_size
         )

@@ -1,0 +1,103 @@
+"""Goals, markdown tables and SVG bar chart of ``miniverl bench grpo`` (from the measured cells only)."""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape
+
+# Issue 12's targets on the H200: (ratio key, minimum, what it measures)
+SPEED_TARGETS = (
+    ("step_speed_miniverl_fast_vs_trl", 8.0, "GRPO step completion tokens/s, miniverl fast / TRL GRPOTrainer"),
+    ("update_speed_miniverl_update_bf16_vs_naive_hf_peft", 1.3, "update time, naive HF+PEFT / miniverl (bf16)"),
+)
+MEMORY_TARGETS = (
+    ("step_memory_miniverl_fast_vs_trl", 1.0, "GRPO step peak reserved, miniverl fast / TRL"),
+    ("update_memory_miniverl_update_bf16_vs_naive_hf_peft", 0.75, "update peak reserved, miniverl (bf16) / naive"),
+)
+
+
+def evaluate_grpo_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its observed ratio and ``met`` / ``not_met`` / ``not_measured``."""
+    ratios = report["ratios"]
+    goals = []
+    for key, minimum, name in SPEED_TARGETS:
+        observed = ratios.get(key)
+        status = "not_measured" if observed is None else ("met" if observed >= minimum else "not_met")
+        goals.append({"name": name, "key": key, "observed": observed, "target": f">= {minimum:g}", "status": status})
+    for key, maximum, name in MEMORY_TARGETS:
+        observed = ratios.get(key)
+        status = "not_measured" if observed is None else ("met" if observed <= maximum else "not_met")
+        goals.append({"name": name, "key": key, "observed": observed, "target": f"<= {maximum:g}", "status": status})
+    if report.get("device") != "cuda":
+        for goal in goals:  # H200 targets: a CPU run measures but cannot meet them
+            goal["status"] = "not_measured" if goal["observed"] is None else "informational_cpu"
+    return goals
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def render_grpo_markdown(report: dict[str, Any]) -> str:
+    opts = report["options"]
+    batch, length = opts["update_shape"]
+    lines = [
+        f"# miniverl bench grpo: {opts['model']} on {report['device_name']} ({report['dtype']})",
+        "",
+        f"GRPO step: {opts['prompts']} prompts x {opts['samples']} samples x {opts['new_tokens']} completion tokens "
+        f"(fixed), {opts['prompt_tokens']}-token prompts, rollout batch {opts['rollout_batch']}, LoRA r16 on all "
+        f"linear layers. Update: B={batch}, T={length}. Median of {opts['repeats']} steps after {opts['warmup']} "
+        f"warm-up; torch {report['torch']}, transformers {report['transformers']}, peft {report['peft']}, "
+        f"trl {report['trl'] or 'not installed'}, {report['threads']} CPU threads.",
+        "",
+        "| section | path | completion tokens/s | ms / step | rollout ms | update ms | peak reserved GiB "
+        "| first call s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in report["cells"]:
+        if c.get("status") != "measured":
+            lines.append(f"| {c['section']} | {c['path']} | {c.get('status')}: {c.get('reason', '')} | | | | | |")
+            continue
+        rollout = c.get("median_rollout_seconds")
+        update = c.get("median_update_seconds")
+        lines.append(
+            f"| {c['section']} | {c['path']} | {_fmt(c.get('completion_tokens_per_second'))} | "
+            f"{_fmt(c['ms_per_step'])} | {_fmt(None if rollout is None else rollout * 1e3)} | "
+            f"{_fmt(None if update is None else update * 1e3)} | {_fmt(c['peak_reserved_gib'])} | "
+            f"{_fmt(c['first_call_seconds'])} |"
+        )
+    lines += ["", "| ratio | value |", "|---|---:|"]
+    for key, value in report["ratios"].items():
+        lines.append(f"| {key} | {_fmt(value, 4)} |")
+    lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
+    for g in report["goals"]:
+        lines.append(f"| {g['name']} | {_fmt(g['observed'], 4)} | {g['target']} | {g['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_grpo_svg(report: dict[str, Any], width: int = 640) -> str:
+    """Horizontal bars of ms per step (linear), one per measured cell, grouped by section."""
+    cells = [c for c in report["cells"] if c.get("status") == "measured"]
+    bar, gap, left, top = 18, 6, 200, 40
+    height = top + len(cells) * (bar + gap) + 30
+    longest = max((c["ms_per_step"] for c in cells), default=1.0)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="12">',
+        f'<text x="{left}" y="20">ms per step (shorter is faster), {escape(str(report["device_name"]))}</text>',
+    ]
+    for i, c in enumerate(cells):
+        y = top + i * (bar + gap)
+        parts.append(
+            f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end">{escape(c["section"] + " " + c["path"])}</text>'
+        )
+        w = max((width - left - 80) * c["ms_per_step"] / longest, 1.0)
+        fill = "#2a6f97" if c["path"].startswith("miniverl") else "#999999"
+        parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{fill}"/>')
+        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + bar - 5}">{_fmt(c["ms_per_step"])}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,122 @@
+"""The ``trl`` cell of ``miniverl bench grpo``: TRL's ``GRPOTrainer`` on the same shape, prompts and lengths.
+
+Only imported when ``trl`` is importable. The model is the bench's seeded random model (sdpa, the
+bench dtype) with a LoRA r16 ``peft_config`` on the same layers; the tokenizer is a word-level
+tokenizer whose tokens are the ids themselves, so a prompt ``"17 4 99"`` encodes to ``[17, 4, 99]``
+as in the miniverl cells. Lengths are fixed with ``generation_kwargs={"min_new_tokens": n}`` and
+``max_completion_length = n``. One TRL step generates ``prompts x samples`` completions and makes
+one optimizer update (``per_device_train_batch_size = prompts x samples``, ``num_generations =
+samples``, ``beta = 0``: no reference model, like the miniverl cells). Everything else is TRL's
+default (including ``gradient_checkpointing``, recorded in the cell). A callback times each
+optimizer step (CUDA-synchronized); the first ``warmup`` steps are not timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+GIB = float(1 << 30)
+
+
+def id_tokenizer(vocab: int) -> Any:
+    """A fast tokenizer mapping the text ``"i j k"`` to ids ``[i, j, k]`` (pad ``0``, EOS ``2``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({str(i): i for i in range(vocab)}, unk_token="1"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="0", eos_token="2", unk_token="1")
+    tok.padding_side = "left"
+    return tok
+
+
+def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
+    import datasets
+    import peft
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from miniverl.bench.grpo import LORA_TARGETS, _prompt_ids
+
+    vocab = int(loader.config.vocab_size)
+    steps = opts.warmup + opts.repeats
+    prompts = [" ".join(map(str, ids)) for ids in _prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed)]
+    dataset = datasets.Dataset.from_dict({"prompt": prompts * steps})
+    rng = random.Random(opts.seed)
+
+    def reward(completions: list[Any], **_: Any) -> list[float]:
+        return [rng.random() for _ in completions]
+
+    timings: list[float] = []
+    lengths: list[float] = []
+    peak: dict[str, float] = {}
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.start = 0.0
+            self.step = 0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.step == opts.warmup and device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timings.append(time.perf_counter() - self.start)
+            self.step += 1
+            if device.type == "cuda":
+                peak["reserved"] = torch.cuda.max_memory_reserved(device) / GIB
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            for key in ("completions/mean_length", "completion_length"):
+                if logs and key in logs:
+                    lengths.append(float(logs[key]))
+
+    model = loader.model(device, getattr(torch, dtype_name))
+    with tempfile.TemporaryDirectory(prefix="miniverl-trl-") as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=opts.prompts * opts.samples, num_generations=opts.samples,
+            max_completion_length=opts.new_tokens, generation_kwargs={"min_new_tokens": opts.new_tokens},
+            temperature=1.0, learning_rate=opts.learning_rate, max_steps=steps, logging_steps=1, report_to="none",
+            save_strategy="no", disable_tqdm=True, bf16=dtype_name == "bfloat16", use_cpu=device.type == "cpu",
+            seed=opts.seed, shuffle_dataset=False, dataloader_num_workers=0,
+        )  # fmt: skip
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=id_tokenizer(vocab),
+            peft_config=peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS),
+            callbacks=[Timer()],
+        )
+        with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its log dicts: keep stdout clean
+            trainer.train()
+        checkpointing = bool(config.gradient_checkpointing)
+    del trainer, model
+    timed = timings[opts.warmup :]
+    if len(timed) != opts.repeats:
+        raise RuntimeError(f"TRL ran {len(timings)} steps, expected {steps}")
+    if lengths and any(abs(x - opts.new_tokens) > 1e-6 for x in lengths):
+        raise RuntimeError(f"fixed lengths broken: TRL logged mean completion lengths {lengths}")
+    return {
+        "status": "measured",
+        "first_call_seconds": timings[0] if opts.warmup else None,
+        "step_seconds": timed,
+        "median_step_seconds": statistics.median(timed),
+        "peak_reserved_gib": peak.get("reserved"),
+        "logged_mean_completion_lengths": lengths,
+        "gradient_checkpointing": checkpointing,
+    }

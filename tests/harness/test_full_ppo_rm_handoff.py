@@ -1,0 +1,179 @@
+"""The v0.13 PPO/RM/handoff judge on real evidence captured from a cpu-reference run
+(tests/harness/full_fixtures/ppo-rm-handoff/, laid out by archive member): it passes there, one bad value makes
+exactly its check fail, and hostile files fail checks without raising."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import policy
+from harness.full.ppo_rm_handoff import WORKLOAD
+from harness.full.scales import SCALES
+from harness.profiles import PROFILES
+
+FIXTURES = Path(__file__).parent / "full_fixtures" / "ppo-rm-handoff"
+CPU = PROFILES["cpu-reference"]
+SCALE = SCALES["cpu-reference"]
+CHECKS = policy.required_checks(CPU, "ppo-rm-handoff")
+
+
+def _copy(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "evidence"
+    shutil.copytree(FIXTURES, root)
+    return {role: root / member for role, member in WORKLOAD.evidence.items() if (root / member).is_file()}
+
+
+def _failed(evidence: dict[str, Path]) -> set[str]:
+    judged = WORKLOAD.judge(evidence, CPU, SCALE)
+    assert set(judged.checks) == set(CHECKS)
+    return {name for name, (ok, _) in judged.checks.items() if not ok}
+
+
+def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+def _edit_lines(path: Path, index: int, edit: Callable[[dict[str, Any]], None]) -> None:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(lines[index])
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _invocation(step: str, **values: Any) -> Callable[[Any], None]:
+    def edit(doc: Any) -> None:
+        for inv in doc["invocations"]:
+            if inv["step"] == step:
+                inv.update(values)
+
+    return edit
+
+
+def _line(role: str, index: int, **values: Any) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_lines(ev[role], index, lambda line: line.update(values))
+
+
+def _top(role: str, **values: Any) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev[role], lambda doc: doc.update(values))
+
+
+def _step(step: str, **values: Any) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev["transcript"], _invocation(step, **values))
+
+
+def _same_as_step2(name: str) -> Callable[[dict[str, Path]], None]:
+    """Checkpoint 1 holds checkpoint 2's digest of ``name``: that update changed nothing."""
+
+    def mutate(ev: dict[str, Path]) -> None:
+        after = json.loads(ev["checkpoint_2"].read_text())["files"][name]["sha256"]
+        _edit_json(ev["checkpoint_1"], lambda d: d["files"][name].update(sha256=after))
+
+    return mutate
+
+
+def _algo(key: str, value: Any, index: int = 1, role: str = "metrics") -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_lines(ev[role], index, lambda line: line["algorithm_metrics"].update({key: value}))
+
+
+def _rm_score(ev: dict[str, Path]) -> None:
+    lines = [json.loads(x) for x in ev["resumed_trajectories_2"].read_text().splitlines()]
+    lines[0]["reward_components"]["reward_model"] += 0.5
+    ev["resumed_trajectories_2"].write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _flat_advantages(ev: dict[str, Path]) -> None:
+    def edit(line: dict[str, Any]) -> None:
+        extra = line["algorithm_metrics"]
+        extra["critic/advantages/min"] = extra["critic/advantages/max"]
+
+    _edit_lines(ev["metrics"], 1, edit)
+
+
+def _manifest_digest(ev: dict[str, Path]) -> None:
+    _edit_json(ev["bundle_manifest"], lambda d: d.update(ir_digest="0" * 64))
+
+
+MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
+    ("actor_delta_zero", "actor_updates", _line("metrics", 1, adapter_delta_norm=0.0)),
+    ("actor_adapter_unchanged", "actor_updates", _same_as_step2("adapter/adapter_model.safetensors")),
+    ("actor_no_optimizer_step", "actor_updates", _algo("actor/updates", 0.0, 0)),
+    ("critic_delta_zero", "critic_updates", _algo("critic/delta_norm", 0.0, 0)),
+    ("critic_params_unchanged", "critic_updates", _same_as_step2("critic_params.safetensors")),
+    ("advantages_all_equal", "gae_nontrivial", _flat_advantages),
+    ("returns_zero", "gae_nontrivial", _algo("critic/returns/mean", 0.0, 0)),
+    ("no_nonzero_advantages", "gae_nontrivial", _line("metrics", 0, nonzero_advantages=0)),
+    ("resumed_critic_optimizer_differs", "resume_tensor_exact",
+     lambda ev: _edit_json(ev["resumed_checkpoint_2"],
+                           lambda d: d["files"]["critic_optimizer.safetensors"].update(sha256="0" * 64))),
+    ("resumed_adapter_differs", "resume_tensor_exact",
+     lambda ev: _edit_json(ev["resumed_checkpoint_2"],
+                           lambda d: d["files"]["adapter/adapter_model.safetensors"].update(sha256="1" * 64))),
+    ("resume_exit_1", "resume_tensor_exact", _step("resume_extend", exit_code=1)),
+    ("rm_score_not_deterministic", "reward_model", _rm_score),
+    ("rm_constant", "reward_model", _algo("reward_model/std", 0.0, 0, "resumed_metrics")),
+    ("rm_not_offloaded", "reward_model", _algo("reward_model/offloaded_after_phase", 0.0, 1)),
+    ("launch_blocked", "handoff", _top("diagnose", launch_status="compose_failed")),
+    ("compiler_v1", "handoff", _top("handoff", compiler="verl-rl-v0.9-single-gpu-v1")),
+    ("manifest_digest_differs", "handoff", _manifest_digest),
+    ("other_verl", "handoff", _top("diagnose", verl_version="0.8.0")),
+    ("diagnose_exit_1", "handoff", _step("diagnose", exit_code=1)),
+    ("no_verl", "handoff", _top("diagnose_environment", verl_python=None)),
+]  # fmt: skip
+
+
+def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
+    evidence = _copy(tmp_path)
+    assert set(evidence) == set(WORKLOAD.evidence)
+    judged = WORKLOAD.judge(evidence, CPU, SCALE)
+    assert {n: ok for n, (ok, _) in judged.checks.items()} == dict.fromkeys(CHECKS, True), judged.checks
+    assert judged.metrics["reward_source"] == "tiny" and judged.metrics["updates"] == 2
+
+
+def test_the_fixtures_are_small_and_portable() -> None:
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    assert total < 300_000
+    for path in FIXTURES.rglob("*.json"):
+        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+
+
+@pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_one_bad_value_fails_exactly_its_check(
+    tmp_path: Path, label: str, check: str, mutate: Callable[[dict[str, Path]], None]
+) -> None:
+    evidence = _copy(tmp_path)
+    mutate(evidence)
+    assert _failed(evidence) == {check}
+
+
+def test_every_check_is_seen_failing() -> None:
+    assert {m[1] for m in MUTATIONS} == set(CHECKS)
+
+
+@pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
+@pytest.mark.parametrize("hostile", ["missing", "directory", "garbled", "huge", "not_an_object"])
+def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, hostile: str) -> None:
+    evidence = _copy(tmp_path)
+    path = evidence[role]
+    if hostile == "missing":
+        del evidence[role]
+    elif hostile == "directory":
+        path.unlink()
+        path.mkdir()
+    elif hostile == "garbled":
+        path.write_bytes(b'{"step": 1, "step": 2, \xff')
+    elif hostile == "huge":
+        path.write_bytes(b"[" * 200_000)
+    else:
+        path.write_text("[1, 2]\n")
+    assert _failed(evidence), f"{hostile} {role} passed every check"
+
+
+def test_no_evidence_at_all_fails_every_check() -> None:
+    assert _failed({}) == set(CHECKS)

@@ -1,0 +1,181 @@
+"""The v0.14 product-walkthrough judge on real evidence captured from a cpu-reference run
+(tests/harness/full_fixtures/product-workflows/, laid out by archive member): it passes there, one bad value makes
+exactly its check fail, and hostile files fail checks without raising."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import policy, registry
+from harness.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
+from harness.full.scales import SCALES
+from harness.profiles import PROFILES
+
+FIXTURES = Path(__file__).parent / "full_fixtures" / "product-workflows"
+CPU = PROFILES["cpu-reference"]
+SCALE = SCALES["cpu-reference"]
+CHECKS = policy.required_checks(CPU, "product-workflows")
+CUDA_PEAKS = {"peak_reserved_bytes": 1 << 30, "peak_allocated_bytes": 1 << 29}
+# The evidence of a real cpu-reference run (`python -m harness workload product-workflows --profile cpu-reference
+# ... --out DIR`, copied here by archive member). Until it is captured, the tests that read it are skipped.
+needs_fixtures = pytest.mark.skipif(
+    not FIXTURES.is_dir(), reason="full_fixtures/product-workflows not captured yet (needs a real cpu-reference run)"
+)
+
+
+def _copy(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "evidence"
+    shutil.copytree(FIXTURES, root)
+    return {role: root / member for role, member in WORKLOAD.evidence.items() if (root / member).is_file()}
+
+
+def _judged(evidence: dict[str, Path], profile: Any = CPU) -> dict[str, tuple[bool, str]]:
+    judged = WORKLOAD.judge(evidence, profile, SCALES[profile.name])
+    assert set(judged.checks) == set(policy.required_checks(profile, "product-workflows"))
+    return judged.checks
+
+
+def _failed(evidence: dict[str, Path], profile: Any = CPU) -> set[str]:
+    return {name for name, (ok, _) in _judged(evidence, profile).items() if not ok}
+
+
+def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+def _fetch(**values: Any) -> Callable[[dict[str, Path]], None]:
+    def edit(doc: Any) -> None:
+        doc["invocations"][0].update(values)
+
+    return lambda ev: _edit_json(ev["transcript"], edit)
+
+
+def _drop_fetch(ev: dict[str, Path]) -> None:
+    _edit_json(ev["transcript"], lambda doc: doc["invocations"].pop(0))
+
+
+def _digest(role: str, name: str) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev[role], lambda doc: doc["files"][name].update(sha256="0" * 64))
+
+
+def _duplicate_line(ev: dict[str, Path]) -> None:
+    path = ev["grpo_replay_metrics"]
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "".join(lines))
+
+
+def _duplicate_checkpoint(ev: dict[str, Path]) -> None:
+    _edit_json(ev["ppo_inspect"], lambda doc: doc["checkpoints"].append(doc["checkpoints"][-1]))
+
+
+def _cuda_on_cpu(ev: dict[str, Path]) -> None:
+    _edit_json(ev["ppo_replay_summary"], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
+
+
+def _walk(edit: Callable[[Any], None]) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev["walkthrough"], edit)
+
+
+MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
+    ("fetch_exit_1", "cli_invocations", _fetch(exit_code=1)),
+    ("fetch_timed_out", "cli_invocations", _fetch(timed_out=True)),
+    ("fetch_renamed", "cli_invocations", _fetch(step="doctor")),
+    ("fetch_unhashed", "cli_invocations", _fetch(stdout_sha256="not-a-digest")),
+    ("fetch_missing", "cli_invocations", _drop_fetch),
+    ("ppo_critic_replay_differs", "tensor_replay", _digest("ppo_replay_checkpoint", "critic_params.safetensors")),
+    ("grpo_optimizer_replay_differs", "tensor_replay", _digest("grpo_replay_checkpoint", "optimizer.safetensors")),
+    ("metrics_line_duplicated", "records_unduplicated", _duplicate_line),
+    ("checkpoint_listed_twice", "records_unduplicated", _duplicate_checkpoint),
+    ("cuda_block_on_cpu", "vram_measured", _cuda_on_cpu),
+    ("reward_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0]["rewards"].__setitem__(0, 9.0))),
+    ("exit_misreported", "walkthrough_record", _walk(lambda d: d["cases"][1]["invocations"][0].update(exit_code=1))),
+    ("models_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0].update(models={}))),
+    ("extra_field", "walkthrough_record", _walk(lambda d: d.update(note="x"))),
+]
+
+
+def test_the_declared_invocations_are_25_distinct_steps() -> None:
+    assert len(PRODUCT_WORKFLOW_INVOCATIONS) == 25 == 1 + 2 * len(CASE_STEPS)
+    assert len(set(PRODUCT_WORKFLOW_INVOCATIONS)) == 25
+    assert registry.workload("product-workflows").provided
+
+
+@needs_fixtures
+def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
+    evidence = _copy(tmp_path)
+    assert set(evidence) == set(WORKLOAD.evidence)
+    checks = _judged(evidence)
+    assert {n: ok for n, (ok, _) in checks.items()} == dict.fromkeys(CHECKS, True), checks
+    walk = Walkthrough.model_validate_json(evidence["walkthrough"].read_bytes())
+    assert [c.case for c in walk.cases] == ["ppo", "grpo"]
+    assert all(len(c.rewards) == 2 and len(c.losses) == 2 and c.models for c in walk.cases)
+    steps = [inv["step"] for inv in json.loads(evidence["transcript"].read_text())["invocations"]]
+    assert steps == list(PRODUCT_WORKFLOW_INVOCATIONS)
+
+
+@needs_fixtures
+def test_the_fixtures_are_small_and_portable() -> None:
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    assert total < 300_000
+    for path in FIXTURES.rglob("*.json"):
+        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+
+
+@needs_fixtures
+@pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_one_bad_value_fails_exactly_its_check(
+    tmp_path: Path, label: str, check: str, mutate: Callable[[dict[str, Path]], None]
+) -> None:
+    evidence = _copy(tmp_path)
+    mutate(evidence)
+    assert _failed(evidence) == {check}
+
+
+def test_every_check_is_seen_failing() -> None:
+    assert {m[1] for m in MUTATIONS} == set(CHECKS)
+
+
+@needs_fixtures
+def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
+    """The CPU evidence has no CUDA peaks, so a CUDA profile fails vram_measured; with peaks in every summary
+    (what a CUDA run records) it passes."""
+    cuda = PROFILES["h200-cu130"]
+    evidence = _copy(tmp_path)
+    assert "vram_measured" in _failed(evidence, cuda)
+    for role in [r for r in evidence if r.endswith("summary")]:
+        _edit_json(evidence[role], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
+    assert "vram_measured" not in _failed(evidence, cuda)
+    _edit_json(evidence["grpo_summary"], lambda doc: doc["cuda"].update(peak_reserved_bytes=0))
+    assert "vram_measured" in _failed(evidence, cuda)
+
+
+@needs_fixtures
+@pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
+@pytest.mark.parametrize("hostile", ["missing", "directory", "garbled", "huge", "not_an_object"])
+def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, hostile: str) -> None:
+    evidence = _copy(tmp_path)
+    path = evidence[role]
+    if hostile == "missing":
+        del evidence[role]
+    elif hostile == "directory":
+        path.unlink()
+        path.mkdir()
+    elif hostile == "garbled":
+        path.write_bytes(b'{"step": 1, "step": 2, \xff')
+    elif hostile == "huge":
+        path.write_bytes(b"[" * 200_000)
+    else:
+        path.write_text("[1, 2]\n")
+    assert _failed(evidence), f"{hostile} {role} passed every check"
+
+
+def test_no_evidence_at_all_fails_every_check() -> None:
+    assert _failed({}) == set(CHECKS)

@@ -1,0 +1,117 @@
+"""``miniverl bench grpo`` on the tiny model (CPU): every path measured or marked, fixed lengths, outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from miniverl.bench.grpo import GrpoBenchOptions, ratios, run_grpo_bench
+from miniverl.bench.grpo_render import evaluate_grpo_goals
+from miniverl.canonical import sha256_file
+from miniverl.cli import main as cli_main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _trl_importable() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("grpo-bench")
+    try:
+        opts = GrpoBenchOptions(
+            model="tiny", device="cpu", prompts=2, samples=2, new_tokens=5, prompt_tokens=4, rollout_batch=4,
+            warmup=1, repeats=2, update_shape=(2, 12),
+        )  # fmt: skip
+        report = run_grpo_bench(opts, out)
+    finally:
+        torch.set_num_threads(threads)
+    return report, out
+
+
+def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) -> None:
+    report, _ = bench
+    by = {(c["section"], c["path"]): c for c in report["cells"]}
+    assert len(by) == 4 + 3
+    for key in (("step", "miniverl_fast"), ("step", "miniverl_hf"), ("update", "naive_hf_peft"),
+                ("update", "miniverl_update")):  # fmt: skip
+        cell = by[key]
+        assert cell["status"] == "measured", cell
+        assert len(cell["step_seconds"]) == 2 and cell["peak_reserved_gib"] is None  # CPU
+        assert cell["ms_per_step"] == pytest.approx(cell["median_step_seconds"] * 1e3)
+    for path in ("miniverl_fast", "miniverl_hf"):
+        cell = by[("step", path)]
+        assert cell["completion_tokens"] == 2 * 2 * 5  # fixed lengths (checked on every step)
+        assert cell["completion_tokens_per_second"] == pytest.approx(20 / cell["median_step_seconds"])
+        assert cell["median_rollout_seconds"] > 0 and cell["median_update_seconds"] > 0
+    assert by[("step", "miniverl_fast_bf16")]["status"] == "not_run"  # needs a bf16 model
+    assert by[("update", "miniverl_update_bf16")]["status"] == "not_run"
+    trl = by[("step", "trl")]
+    assert trl["status"] != "passed"
+    if not _trl_importable():
+        assert trl["status"] == "not_run" and "not importable" in trl["reason"]
+    speed = report["ratios"]["step_speed_miniverl_fast_vs_miniverl_hf"]
+    assert speed == pytest.approx(by[("step", "miniverl_hf")]["median_step_seconds"]
+                                  / by[("step", "miniverl_fast")]["median_step_seconds"])  # fmt: skip
+    assert {g["status"] for g in report["goals"]} <= {"not_measured", "informational_cpu"}  # CPU cannot meet them
+
+
+def test_outputs_are_written_and_checksummed(bench: tuple[dict[str, Any], Path]) -> None:
+    report, out = bench
+    assert json.loads((out / "grpo.json").read_text())["cells"] == report["cells"]
+    for name in ("grpo.md", "grpo.svg"):
+        assert report["artifacts"][name] == sha256_file(out / name)
+    assert "| step | miniverl_fast |" in (out / "grpo.md").read_text()
+    assert (out / "grpo.svg").read_text().startswith("<svg")
+    assert not (out / "grpo.partial.json").exists()
+
+
+def test_goals_follow_the_ratios() -> None:
+    cells = [
+        {"section": "update", "path": "naive_hf_peft", "status": "measured", "median_step_seconds": 2.0,
+         "peak_reserved_gib": 10.0},
+        {"section": "update", "path": "miniverl_update_bf16", "status": "measured", "median_step_seconds": 1.0,
+         "peak_reserved_gib": 8.0},
+        {"section": "step", "path": "trl", "status": "not_run", "reason": "trl is not importable"},
+    ]  # fmt: skip
+    report = {"device": "cuda", "ratios": ratios(cells)}
+    goals = {g["key"]: g["status"] for g in evaluate_grpo_goals(report)}
+    assert goals["update_speed_miniverl_update_bf16_vs_naive_hf_peft"] == "met"  # 2.0 >= 1.3
+    assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "not_met"  # 0.8 > 0.75
+    assert goals["step_speed_miniverl_fast_vs_trl"] == "not_measured"  # TRL not run: never met
+    cells[1]["peak_reserved_gib"] = 7.0
+    goals = {g["key"]: g["status"] for g in evaluate_grpo_goals({"device": "cuda", "ratios": ratios(cells)})}
+    assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "met"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--paths", "miniverl_fast,vllm"], "unknown path(s) vllm"),
+        (["--update-paths", "deepspeed"], "unknown path(s) deepspeed"),
+        (["--samples", "0"], "--samples must be >= 1"),
+        (["--update-shape", "8,2"], "--update-shape 8,2"),
+    ],
+)
+def test_bad_input_is_one_error_line(tmp_path: Path, argv: list[str], message: str) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["bench", "grpo", "--device", "cpu", "--out", str(tmp_path / "o"), *argv])
+    assert code != 0
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("miniverl: error: ") and message in lines[0], lines
+    assert "Traceback" not in err.getvalue()

@@ -1,0 +1,282 @@
+"""The policy-gradient fail-closed boundary (issue #11): foreign log-probs never reach a loss.
+
+``ForeignLogprobBackend`` is a named test double: it samples with the in-process generator, then
+replaces every sampled log-prob with a deliberately wrong constant and says its log-probs come from
+another engine (as vLLM's would). With the recompute on (miniverl's default) GRPO and PPO take
+``old_logp`` from the training model, equal to a teacher-forced forward computed here independently;
+with the recompute off the run refuses with one named line before any update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from miniverl.rollout import backends
+from miniverl.rollout.backends import (
+    OLD_LOGP_RECOMPUTED,
+    ForeignLogprobError,
+    InProcessBackend,
+    old_logp_origin,
+)
+from tests.conftest import CliResult, tiny_config
+
+FOREIGN_LOGPROB = -0.321  # what the double claims every sampled token had: wrong for any real model
+REWARDS = [{"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0}]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class ForeignLogprobBackend(InProcessBackend):
+    """Samples in process but reports foreign, deliberately wrong log-probs (a stand-in for vLLM)."""
+
+    name = "foreign-test-double"
+    logprob_source = "foreign"
+
+    def generate(self, model: Any, tokenizer: Any, prompts: Any, **sampling: Any) -> list[Any]:
+        sampled = super().generate(model, tokenizer, prompts, **sampling)
+        return [
+            dataclasses.replace(t, sampled_logprobs=(FOREIGN_LOGPROB,) * len(t.response_token_ids)) for t in sampled
+        ]
+
+
+def _teacher_forced(model: Any, trajectory: Any) -> torch.Tensor:
+    """log p(response token | prefix) from one full forward of ``model`` (no batching, no padding)."""
+    prompt, response = list(trajectory.prompt_token_ids), list(trajectory.response_token_ids)
+    logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+    return logp.gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+class Spy:
+    """Per update: the teacher-forced log-probs at update start, and every ``old_logp`` the loss was given."""
+
+    def __init__(self) -> None:
+        self.expected: list[torch.Tensor] = []
+        self.sampled: list[torch.Tensor] = []
+        self.used: list[list[torch.Tensor]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
+        from miniverl.training.algorithms import grpo, ppo
+
+        module = grpo if algorithm == "grpo" else ppo
+        cls = grpo.Grpo if algorithm == "grpo" else ppo.Ppo
+        real_update, real_loss = cls.update, module.ppo_clip_token_losses
+        spy = self
+
+        def update(self: Any, batch: Any, *, step: int) -> Any:
+            with self.runtime.generation_model() as model, torch.no_grad():
+                spy.expected.append(torch.cat([_teacher_forced(model, t) for t in batch.trajectories]))
+            spy.sampled.append(torch.tensor([lp for t in batch.trajectories for lp in t.sampled_logprobs]))
+            spy.used.append([])
+            return real_update(self, batch, step=step)
+
+        def loss(logp: torch.Tensor, old_logp: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            spy.used[-1].append(old_logp.detach().reshape(-1).clone())
+            return real_loss(logp, old_logp, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "update", update)
+        monkeypatch.setattr(module, "ppo_clip_token_losses", loss)
+
+    def used_sorted(self, k: int) -> torch.Tensor:
+        return torch.sort(torch.cat(self.used[k]).float()).values
+
+
+def _run(
+    cli: Callable[..., CliResult], write_config: Callable[..., Path], model_dir: Path, algorithm: str, **rollout: Any
+) -> CliResult:
+    from miniverl.rollout.engine import release_engines
+
+    release_engines()
+    config = tiny_config(model_dir, algorithm=algorithm)
+    config["train"].update({"cycles": 2, "learning_rate": 0.05})
+    config["rollout"].update({"samples_per_prompt": 3, "engine": "hf", **rollout})
+    config["algorithm"]["rewards"] = REWARDS
+    write_config(config)
+    planned = cli("plan", "config.yaml", "--out", "plan.json", "-q")
+    assert planned.code == 0, planned.err
+    return cli("run", "--plan", "plan.json", "--run-id", "r", "--threads", "1", "-q")
+
+
+def _metrics(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "runs/r/metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_foreign_logprobs_are_replaced_by_the_trainers_recompute(
+    algorithm: str,
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(backends.BACKENDS, "hf", ForeignLogprobBackend)
+    spy = Spy()
+    spy.install(monkeypatch, algorithm)
+    result = _run(cli, write_config, tiny_model_dir, algorithm)
+    assert result.code == 0, result.err
+    assert len(spy.expected) == 2  # both updates ran
+    for k in range(2):
+        assert torch.all(spy.sampled[k] == FOREIGN_LOGPROB)  # the update was handed the wrong values...
+        used = spy.used_sorted(k)
+        assert used.numel() == spy.expected[k].numel()
+        # ... and used the teacher-forced forward of the training model instead
+        torch.testing.assert_close(used, torch.sort(spy.expected[k]).values, atol=1e-4, rtol=1e-4)
+        assert not torch.isclose(used, torch.tensor(FOREIGN_LOGPROB), atol=1e-6).any()
+    assert [m["algorithm_metrics"][OLD_LOGP_RECOMPUTED] for m in _metrics(workdir)] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_foreign_logprobs_without_recompute_refuse_the_run(
+    algorithm: str,
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from miniverl.training.algorithms import ALGORITHMS
+
+    monkeypatch.setitem(backends.BACKENDS, "hf", ForeignLogprobBackend)
+    monkeypatch.setattr(ALGORITHMS[algorithm], "recompute_old_logp", False)
+    spy = Spy()
+    spy.install(monkeypatch, algorithm)
+    result = _run(cli, write_config, tiny_model_dir, algorithm)
+    assert result.code == 1
+    assert result.err.strip().splitlines() == [
+        f"miniverl: error: {algorithm}: refusing the update: the rollout's log-probs come from another engine "
+        "(foreign) and old_logp recompute is off; a policy-gradient update needs old_logp recomputed by the "
+        "training model"
+    ]
+    assert spy.used == [[]]  # refused before any loss saw a log-prob
+    assert _metrics(workdir) == []  # no update was recorded
+
+
+def test_trainer_logprobs_without_recompute_are_the_rollouts(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other side: the trainer's own sampled log-probs at temperature 1 may stand in for old_logp."""
+    from miniverl.training.algorithms.grpo import Grpo
+
+    monkeypatch.setattr(Grpo, "recompute_old_logp", False)
+    spy = Spy()
+    spy.install(monkeypatch, "grpo")
+    result = _run(cli, write_config, tiny_model_dir, "grpo")
+    assert result.code == 0, result.err
+    for k in range(2):
+        torch.testing.assert_close(spy.used_sorted(k), torch.sort(spy.sampled[k].float()).values)
+        # the hf loop's sampled log-probs are the trainer's own at temperature 1: near the teacher-forced ones
+        torch.testing.assert_close(spy.used_sorted(k), torch.sort(spy.expected[k]).values, atol=1e-4, rtol=1e-4)
+    assert [m["algorithm_metrics"][OLD_LOGP_RECOMPUTED] for m in _metrics(workdir)] == [0.0, 0.0]
+
+
+def test_old_logp_origin() -> None:
+    assert old_logp_origin("foreign", recompute=True, algorithm="grpo", plain_sampling=False) == "trainer"
+    assert old_logp_origin("trainer", recompute=True, algorithm="grpo", plain_sampling=True) == "trainer"
+    assert old_logp_origin("trainer", recompute=False, algorithm="ppo", plain_sampling=True) == "rollout"
+    with pytest.raises(ForeignLogprobError, match="another engine"):
+        old_logp_origin("foreign", recompute=False, algorithm="ppo", plain_sampling=True)
+    with pytest.raises(ForeignLogprobError, match="temperature-scaled or filtered"):
+        old_logp_origin("trainer", recompute=False, algorithm="grpo", plain_sampling=False)
+
+
+def test_backends_report_their_logprob_source() -> None:
+    assert backends.BACKENDS["hf"].logprob_source == "trainer"
+    assert backends.BACKENDS["vllm"].logprob_source == "foreign"
+
+
+def test_plan_refuses_vllm_where_it_is_not_installed(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(backends, "vllm_installed", lambda: False)
+    write_config(tiny_config(tiny_model_dir))
+    result = cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json", "--json")
+    assert result.code == 1 and result.out == ""
+    assert result.err.splitlines() == [
+        "miniverl: error: rollout.backend vllm: vllm is not installed, so this run cannot sample with it; "
+        "use rollout.backend hf"
+    ]
+    assert not (workdir / "plan.json").exists()
+
+
+def test_plan_refuses_vllm_where_it_is_installed_but_not_wired(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never a silent fallback to hf: an installed vllm is refused too, with its own reason."""
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)
+    write_config(tiny_config(tiny_model_dir))
+    result = cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json")
+    assert result.code == 1
+    assert result.err.splitlines() == [f"miniverl: error: {backends.VLLM_NOT_WIRED}"]
+    assert not (workdir / "plan.json").exists()
+
+
+def test_run_rechecks_the_backend_of_a_plan(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A vllm plan made where vllm passed the check still refuses to run where it does not."""
+    monkeypatch.setattr(backends, "check_vllm", lambda: None)
+    write_config(tiny_config(tiny_model_dir))
+    assert cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json", "-q").code == 0
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(backends, "vllm_installed", lambda: False)
+    result = cli("run", "--plan", "plan.json", "--run-id", "r", "--threads", "1", "-q")
+    assert result.code == 1
+    assert result.err.splitlines()[-1].startswith("miniverl: error: rollout.backend vllm: vllm is not installed")
+
+
+def test_trajectory_files_keep_each_group_whole(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+) -> None:
+    """What the harness's grouped-identity check reads: per cycle file, every group one prompt and one policy
+    version (the updates before the cycle), sample indices 0..n-1 once each, group ids distinct across cycles."""
+    result = _run(cli, write_config, tiny_model_dir, "grpo", engine="fast")
+    assert result.code == 0, result.err
+    seen: set[str] = set()
+    for cycle in (1, 2):
+        records = [json.loads(line) for line in (workdir / f"runs/r/trajectories/cycle-{cycle:06d}.jsonl").open()]
+        assert len(records) == 2 * 3  # prompts_per_cycle x samples_per_prompt
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            groups.setdefault(record["group_id"], []).append(record)
+        assert len(groups) == 2 and not seen & set(groups)
+        seen |= set(groups)
+        for members in groups.values():
+            assert len({(m["prompt_id"], tuple(m["prompt_token_ids"])) for m in members}) == 1
+            assert {m["policy_version"] for m in members} == {cycle - 1}
+            assert sorted(m["sample_index"] for m in members) == [0, 1, 2]
