@@ -36,11 +36,13 @@ EVIDENCE = {
     "b_metrics": f"{FOLDER}/run-b/metrics.jsonl",
     "b_checkpoint": f"{FOLDER}/run-b/checkpoint.json",
 }
-STEPS = {"plan": 0, "run_a": 0, "run_b_interrupted": INTERRUPTED_EXIT, "run_b_resume": 0}
+STEPS = {"plan": 0, "run_a": 0, "run_b_resume": 0}  # the interrupted step is judged by resume_tensor_exact
 
 
 def run(ctx: Context) -> dict[str, Path]:
-    planned, plan_output = runs.plan(ctx, "plan", YAML, "plan.json", [f"train.cycles={CYCLES}"])
+    planned, plan_output = runs.plan(
+        ctx, "plan", YAML, "plan.json", [f"train.cycles={CYCLES}"], min_new_tokens=runs.GRPO_MIN_NEW_TOKENS
+    )
     files: dict[str, Path] = {"plan_output": plan_output}
     if planned.ok:
         runs.run(ctx, "run_a", "plan.json", "a")
@@ -111,15 +113,17 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     resumed = resume_out.get("status") == "completed" and "resumed" not in resume_out
     state_ok, state_why = runs.same_state(evidence.get("a_checkpoint"), evidence.get("b_checkpoint"), CYCLES)
     lines_ok, lines_why = runs.same_metrics(a, b)
+    # Every update moved the adapter: the optimizer state the resume restores is not trivially zero.
+    moved, deltas = runs.positive_each(a, "adapter_delta_norm")
     j.check(
         "resume_tensor_exact",
-        interrupted and resumed and resumed_from == INTERRUPT_AFTER and state_ok and lines_ok,
+        interrupted and resumed and resumed_from == INTERRUPT_AFTER and state_ok and lines_ok and moved,
         f"run B: signal {runs.short(stop.get('signal'))!r} sent {stop.get('signalled') is True} after "
         f"{runs.short(stop.get('wait_for'))!r} appeared, exit {exit_code} (want {INTERRUPTED_EXIT}), summary "
         f"written {runs.short(stop.get('summary_written'))}, {runs.short(stop.get('metrics_lines_after_interrupt'))} "
         f"metrics lines left (want {INTERRUPT_AFTER}); `run --resume` {'trained on' if resumed else 'did not train'}"
         f", from step {runs.short(resumed_from)} "
-        f"(want {INTERRUPT_AFTER}); {state_why}; {lines_why}",
+        f"(want {INTERRUPT_AFTER}); {state_why}; {lines_why}; run A adapter delta norm per update {deltas}",
     )
     runs.judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=True, peak=False)
     runs.summary_metrics(j, "a", a)

@@ -134,6 +134,8 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _set("b_summary", "resumed_from_step", None),
         _set("b_checkpoint", "step", 1),
         _set("b_resume_output", "resumed", False),
+        # the same in both runs, so only "every update moved the adapter" is wrong
+        lambda root: [_edit_line(root, role, 0, "adapter_delta_norm", 0.0) for role in ("a_metrics", "b_metrics")],
         _set("b_resume_output", "status", "failed"),
     ],
 }
