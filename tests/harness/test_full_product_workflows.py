@@ -22,11 +22,6 @@ CPU = PROFILES["cpu-reference"]
 SCALE = SCALES["cpu-reference"]
 CHECKS = policy.required_checks(CPU, "product-workflows")
 CUDA_PEAKS = {"peak_reserved_bytes": 1 << 30, "peak_allocated_bytes": 1 << 29}
-# The evidence of a real cpu-reference run (`python -m harness workload product-workflows --profile cpu-reference
-# ... --out DIR`, copied here by archive member). Until it is captured, the tests that read it are skipped.
-needs_fixtures = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason="full_fixtures/product-workflows not captured yet (needs a real cpu-reference run)"
-)
 
 
 def _copy(tmp_path: Path) -> dict[str, Path]:
@@ -108,7 +103,6 @@ def test_the_declared_invocations_are_25_distinct_steps() -> None:
     assert registry.workload("product-workflows").provided
 
 
-@needs_fixtures
 def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
     evidence = _copy(tmp_path)
     assert set(evidence) == set(WORKLOAD.evidence)
@@ -121,7 +115,6 @@ def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None
     assert steps == list(PRODUCT_WORKFLOW_INVOCATIONS)
 
 
-@needs_fixtures
 def test_the_fixtures_are_small_and_portable() -> None:
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 300_000
@@ -129,7 +122,6 @@ def test_the_fixtures_are_small_and_portable() -> None:
         assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
 
 
-@needs_fixtures
 @pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_one_bad_value_fails_exactly_its_check(
     tmp_path: Path, label: str, check: str, mutate: Callable[[dict[str, Path]], None]
@@ -143,7 +135,6 @@ def test_every_check_is_seen_failing() -> None:
     assert {m[1] for m in MUTATIONS} == set(CHECKS)
 
 
-@needs_fixtures
 def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
     """The CPU evidence has no CUDA peaks, so a CUDA profile fails vram_measured; with peaks in every summary
     (what a CUDA run records) it passes."""
@@ -157,7 +148,6 @@ def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
     assert "vram_measured" in _failed(evidence, cuda)
 
 
-@needs_fixtures
 @pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
 @pytest.mark.parametrize("hostile", ["missing", "directory", "garbled", "huge", "not_an_object"])
 def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, hostile: str) -> None:
