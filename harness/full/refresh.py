@@ -4,7 +4,9 @@ Part of the backend-matrix workload (:mod:`harness.full.backend_matrix` calls :f
 ``run`` and :func:`judge_refreshes` from its ``judge``, and merges :data:`REFRESH_EVIDENCE` into its evidence).
 
 ``run_refreshes`` drives the installed CLI: for each in-process rollout engine (``rollout.engine: fast`` and
-``hf``) one GRPO run of ``scale.policy_refreshes`` cycles at the scale's rollout sizes, keeping its plan, summary,
+``hf``) one GRPO run of ``scale.policy_refreshes`` cycles at the fixed :data:`REFRESH_SIZES` (the refresh proves
+that rollout and trained weights agree after every update, which the batch size does not change; a small fixed
+size keeps it cheap on every profile), with the scale's device and quantization, keeping its plan, summary,
 metrics and per-cycle trajectories; then ``miniverl plan`` with ``rollout.backend=vllm``, whose result (exit code,
 last stderr line, whether a plan was written) it saves. ``judge_refreshes`` decides, from those files only:
 
@@ -74,14 +76,13 @@ def _evidence() -> dict[str, str]:
 REFRESH_EVIDENCE: dict[str, str] = _evidence()
 
 
+# The rollout sizes of every refresh run, on every profile (declared here, recorded in the plan, judged).
+REFRESH_SIZES = {"prompts_per_cycle": 2, "samples_per_prompt": 4, "max_new_tokens": 16}
+
+
 # ---------------------------------------------------------------------------------------------------- run
 def _sizes(scale: Scale, cycles: int) -> list[str]:
-    values = [
-        f"train.cycles={cycles}",
-        f"rollout.prompts_per_cycle={scale.prompts_per_cycle}",
-        f"rollout.samples_per_prompt={scale.samples_per_prompt}",
-        f"rollout.max_new_tokens={scale.max_new_tokens}",
-    ]
+    values = [f"train.cycles={cycles}", *(f"rollout.{key}={value}" for key, value in REFRESH_SIZES.items())]
     if scale.quantization is not None:
         values.append(f"models.student.quantization={scale.quantization}")
     return [arg for value in values for arg in ("--set", value)]
@@ -173,11 +174,9 @@ def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple
     rollout = config.get("rollout") if isinstance(config, dict) else None
     if not isinstance(rollout, dict) or rollout.get("engine") != engine or rollout.get("backend") != "hf":
         return False, f"{where}: the plan does not ask for rollout.backend hf with rollout.engine {engine}"
-    sizes = {"prompts_per_cycle": scale.prompts_per_cycle, "samples_per_prompt": scale.samples_per_prompt}
-    sizes["max_new_tokens"] = scale.max_new_tokens
-    smaller = [f"{k} {rollout.get(k)!r} (scale {v})" for k, v in sizes.items() if count(rollout.get(k)) != v]
-    if smaller:
-        return False, f"{where}: the plan's rollout sizes are not the scale's: {', '.join(smaller)}"
+    other = [f"{k} {rollout.get(k)!r} (declared {v})" for k, v in REFRESH_SIZES.items() if count(rollout.get(k)) != v]
+    if other:
+        return False, f"{where}: the plan's rollout sizes are not the declared refresh sizes: {', '.join(other)}"
     models = config.get("models") if isinstance(config, dict) else None
     student = models.get("student") if isinstance(models, dict) else None
     quantization = student.get("quantization") if isinstance(student, dict) else None
@@ -224,7 +223,7 @@ def _trajectory_fields(record: dict[str, Any]) -> tuple[str, str, int, int, tupl
 def _groups_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple[bool, str]:
     where = f"engine {engine}"
     cycles = scale.policy_refreshes
-    per_group, groups_per_cycle = scale.samples_per_prompt, scale.prompts_per_cycle
+    per_group, groups_per_cycle = REFRESH_SIZES["samples_per_prompt"], REFRESH_SIZES["prompts_per_cycle"]
     seen_groups: set[str] = set()
     lines = read_jsonl(evidence.get(f"refresh_{engine}_metrics")) or []
     for cycle in range(1, cycles + 1):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -273,17 +274,24 @@ CUDA_FIGURES = {
 }
 
 
-def _with_cuda(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: (dict(CUDA_FIGURES) if k == "cuda" and v is None else _with_cuda(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_with_cuda(v) for v in value]
-    return value
+# The workloads whose runs train NF4 where the profile's scale says so (the others run bf16/fp32 LoRA).
+NF4_WORKLOADS = {"grpo-cycles", "backend-matrix"}
+CUDA_NULL = re.compile(rb'"cuda":(\s*)null')
+NO_QUANTIZATION = re.compile(rb'"quantization":(\s*)"none"')
+
+
+def _as_cuda_bytes(data: bytes, *, nf4: bool) -> bytes:
+    """Only the bytes that say "no CUDA" change (every other byte, digests and manifests included, stays)."""
+    figures = json.dumps(CUDA_FIGURES, sort_keys=True).encode()
+    data = CUDA_NULL.sub(lambda m: b'"cuda":' + m.group(1) + figures, data)
+    return NO_QUANTIZATION.sub(lambda m: b'"quantization":' + m.group(1) + b'"nf4"', data) if nf4 else data
 
 
 def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
-    """Give each full workload's CPU evidence the CUDA figures a CUDA run records (every `"cuda": null` becomes
-    CUDA_FIGURES), then re-judge it with the real judge on ``profile`` and rewrite its record and bindings."""
+    """Give each full workload's CPU evidence what a CUDA run records (every `"cuda": null` becomes CUDA_FIGURES;
+    where the profile's scale trains NF4, `"quantization": "none"` becomes "nf4"; the backend matrix's gate and
+    speed evidence is the real one captured on the H200), then re-judge it with the real judge on ``profile``
+    and rewrite its record and bindings."""
     import tempfile
 
     from harness import policy, registry
@@ -291,7 +299,6 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
     from harness.full.catalog import implemented
     from harness.full.runner import Outcome, judge_into
     from harness.full.scales import SCALES
-    from harness.jsonio import canonical_bytes
     from harness.qualification import write_workload
     from harness.records import Artifact
 
@@ -308,13 +315,12 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
                 continue
             copy = scratch / member
             copy.parent.mkdir(parents=True, exist_ok=True)
-            if source.suffix == ".json":
-                copy.write_bytes(canonical_bytes(_with_cuda(json.loads(source.read_bytes()))) + b"\n")
-            elif source.suffix == ".jsonl":
-                lines = [canonical_bytes(_with_cuda(json.loads(ln))) for ln in source.read_bytes().splitlines()]
-                copy.write_bytes(b"".join(ln + b"\n" for ln in lines))
+            measured_on_h200 = FULL_FIXTURES / spec.name / "h200-cu130" / member
+            if measured_on_h200.is_file():
+                copy.write_bytes(measured_on_h200.read_bytes())
             else:
-                copy.write_bytes(source.read_bytes())
+                nf4 = SCALES[profile.name].quantization == "nf4" and spec.name in NF4_WORKLOADS
+                copy.write_bytes(_as_cuda_bytes(source.read_bytes(), nf4=nf4))
             evidence[role] = copy
         book = CheckBook(policy.required_checks(profile, spec.name))
         judgement = workload.judge(evidence, profile, SCALES[profile.name])

@@ -313,14 +313,14 @@ def test_a_scale_beyond_the_layout_fails_closed(tmp_path: Path) -> None:
         refresh.run_refreshes(ctx)
 
 
-def test_the_runs_use_the_scales_sizes_never_smaller() -> None:
+def test_the_runs_use_the_declared_refresh_sizes_and_the_scales_quantization() -> None:
     for scale in SCALES.values():
         args = refresh._sizes(scale, scale.policy_refreshes)
         values = dict(v.split("=", 1) for v in args[1::2])
-        assert values["train.cycles"] == str(scale.policy_refreshes)
-        assert values["rollout.prompts_per_cycle"] == str(scale.prompts_per_cycle)
-        assert values["rollout.samples_per_prompt"] == str(scale.samples_per_prompt)
-        assert values["rollout.max_new_tokens"] == str(scale.max_new_tokens)
+        assert values["train.cycles"] == str(scale.policy_refreshes) == "8"
+        assert {k: values[f"rollout.{k}"] for k in refresh.REFRESH_SIZES} == {
+            k: str(v) for k, v in refresh.REFRESH_SIZES.items()
+        }
         assert values.get("models.student.quantization") == scale.quantization
 
 
