@@ -2,77 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from full_evidence import CPU, CUDA, EvidenceKit
 
 from harness import policy
 from harness.full import pg_k1
-from harness.full.scales import SCALES
-from harness.profiles import PROFILES
-from harness.records import Profile
 
-FIXTURE = Path(__file__).parent / "full_fixtures" / "pg-k1"
-CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
 W = pg_k1.WORKLOAD
-
-
-def _evidence(root: Path) -> dict[str, Path]:
-    return {role: root / member for role, member in W.evidence.items() if (root / member).exists()}
-
-
-def _judge(root: Path, profile: Profile = CPU) -> dict[str, bool]:
-    j = W.judge(_evidence(root), profile, SCALES[profile.name])
-    return {name: ok for name, (ok, _) in j.checks.items()}
-
-
-def _failed(root: Path, profile: Profile = CPU) -> set[str]:
-    return {name for name, ok in _judge(root, profile).items() if not ok}
+KIT = EvidenceKit(W)
+FIXTURE = KIT.fixture
+_evidence, _judge, _failed, _path = KIT.evidence, KIT.judge, KIT.failed, KIT.path
+_edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT.exit, KIT.digest, KIT.set
 
 
 @pytest.fixture
 def ev(tmp_path: Path) -> Path:
-    shutil.copytree(FIXTURE, tmp_path / "ev")
-    return tmp_path / "ev"
-
-
-def _path(root: Path, role: str) -> Path:
-    return root / W.evidence[role]
-
-
-def _edit_json(root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
-    path = _path(root, role)
-    doc = json.loads(path.read_text())
-    change(doc)
-    path.write_text(json.dumps(doc))
-
-
-def _edit_line(root: Path, role: str, index: int, key: str, value: Any) -> None:
-    path = _path(root, role)
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    lines[index][key] = value
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-
-def _exit(step: str, code: int) -> Callable[[Path], None]:
-    def change(doc: dict[str, Any]) -> None:
-        for inv in doc["invocations"]:
-            if inv["step"] == step:
-                inv["exit_code"] = code
-
-    return lambda root: _edit_json(root, "transcript", change)
-
-
-def _digest(role: str, name: str) -> Callable[[Path], None]:
-    return lambda root: _edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
-
-
-def _set(role: str, key: str, value: Any) -> Callable[[Path], None]:
-    return lambda root: _edit_json(root, role, lambda d: d.update({key: value}))
+    return KIT.copy(tmp_path / "ev")
 
 
 def test_the_real_cpu_evidence_passes_every_required_check() -> None:
