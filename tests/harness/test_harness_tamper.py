@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from harness_helpers import audit_args, build_assets, copy_tree, fabricate_full, kg_sha
 
+from harness import registry
 from harness.audit_cli import main as auditor_main
 from harness.jsonio import canonical_bytes, sha256_file
 
@@ -767,3 +768,51 @@ def test_authority_comes_from_the_harness_not_the_record(
         assert code == 0, err
     assert code == 0 and rv["status"] == "passed", err
     assert rv["release_authorized"] is False and reason in rv["authorization_reasons"]
+
+
+def _full_writable(candidate: Path, full: Path, known_good: Path, tmp: Path) -> Chain:
+    return Chain(
+        candidate=copy_tree(candidate, tmp / "candidate"),
+        qual=copy_tree(full, tmp / "qualification"),
+        known_good=copy_tree(known_good, tmp / "known-good"),
+        assets=None,
+        over={"--level": "full_qualification"},
+    )
+
+
+def test_the_honest_full_chain_passes(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err, rv, _ = _run(_full_writable(candidate, full_chain[0], known_good, tmp_path), capsys)
+    assert code == 0, err
+    assert "workload_records" in {c["name"] for c in rv["checks"] if c["passed"]}
+
+
+@pytest.mark.parametrize("workload", [w.name for w in registry.REGISTRY.workloads[1:]])
+def test_a_record_whose_evidence_no_longer_supports_it_is_refused(
+    workload: str,
+    candidate: Path,
+    full_chain: tuple[Path, Path],
+    known_good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every evidence file of one workload emptied and re-hashed everywhere (its record, qualification.json): the
+    record still says its checks passed, but the auditor re-judges the evidence and refuses the chain."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    record_name = registry.workload(workload).principal_record
+    q = json.loads((c.qual / "qualification.json").read_bytes())
+    emptied = [a["path"] for a in q["artifacts"] if a["role"].startswith(f"{workload}.")]
+    assert emptied
+    for rel in emptied:
+        (c.qual / rel).write_bytes(b"{}\n")
+
+    def rehash(value: Any) -> None:
+        for art in value["artifacts"]:
+            if art["path"] in emptied:
+                art["bytes"], art["sha256"] = (c.qual / art["path"]).stat().st_size, sha256_file(c.qual / art["path"])
+
+    _edit_json(c.qual / record_name, rehash)
+    _edit_json(c.qual / "qualification.json", rehash)
+    _rebind(c, record_name)
+    _expect_refusal(c, "workload_rejudged", capsys)
