@@ -38,6 +38,16 @@ class CheckBook:
     def passed(self, name: str) -> bool:
         return any(c.name == name and c.passed for c in self.executed)
 
+    def failures_so_far(self) -> list[str]:
+        """``Checks.failures`` over the checks decided so far (the required ones not yet recorded are left out)."""
+        seen = self._seen()
+        return Checks(
+            required=[name for name in self.required if name in seen],
+            executed=list(self.executed),
+            skipped=list(self.skipped),
+            not_applicable=list(self.not_applicable),
+        ).failures()
+
     def checks(self) -> Checks:
         return Checks(
             required=list(self.required),

@@ -176,9 +176,7 @@ def run_smoke(opts: SmokeOptions) -> int:
     absent: list[str] = []
     not_run: str | None = None
     if opts.level == "full_qualification":
-        smoke_failures = [f"check {c.name} failed" for c in book.executed if not c.passed] + [
-            f"check {c.name} was skipped" for c in book.skipped if c.name in book.required
-        ]
+        smoke_failures = book.failures_so_far()
         if smoke_failures or "input_prompts" not in facts.evidence:
             not_run = "the release smoke failed first: " + (smoke_failures[:1] or ["no sampled prompts"])[0][:200]
         else:

@@ -48,13 +48,11 @@ def archive_members() -> dict[str, str]:
 
 
 def qualification_paths() -> dict[str, str]:
-    """Artifact role -> path inside the qualification directory (evidence under evidence/, records at the top)."""
-    paths = {
-        evidence_role(w.name, role): f"evidence/{member}"
-        for w in WORKLOADS.values()
-        for role, member in sorted(w.evidence.items())
+    """Artifact role -> path inside the qualification directory: subordinate records at the top, evidence under
+    evidence/ at its archive member name."""
+    records = {
+        policy.record_artifact_role(spec): spec.principal_record
+        for spec in registry.REGISTRY.workloads
+        if spec.asset_role == "subordinate"
     }
-    for spec in registry.REGISTRY.workloads:
-        if spec.asset_role == "subordinate":
-            paths[policy.record_artifact_role(spec)] = spec.principal_record
-    return paths
+    return {role: records.get(role, f"evidence/{member}") for role, member in archive_members().items()}

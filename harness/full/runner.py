@@ -70,7 +70,6 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
         model_wheel=opts.model_wheel,
         verl_python=opts.verl_python,
     )
-    book = CheckBook(policy.required_checks(opts.profile, workload.name))
     evidence: dict[str, Path] = {}
     failure: str | None = None
     try:
@@ -83,15 +82,23 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
     unknown = sorted(set(evidence) - set(workload.evidence))
     if unknown:
         raise HarnessError(f"workload {workload.name} returned evidence roles it does not declare: {unknown}")
-    judgement = workload.judge(evidence, opts.profile, opts.scale)
+    outcome = judged(workload, evidence, opts.profile, opts.scale, failure=failure)
+    outcome.metrics["scale"] = opts.scale.name
+    outcome.metrics["wall_seconds"] = round(time.monotonic() - started, 3)
+    return outcome
+
+
+def judged(
+    workload: Workload, evidence: dict[str, Path], profile: Profile, scale: Scale, *, failure: str | None = None
+) -> Outcome:
+    """Judge ``evidence`` into an outcome whose checks are the policy's for ``workload`` on ``profile``."""
+    book = CheckBook(policy.required_checks(profile, workload.name))
+    judgement = workload.judge(evidence, profile, scale)
     if failure is not None:
         book.record("workload_run", False, failure)
-    judge_into(book, workload, judgement, opts.profile)
-    metrics = dict(judgement.metrics)
-    metrics["scale"] = opts.scale.name
-    metrics["wall_seconds"] = round(time.monotonic() - started, 3)
+    judge_into(book, workload, judgement, profile)
     files = {role: (workload.evidence[role], path) for role, path in sorted(evidence.items())}
-    return Outcome(name=workload.name, book=book, metrics=metrics, files=files)
+    return Outcome(name=workload.name, book=book, metrics=dict(judgement.metrics), files=files)
 
 
 def run_workloads(opts: RunnerOptions) -> tuple[list[Outcome], list[str]]:

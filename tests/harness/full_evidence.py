@@ -16,6 +16,7 @@ from harness.records import Profile
 
 FIXTURES = Path(__file__).parent / "full_fixtures"
 CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
+HOSTILE = ["missing", "directory", "garbled", "huge"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ class EvidenceKit:
     def digest(self, role: str, name: str) -> Callable[[Path], None]:
         """An edit: checkpoint manifest ``role`` lists another sha256 for file ``name``."""
         return lambda root: self.edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
+
+    def spoil(self, root: Path, role: str, kind: str) -> None:
+        """Hostile evidence for ``role``: one of HOSTILE (no file, a directory, garbled bytes, 17 MiB)."""
+        path = self.path(root, role)
+        path.unlink()
+        if kind == "directory":
+            path.mkdir()
+        elif kind == "garbled":
+            path.write_bytes(b'{"files": {"a": \xff NaN')
+        elif kind == "huge":
+            with path.open("wb") as f:
+                f.truncate(17 << 20)
 
     def set(self, role: str, key: str, value: Any) -> Callable[[Path], None]:
         """An edit: JSON evidence ``role`` holds ``value`` at ``key``."""

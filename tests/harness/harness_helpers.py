@@ -113,9 +113,8 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     pass; the auditor's re-judging refuses those.
     """
     from harness import policy, registry
-    from harness.checkbook import CheckBook
     from harness.full.catalog import implemented
-    from harness.full.runner import Outcome, judge_into
+    from harness.full.runner import judged
     from harness.full.scales import SCALES
     from harness.jsonio import canonical_bytes, sha256_file
     from harness.profiles import PROFILES
@@ -137,15 +136,7 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
             evidence = {
                 role: fixtures / member for role, member in workload.evidence.items() if (fixtures / member).is_file()
             }
-            book = CheckBook(policy.required_checks(profile, spec.name))
-            judgement = workload.judge(evidence, profile, SCALES[profile.name])
-            judge_into(book, workload, judgement, profile)
-            outcome = Outcome(
-                name=spec.name,
-                book=book,
-                metrics=dict(judgement.metrics),
-                files={role: (workload.evidence[role], path) for role, path in evidence.items()},
-            )
+            outcome = judged(workload, evidence, profile, SCALES[profile.name])
             result, artifacts = write_workload(
                 dest,
                 outcome,
@@ -294,10 +285,9 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
     and rewrite its record and bindings."""
     import tempfile
 
-    from harness import policy, registry
-    from harness.checkbook import CheckBook
+    from harness import registry
     from harness.full.catalog import implemented
-    from harness.full.runner import Outcome, judge_into
+    from harness.full.runner import judged
     from harness.full.scales import SCALES
     from harness.qualification import write_workload
     from harness.records import Artifact
@@ -322,12 +312,7 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
                 nf4 = SCALES[profile.name].quantization == "nf4" and spec.name in NF4_WORKLOADS
                 copy.write_bytes(_as_cuda_bytes(source.read_bytes(), nf4=nf4))
             evidence[role] = copy
-        book = CheckBook(policy.required_checks(profile, spec.name))
-        judgement = workload.judge(evidence, profile, SCALES[profile.name])
-        judge_into(book, workload, judgement, profile)
-        outcome = Outcome(
-            spec.name, book, dict(judgement.metrics), {r: (workload.evidence[r], p) for r, p in evidence.items()}
-        )
+        outcome = judged(workload, evidence, profile, SCALES[profile.name])
         result, artifacts = write_workload(
             dest,
             outcome,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import CPU, CUDA, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
 from harness import policy
 from harness.full import direct_gkd
@@ -109,19 +109,8 @@ def test_peak_reserved_is_judged_on_a_cuda_profile(ev: Path) -> None:
     assert _failed(ev, CUDA) == {"peak_reserved"}
 
 
-HOSTILE = ["missing", "directory", "garbled", "huge"]
-
-
 @pytest.mark.parametrize("role", sorted(W.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
-    path = _path(ev, role)
-    path.unlink()
-    if kind == "directory":
-        path.mkdir()
-    elif kind == "garbled":
-        path.write_bytes(b'{"files": {"a": \xff NaN')
-    elif kind == "huge":
-        with path.open("wb") as f:
-            f.truncate(17 << 20)
+    KIT.spoil(ev, role, kind)
     assert _failed(ev)

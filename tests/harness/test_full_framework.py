@@ -127,3 +127,14 @@ def test_the_evidence_layout_is_explicit_unique_and_versioned() -> None:
         assert "transcript" in workload.evidence
         folder = catalog.SUBORDINATE_FOLDERS.get(workload.name, "v011")
         assert all(m.startswith(f"{folder}/") for m in workload.evidence.values()), workload.name
+
+
+def test_failures_so_far_ignore_checks_not_yet_decided() -> None:
+    from harness.checkbook import CheckBook
+
+    book = CheckBook(["a", "b", "c", "later"])
+    book.record("a", True, "ok")
+    assert book.failures_so_far() == []
+    book.record("b", False, "bad")
+    book.skip("c", "an earlier step failed")
+    assert book.failures_so_far() == ["check b failed: bad", "required check c was skipped: an earlier step failed"]

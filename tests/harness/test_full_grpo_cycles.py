@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from full_evidence import CPU, CUDA, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
 from harness import policy
 from harness.full import grpo_cycles
@@ -99,19 +99,8 @@ def test_handoff_digests_are_recorded_when_present(ev: Path) -> None:
     assert j.metrics["handoff_ir_digest"] is None and all(ok for ok, _ in j.checks.values())
 
 
-HOSTILE = ["missing", "directory", "garbled", "huge"]
-
-
 @pytest.mark.parametrize("role", sorted(W.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
-    path = _path(ev, role)
-    path.unlink()
-    if kind == "directory":
-        path.mkdir()
-    elif kind == "garbled":
-        path.write_bytes(b'{"files": {"a": \xff NaN')
-    elif kind == "huge":
-        with path.open("wb") as f:
-            f.truncate(17 << 20)
+    KIT.spoil(ev, role, kind)
     assert _failed(ev)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import CPU, CUDA, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
 from harness import policy
 from harness.full import pg_k1
@@ -84,19 +84,8 @@ def test_a_nan_in_the_metrics_fails_without_raising(ev: Path) -> None:
     assert {"kl_measured", "run_completed", "adapter_changed"} <= _failed(ev)
 
 
-HOSTILE = ["missing", "directory", "garbled", "huge"]
-
-
 @pytest.mark.parametrize("role", sorted(W.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
-    path = _path(ev, role)
-    path.unlink()
-    if kind == "directory":
-        path.mkdir()
-    elif kind == "garbled":
-        path.write_bytes(b'{"files": {"a": \xff NaN')
-    elif kind == "huge":
-        with path.open("wb") as f:
-            f.truncate(17 << 20)
+    KIT.spoil(ev, role, kind)
     assert _failed(ev)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from full_evidence import CPU, CUDA, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
 from harness import policy
 from harness.full import smollm2
@@ -114,21 +114,10 @@ def test_a_cuda_profile_without_a_cuda_block_fails_teardown(ev: Path) -> None:
     assert _failed(ev, CUDA) == {"teardown"}
 
 
-HOSTILE = ["missing", "directory", "garbled", "huge"]
-
-
 @pytest.mark.parametrize("role", sorted(W.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(ev: Path, role: str, kind: str) -> None:
-    path = _path(ev, role)
-    path.unlink()
-    if kind == "directory":
-        path.mkdir()
-    elif kind == "garbled":
-        path.write_bytes(b'{"files": {"a": \xff NaN')
-    elif kind == "huge":
-        with path.open("wb") as f:
-            f.truncate(17 << 20)
+    KIT.spoil(ev, role, kind)
     assert _failed(ev)
 
 
