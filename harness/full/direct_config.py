@@ -367,7 +367,7 @@ def _handoff_digests(evidence: dict[str, Path], inv: list[dict[str, Any]] | None
     import_ok = all(d.get("compiler") == COMPILER_V4 for d in imports) and len(import_digests) == 1
     import_ok = import_ok and _hex(imports[0].get("rules_digest"))
     diff = read_json(evidence.get("native_diff")) or {}
-    counts = diff.get("counts") if isinstance(diff.get("counts"), dict) else {}
+    counts = runs.section(diff, "counts")
     diff_ok = (
         diff.get("semantically_equal") is True
         and diff.get("added_cycles") == EXTEND

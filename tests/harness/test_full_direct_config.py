@@ -112,7 +112,11 @@ def _append(role: str, data: bytes) -> Edit:
 
 
 def _plan_text(root: Path) -> None:
-    _edit_json(root, "plan", lambda d: d["direct_config"]["native"].update(text=d["direct_config"]["native"]["text"] + " "))
+    def change(doc: dict[str, Any]) -> None:
+        native = doc["direct_config"]["native"]
+        native["text"] += " "
+
+    _edit_json(root, "plan", change)
 
 
 BAD: dict[str, list[Edit]] = {
