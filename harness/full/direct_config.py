@@ -271,7 +271,7 @@ def _native_values(diff: dict[str, Any] | None) -> dict[str, tuple[int | None, s
     return found
 
 
-def _refused(inv: list[dict[str, Any]] | None, step: str) -> tuple[bool, str]:
+def _refused(inv: list[dict[str, Any]] | None, step: str, quote: int = 110) -> tuple[bool, str]:
     """``step`` planned its native file once and exited 2 with the named refusal in its one error line."""
     source, code = REFUSALS[step]
     found = [i for i in inv or [] if i["step"] == step]
@@ -281,7 +281,8 @@ def _refused(inv: list[dict[str, Any]] | None, step: str) -> tuple[bool, str]:
     argv = found[0].get("argv")
     planned = isinstance(argv, list) and "--verl-config" in argv and source in argv
     ok = found[0]["exit_code"] == REFUSAL_EXIT and planned and f"handoff refused ({code})" in line
-    return ok, f"{step}: {source} exit {found[0]['exit_code']} (want {REFUSAL_EXIT} refusing {code}): {line[:200]!r}"
+    said = f": {line[:quote]!r}" if quote else (f", {code} named" if f"({code})" in line else f", {code} NOT named")
+    return ok, f"{step} exit {found[0]['exit_code']} (want {REFUSAL_EXIT}){said}"
 
 
 def _actor_passes(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, final: runs.Run) -> tuple[bool, str]:
@@ -301,17 +302,20 @@ def _actor_passes(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, f
         and all(v is not None and v > 0 for v in norms + deltas)
         and each
     )
-    refusals = [_refused(inv, step) for step in ("plan_ppo_epochs_2", "plan_mini_batches_2")]
+    refusals = [_refused(inv, step, quote=0) for step in ("plan_ppo_epochs_2", "plan_mini_batches_2")]
     ok = passes == 1 and planned == passes and len(same) == len(ACTOR_KEYS) and lines_ok
     ok = ok and all(r for r, _ in refusals)
     return ok, (
-        f"native ppo_epochs {epochs} x (train_batch_size {batch} / ppo_mini_batch_size {mini}) = {passes} actor "
-        f"pass(es) per step in verl (want 1), bundle equal to native for {len(same)}/{len(ACTOR_KEYS)} keys; "
-        f"planned updates per cycle {planned}; the GRPO runtime records no optimizer-step count per update: per "
-        f"update one metrics line, grad norm {[runs.short(v) for v in norms][:4]}, adapter delta "
-        f"{[runs.short(v) for v in deltas][:4]}, adapter_changed_each_update {each}; more passes are refused: "
+        f"verl passes per step: native ppo_epochs {epochs} x (train_batch_size {batch} / ppo_mini_batch_size "
+        f"{mini}) = {passes} (want 1; bundle = native for {len(same)}/{len(ACTOR_KEYS)} keys), planned updates per "
+        f"cycle {planned}; the GRPO runtime records no optimizer-step count per update, only one metrics line "
+        f"(grad norm {_rounded(norms)}, adapter delta {_rounded(deltas)}, changed each update {each}); refused: "
         + "; ".join(why for _, why in refusals)
     )
+
+
+def _rounded(values: list[float | None]) -> list[float | None]:
+    return [round(v, 4) if v is not None else None for v in values][:4]
 
 
 def _resume_exact(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, final: runs.Run) -> tuple[bool, str]:
@@ -328,10 +332,10 @@ def _resume_exact(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, f
     lines_ok = lines_ok and straight == runs.stable_lines(replay.lines)
     ok = steps_ok and first and done and resumed_from == REPLAY_FIRST and state_ok and exact and lines_ok
     return ok, (
-        f"{steps_why}; replay first ran {REPLAY_FIRST} update(s): {'completed' if first else 'NOT completed'}; "
-        f"then resumed from step {runs.short(resumed_from)} (want {REPLAY_FIRST}): {done_why}; straight step "
-        f"{CYCLES} vs replay step {CYCLES}: {state_why}; {exact_why}; metrics lines 1..{CYCLES} (but time and "
-        f"memory) {'equal' if lines_ok else 'DIFFER or missing'}"
+        f"{steps_why}; replay: {REPLAY_FIRST} update {'completed' if first else 'NOT completed'}, resumed from step "
+        f"{runs.short(resumed_from)} (want {REPLAY_FIRST}), {done_why}; metrics lines 1..{CYCLES} (time/memory "
+        f"aside) {'equal' if lines_ok else 'DIFFER or missing'}; step {CYCLES} straight vs replay: {state_why}; "
+        f"{exact_why}"
     )
 
 
@@ -376,14 +380,13 @@ def _handoff_digests(evidence: dict[str, Path], inv: list[dict[str, Any]] | None
     )
     ok = step_ok and plan_ok and agree and same_compiler and same_rules and manifest_ok and import_ok and diff_ok
     return ok, (
-        f"{step_why}; plan handoff section {runs.short(planned.get('status'))!r}, compiler "
-        f"{runs.short(planned.get('compiler'))!r} imported by {runs.short(planned.get('imported_by'))!r} "
-        f"({'as wanted' if plan_ok else 'NOT v1 imported by v4 with 64-hex digests'}); compiler, ir_digest, "
-        f"rules_digest {'equal' if agree else 'NOT equal'} in handoff --json, bundle manifest and diagnose --json; "
-        f"compiler and rules digest {'equal to' if same_compiler and same_rules else 'NOT'} the plan's; manifest "
-        f"sha256 {'matches' if manifest_ok else 'differs'}; import (v4) rules digests {sorted(import_digests)} in "
-        f"plan, inspect, manifest, handoff; native diff semantically equal {diff.get('semantically_equal') is True}, "
-        f"counts {dict(list(counts.items())[:8])} (want extended 1 = --extend {EXTEND}, none changed)"
+        f"{step_why}; plan handoff {runs.short(planned.get('status'))!r} {runs.short(planned.get('compiler'))!r} "
+        f"imported by {runs.short(planned.get('imported_by'))!r} ({'ok' if plan_ok else 'NOT v1 by v4, 64-hex'}); "
+        f"compiler/ir/rules digests {'equal' if agree else 'NOT equal'} in handoff, manifest, diagnose, compiler and "
+        f"rules {'=' if same_compiler and same_rules else '!='} the plan's; manifest sha256 "
+        f"{'matches' if manifest_ok else 'differs'}; v4 import rules {sorted(import_digests)[:3]} in plan, inspect, "
+        f"manifest, handoff; native diff equal {diff.get('semantically_equal') is True}, "
+        f"{ {k: counts.get(k) for k in ('extended', 'changed', 'native_only', 'bundle_only')} } (want 1, 0, 0, 0)"
     )
 
 
