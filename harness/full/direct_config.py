@@ -235,7 +235,7 @@ def _native_unchanged(evidence: dict[str, Path]) -> tuple[bool, str]:
     plan = read_json(evidence.get("plan"))
     native = runs.section(plan, "direct_config", "native")
     text = native.get("text")
-    plan_bytes = hashlib.sha256(text.encode("utf-8")).hexdigest() if isinstance(text, str) else None
+    plan_bytes = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() if isinstance(text, str) else None
     handoff, manifest = read_json(evidence.get("handoff")), read_json(evidence.get("bundle_manifest"))
     recorded = {
         "plan --json": (read_json(evidence.get("plan_output")) or {}).get("native_sha256"),

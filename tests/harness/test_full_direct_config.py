@@ -234,3 +234,9 @@ def test_the_details_say_what_the_runtime_does_not_record() -> None:
     judged = W.judge(KIT.evidence(FIXTURE), CPU, SCALES["cpu-reference"])
     assert "records no optimizer-step count per update" in judged.checks["actor_passes"][1]
     assert json.loads(KIT.path(FIXTURE, "native_sha256").read_text())["file"] == direct_config.NATIVE
+
+
+def test_a_lone_surrogate_in_the_plans_native_text_fails_without_raising(ev: Path) -> None:
+    path = KIT.path(ev, "plan")
+    path.write_text(path.read_text().replace('"text": "', '"text": "\\ud800', 1))
+    assert KIT.failed(ev) == {"native_bytes_unchanged"}
