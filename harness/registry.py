@@ -161,6 +161,24 @@ REGISTRY = WorkloadRegistry(
             provided=True,
             provided_by="harness/full/product_workflows.py",
         ),
+        WorkloadSpec(
+            name="direct-config",
+            description="a native verl 0.9 GRPO YAML run unedited (compiler v4): runs, one actor pass per step, "
+            "tensor-exact resume, IR/rules digests, launch status; native PPO refused (v015/direct-config.json)",
+            principal_record="direct-config.json",
+            asset_role="subordinate",
+            required_checks=[
+                "run_completed",
+                "native_bytes_unchanged",
+                "actor_passes",
+                "resume_tensor_exact",
+                "handoff_digests",
+                "launch_status",
+                "native_ppo_refused",
+            ],
+            provided=True,
+            provided_by="harness/full/direct_config.py",
+        ),
     ],
 )
 

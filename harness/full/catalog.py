@@ -4,7 +4,16 @@ evidence layout their records use."""
 from __future__ import annotations
 
 from harness import policy, registry
-from harness.full import backend_matrix, direct_gkd, grpo_cycles, pg_k1, ppo_rm_handoff, product_workflows, smollm2
+from harness.full import (
+    backend_matrix,
+    direct_config,
+    direct_gkd,
+    grpo_cycles,
+    pg_k1,
+    ppo_rm_handoff,
+    product_workflows,
+    smollm2,
+)
 from harness.full.base import Workload
 
 _IMPLEMENTED: tuple[Workload, ...] = (
@@ -15,6 +24,7 @@ _IMPLEMENTED: tuple[Workload, ...] = (
     grpo_cycles.WORKLOAD,
     ppo_rm_handoff.WORKLOAD,
     product_workflows.WORKLOAD,
+    direct_config.WORKLOAD,
 )
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _IMPLEMENTED}
 
@@ -24,6 +34,7 @@ SUBORDINATE_FOLDERS = {
     "grpo-cycles": "v012",
     "ppo-rm-handoff": "v013",
     "product-workflows": "v014",
+    "direct-config": "v015",
 }
 
 

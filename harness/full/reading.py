@@ -3,6 +3,7 @@ re-judges archived evidence), so nothing here raises on bad content; it returns 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import stat
 from pathlib import Path
@@ -24,6 +25,12 @@ def _bytes(path: Path | None) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
+
+
+def file_sha256(path: Path | None) -> str | None:
+    """sha256 of a regular file of at most FILE_LIMIT_BYTES, or None."""
+    data = _bytes(path)
+    return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
 def read_json(path: Path | None) -> dict[str, Any] | None:

@@ -9,7 +9,8 @@ from harness.full.base import Scale
 _CUDA_FULL = Scale(
     name="full",
     description="CUDA: the embedded SmolLM2-135M with NF4 LoRA where a workload trains NF4, 2 prompts x 8 samples x "
-    "32 new tokens per cycle, the preregistered matrix on the embedded SmolLM2",
+    "32 new tokens per cycle (direct-config: the native verl YAML's own 2 x 4 x 32, unquantized), the "
+    "preregistered matrix on the embedded SmolLM2",
     set_overrides=("models.device=cuda",),
     quantization="nf4",
     prompts_per_cycle=2,
@@ -23,7 +24,8 @@ SCALES: dict[str, Scale] = {
     "cpu-reference": Scale(
         name="reduced",
         description="CI on 2 CPU cores: the embedded SmolLM2-135M in fp32, 2 prompts x 4 samples x 16 new tokens "
-        "per cycle (GRPO workloads at least 32, see harness/full/runs.py), no quantization (NF4 needs CUDA), the "
+        "per cycle (GRPO workloads at least 32, see harness/full/runs.py; direct-config runs the native verl YAML's "
+        "own 2 x 4 x 32, which plan --verl-config never resizes), no quantization (NF4 needs CUDA), the "
         "preregistered matrix on the tiny model",
         set_overrides=("models.device=cpu",),
         quantization=None,
