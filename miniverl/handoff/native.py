@@ -186,10 +186,6 @@ def _kl(flat: dict[str, Any]) -> dict[str, Any]:
 
 def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The miniverl config (plain data) and the decision per native key."""
-    table = rules_by_key()
-    unknown = sorted(k for k in flat if k not in table)
-    if unknown:
-        raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
     if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
         rank = flat.get("critic.model.lora_rank") or 0
         what = (
@@ -201,6 +197,11 @@ def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[di
             "plus a value head"
         )
         raise refuse("critic_lora_value_head", f"a native PPO config (critic, gae): {what}", compiler=COMPILER_V2)
+    # After the PPO refusal: a PPO file's critic keys have no import rule, and their names would hide the reason.
+    table = rules_by_key()
+    unknown = sorted(k for k in flat if k not in table)
+    if unknown:
+        raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
     config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
     decisions: dict[str, str] = {}
     for rule in RULES:

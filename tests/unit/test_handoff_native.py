@@ -130,6 +130,20 @@ def test_named_refusals(path: str, value: Any, code: str) -> None:
     assert _refusal(data) == code
 
 
+def test_a_realistic_native_ppo_file_is_refused_for_its_critic_not_for_its_critic_keys() -> None:
+    """A PPO file names critic.model/optim keys that have no import rule; the refusal still gives the reason."""
+    data = copy.deepcopy(_native())
+    data["algorithm"]["adv_estimator"] = "gae"
+    data["critic"] = {
+        "enable": True,
+        "model": {"path": "HuggingFaceTB/SmolLM2-135M-Instruct", "lora_rank": 8, "lora_alpha": 16},
+        "optim": {"lr": 1.0e-5},
+        "ppo_mini_batch_size": 2,
+        "ppo_micro_batch_size_per_gpu": 8,
+    }
+    assert _refusal(data) == "critic_lora_value_head"
+
+
 def test_a_missing_mapped_key_is_refused_not_defaulted() -> None:
     data = copy.deepcopy(_native())
     del data["actor_rollout_ref"]["actor"]["optim"]["weight_decay"]  # verl's default 0.01 would apply unseen
