@@ -65,16 +65,28 @@ class PlanExtension(Record):
     added_cycles: int = Field(ge=1)
 
 
+class PlanHandoffRefusal(Record):
+    code: str
+    message: str
+
+
 class PlanHandoff(Record):
-    """What ``miniverl handoff plan.json`` compiles: the compiler or its named refusal, the IR and rules
-    digests (``miniverl/handoff/plan_section.py``; the IR does not contain the plan digest)."""
+    """What ``miniverl handoff plan.json`` compiles (``miniverl/handoff/plan_section.py``; the IR does not
+    contain the plan digest): ``status: compiles`` with ``compiler`` and ``ir_digest``, or ``refused`` with the
+    rule's ``refusal`` (``unchecked`` when the model's ``config.json`` could not be read here; ``refusal.code``
+    is then ``model_config_unavailable``).
+
+    ``compiler`` is the compiler that compiles (or refused) the plan's experiment; ``imported_by`` is
+    ``verl-rl-v0.9-single-gpu-v4`` for a direct-config plan (its import rules digest is the plan's
+    ``direct_config.rules_digest``). ``rules_digest`` is the digest of ``compiler``'s rules table.
+    """
 
     status: Literal["compiles", "refused", "unchecked"]
     compiler: str
     imported_by: str | None = None
-    ir_digest: str | None = None
+    ir_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     rules_digest: str = SHA256
-    refusal: dict[str, str] | None = None
+    refusal: PlanHandoffRefusal | None = None
 
 
 class PlanRecord(Record):

@@ -65,7 +65,7 @@ def _with_handoff(body: dict[str, Any], config: MiniverlConfig) -> PlanRecord:
 
     body = {k: v for k, v in body.items() if k != "handoff"}
     section = handoff_section(_signed(body), config)
-    return _signed({**body, "handoff": section.model_dump(mode="json")})
+    return _signed({**body, "handoff": section})
 
 
 def _signed(body: dict[str, Any]) -> PlanRecord:
