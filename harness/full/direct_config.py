@@ -12,11 +12,11 @@ the end. The boundaries are planned too and must be refused by name (exit 2): a 
 (``harness/workloads/verl-native-ppo.yaml``: ``critic_lora_value_head``), and the native GRPO file with more
 than one actor pass per step (``ppo_epochs: 2``: ``grpo_ppo_epochs``; two mini-batches: ``grpo_mini_batches``).
 
-What the runtime records about actor passes: GRPO writes one metrics line per update (one grad norm, the
-adapter delta) and the plan's ``updates`` per cycle; it records no per-update optimizer-step count (PPO's
-``actor/updates``). The judge therefore derives verl's passes per step from the native values the bundle's
-native diff carries (``ppo_epochs`` x ``train_batch_size / ppo_mini_batch_size``), requires them to equal the
-planned updates per cycle, and requires the configs that would need more passes to be refused.
+Actor passes: verl performs ``ppo_epochs`` x ``train_batch_size / ppo_mini_batch_size`` optimizer steps per
+training step (from the native values the bundle's native diff carries). Each GRPO metrics line records the
+optimizer steps its update took (``algorithm_metrics["actor/updates"]``); the judge requires them to equal
+verl's count on every line, and the configs that would need more passes per step to be refused by name.
+There is no critic in a GRPO file: the critic side of v0.15 is the named refusal of a native PPO file.
 """
 
 from __future__ import annotations
@@ -293,12 +293,15 @@ def _actor_passes(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, f
     plan = read_json(evidence.get("plan")) or {}
     cycles, updates = count(plan.get("cycles")), count(plan.get("updates"))
     planned = updates // cycles if cycles and updates is not None and updates % cycles == 0 else None
+    steps = [wt.algo_metric(line, "actor/updates") for line in final.lines]
     norms = [finite(v) for v in final.column("grad_norm")]
     deltas = [finite(v) for v in final.column("adapter_delta_norm")]
     each = (final.summary or {}).get("adapter_changed_each_update") is True
     lines_ok = (
         final.why is None
         and len(final.lines) == CYCLES + EXTEND
+        and passes is not None
+        and steps == [passes] * len(final.lines)
         and all(v is not None and v > 0 for v in norms + deltas)
         and each
     )
@@ -308,8 +311,8 @@ def _actor_passes(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, f
     return ok, (
         f"verl passes per step: native ppo_epochs {epochs} x (train_batch_size {batch} / ppo_mini_batch_size "
         f"{mini}) = {passes} (want 1; bundle = native for {len(same)}/{len(ACTOR_KEYS)} keys), planned updates per "
-        f"cycle {planned}; the GRPO runtime records no optimizer-step count per update, only one metrics line "
-        f"(grad norm {_rounded(norms)}, adapter delta {_rounded(deltas)}, changed each update {each}); refused: "
+        f"cycle {planned}; optimizer steps per update recorded {steps[:4]} (want {passes} each; grad norm "
+        f"{_rounded(norms)}, adapter delta {_rounded(deltas)}, changed each update {each}); refused: "
         + "; ".join(why for _, why in refusals)
     )
 

@@ -73,6 +73,7 @@ def test_every_cycle_rolls_out_from_the_live_policy(workdir: Path, tiny_model_di
     assert len(lines) == 3
     for line in lines:
         assert line["rollout_backend"] == engine
+        assert line["algorithm_metrics"]["actor/updates"] == 1  # GRPO: one optimizer step per update
         for key in ("policy_digest_rollout", "policy_digest_before", "policy_digest_after"):
             assert len(line[key]) == 64 and set(line[key]) <= HEX
     assert all(line["policy_digest_before"] != line["policy_digest_after"] for line in lines)  # updates did change it

@@ -94,6 +94,7 @@ class TrainedParameters:
         self.params = [p for _, p in named]
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.steps_taken = 0  # optimizer steps so far (an algorithm reports its steps per update from it)
 
     def named(self) -> dict[str, torch.nn.Parameter]:
         return dict(zip(self.names, self.params, strict=True))
@@ -108,6 +109,7 @@ class TrainedParameters:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_taken += 1
         delta = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(self.params, before, strict=True)))
         return grad_norm, delta
 

@@ -53,10 +53,13 @@ class Grpo(Algorithm):
         advantages = [float(a) for a in adv]
         rollout_logp = [t.sampled_logprobs for t in batch.trajectories] if origin == "rollout" else None
         stats = grpo_update(self.runtime, batch.sequences(advantages), self.config, rollout_logp=rollout_logp)
+        steps_before = self.actor.steps_taken
         grad_norm, delta = self.actor.step()
-        # verl's names. Strict on-policy: the ratio is exactly 1, so the clip fraction is 0 by construction
-        # and not logged; the loss is the policy-gradient surrogate, not a learning curve.
+        # verl's names; actor/updates counts the optimizer steps of this update (PPO: epochs x mini-batches).
+        # Strict on-policy: the ratio is exactly 1, so the clip fraction is 0 by construction and not logged;
+        # the loss is the policy-gradient surrogate, not a learning curve.
         metrics["actor/pg_loss"] = stats.loss
+        metrics["actor/updates"] = float(self.actor.steps_taken - steps_before)
         metrics["response_length/mean"] = stats.tokens / len(batch.trajectories)
         if stats.entropy is not None:
             metrics["actor/entropy"] = stats.entropy
