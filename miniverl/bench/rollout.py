@@ -15,9 +15,11 @@ so the lengths cannot decide a ratio. Paths:
 * ``hf_generate``: transformers ``model.generate`` (sdpa attention, dynamic cache);
 * ``trl``: recorded ``not_run`` unless trl is importable (it is not part of any known-good stack).
 
-Per (path, batch): ``warmup`` untimed calls (the first is reported as ``first_call_seconds``; it
-includes the fast engine's graph capture and cuDNN/SDPA plan building), then the median of
-``repeats`` timed calls (CUDA-synchronized wall time). ``ms_per_decode_step`` is wall time over
+Per (path, batch): ``warmup`` untimed calls (at least one; the first is reported as
+``first_call_seconds``; it includes the fast engine's graph capture and cuDNN/SDPA plan building),
+then the median of ``repeats`` timed samples (CUDA-synchronized wall time), each of
+``calls_per_sample`` back-to-back calls, enough to last 0.2 s (a call of a few milliseconds timed
+alone is mostly scheduler noise), reported per call. ``ms_per_decode_step`` is wall time over
 ``new_tokens`` (the prefill of the short prompts is included). The weight-bandwidth bound of a
 step is the rollout copy's distinct weight bytes over the measured device-to-device copy
 bandwidth (read + write bytes over time); ``pct_of_weight_bandwidth_bound`` is bound / measured.
@@ -28,6 +30,7 @@ emptied cache with only the model resident and builds its own engine (fold, work
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -46,6 +49,8 @@ from miniverl.models.loading import resolve_device
 
 FORMAT = "miniverl-rollout-bench/v1"
 GIB = float(1 << 30)
+MIN_SAMPLE_SECONDS = 0.2
+MAX_CALLS_PER_SAMPLE = 100
 
 
 @dataclass
@@ -159,27 +164,33 @@ def _runners(
 def measure(
     run: Callable[[], int], *, warmup: int, repeats: int, device: torch.device, expected_tokens: int
 ) -> dict[str, Any]:
-    first = None
-    for _ in range(warmup):
+    """``warmup`` untimed calls, then ``repeats`` timed samples of ``calls_per_sample`` back-to-back calls each
+    (enough calls that a sample lasts MIN_SAMPLE_SECONDS, from the last warm-up call's time): a call of a few
+    milliseconds timed alone is mostly scheduler noise. ``seconds`` are per call, one per sample."""
+    first = last = None
+    for _ in range(max(warmup, 1)):
         _sync(device)
         start = time.perf_counter()
         run()
         _sync(device)
-        first = first if first is not None else time.perf_counter() - start
+        last = time.perf_counter() - start
+        first = first if first is not None else last
+    calls = min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(MIN_SAMPLE_SECONDS / max(last or 0.0, 1e-9))))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     seconds, tokens = [], []
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
-        tokens.append(run())
+        tokens.extend(run() for _ in range(calls))
         _sync(device)
-        seconds.append(time.perf_counter() - start)
+        seconds.append((time.perf_counter() - start) / calls)
     if any(t != expected_tokens for t in tokens):
-        raise RuntimeError(f"fixed lengths broken: generated {tokens}, expected {expected_tokens} per call")
+        raise RuntimeError(f"fixed lengths broken: generated {sorted(set(tokens))}, want {expected_tokens} per call")
     return {
         "status": "measured",
         "first_call_seconds": first,
+        "calls_per_sample": calls,
         "seconds": seconds,
         "median_seconds": statistics.median(seconds),
         "generated_tokens": expected_tokens,

@@ -44,6 +44,7 @@ def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) ->
             assert cell["pct_of_weight_bandwidth_bound"] == pytest.approx(expected)
             assert cell["peak_reserved_gib"] is None  # CPU
         assert len(by[("fast", batch)]["seconds"]) == 2 and len(by[("hf_loop", batch)]["seconds"]) == 1
+        assert all(by[(path, batch)]["calls_per_sample"] >= 1 for path in ("fast", "hf_loop"))
         assert by[("fast", batch)]["engine_stats"]["folds"] == 1
         assert by[("trl", batch)]["status"] == "not_run" and by[("fast_compiled", batch)]["status"] == "not_run"
     assert report["rollout_weight_bytes"] > 0 and report["copy_bandwidth_bytes_per_second"] > 0
@@ -74,3 +75,30 @@ def test_cli_bench_rollout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert [c["path"] for c in report["cells"]] == ["fast", "hf_generate"]
     assert cli_main([*args[:-3], "--paths", "fast,vllm", "--out", str(tmp_path / "c")]) == 2
     assert "unknown path" in capsys.readouterr().err
+
+
+def test_a_timed_sample_repeats_a_short_call_until_it_lasts_long_enough() -> None:
+    import time
+
+    from miniverl.bench.rollout import MIN_SAMPLE_SECONDS, measure
+
+    calls = []
+
+    def run() -> int:
+        calls.append(1)
+        time.sleep(0.01)
+        return 8
+
+    cell = measure(run, warmup=1, repeats=3, device=torch.device("cpu"), expected_tokens=8)
+    per_sample = cell["calls_per_sample"]
+    assert MIN_SAMPLE_SECONDS / 0.02 <= per_sample <= MIN_SAMPLE_SECONDS / 0.01  # ~20 calls of 10 ms
+    assert len(calls) == 1 + 3 * per_sample and len(cell["seconds"]) == 3
+    assert all(0.009 < s < 0.05 for s in cell["seconds"])  # per call, not per sample
+
+
+def test_a_call_of_another_length_fails_the_measurement() -> None:
+    from miniverl.bench.rollout import measure
+
+    lengths = iter([8, 8, 8, 7] + [8] * 1000)
+    with pytest.raises(RuntimeError, match="fixed lengths broken"):
+        measure(lambda: next(lengths), warmup=1, repeats=3, device=torch.device("cpu"), expected_tokens=8)
