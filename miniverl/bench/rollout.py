@@ -178,7 +178,8 @@ def measure(
     calls = min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(MIN_SAMPLE_SECONDS / max(last or 0.0, 1e-9))))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    seconds, tokens = [], []
+    seconds: list[float] = []
+    tokens: list[int] = []
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
