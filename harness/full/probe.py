@@ -25,11 +25,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True)
     p.add_argument("--venv", required=True, help="a venv whose bin/miniverl runs the workload")
     p.add_argument("--data", required=True, help="a prompts parquet (e.g. `miniverl data sample --rows 8`)")
-    p.add_argument("--work", required=True, help="scratch directory (replaced)")
-    p.add_argument("--out", required=True, help="directory that receives the evidence, laid out as archive members")
+    p.add_argument("--work", required=True, help="scratch directory (new, empty, or one this command made)")
+    p.add_argument("--out", required=True, help="new or empty directory for the evidence, laid out as archive members")
     p.add_argument("--model-cache", help="MINIVERL_CACHE for the CLI")
     p.add_argument("--offline-wheels")
     p.add_argument("--verl-python")
+
+
+SCRATCH_MARK = ".harness-workload-scratch"  # a --work directory holding it was made here and may be replaced
+
+
+def _checked_inputs(args: argparse.Namespace) -> None:
+    """Every input is checked before anything on disk changes."""
+    miniverl = Path(args.venv) / "bin" / "miniverl"
+    if not miniverl.is_file():
+        raise UsageError(f"--venv {args.venv}: no bin/miniverl there (install the candidate into it first)")
+    if not Path(args.data).is_file():
+        raise UsageError(f"--data {args.data}: not a file (make one with `miniverl data sample --rows 8 --out F`)")
+    if args.verl_python and not Path(args.verl_python).is_file():
+        raise UsageError(f"--verl-python {args.verl_python}: not a file (e.g. .nox/verl/bin/python after make verl)")
+    if args.offline_wheels and not Path(args.offline_wheels).is_dir():
+        raise UsageError(f"--offline-wheels {args.offline_wheels}: not a directory")
+    work, out = Path(args.work), Path(args.out)
+    if work.exists() and (not work.is_dir() or (any(work.iterdir()) and not (work / SCRATCH_MARK).is_file())):
+        raise UsageError(f"--work {args.work}: exists and was not made by this command (it would be replaced)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {args.out}: exists and is not an empty directory (evidence is never overwritten)")
 
 
 def probe(args: argparse.Namespace) -> int:
@@ -37,9 +58,11 @@ def probe(args: argparse.Namespace) -> int:
     if workload is None:
         raise UsageError(f"no implemented full workload {args.name!r}", check="workload")
     profile = get_profile(args.profile)
+    _checked_inputs(args)
     work, out = Path(args.work).absolute(), Path(args.out).absolute()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    (work / SCRATCH_MARK).write_text("python -m harness workload scratch; replaced by the next run\n")
     opts = RunnerOptions(
         venv=Path(args.venv).absolute(),
         root=work,
