@@ -263,9 +263,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def writable_out(args: argparse.Namespace) -> None:
+    """A command's ``--out DIR`` is, or can be made, a directory (checked before any work, writing nothing)."""
+    from miniverl.artifacts.rundir import check_writable_dir
+
+    check_writable_dir(Path(args.out), option="--out")
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     from miniverl.gate.cli import run_gate_command
 
+    writable_out(args)
     report = run_gate_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
     return 0 if report.get("status") == "passed" else 1
@@ -274,6 +282,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from miniverl.bench.cli import run_bench_command
 
+    writable_out(args)
     report = run_bench_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
     return 0
@@ -282,6 +291,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
     from miniverl.bench.cli import run_rollout_bench_command
 
+    writable_out(args)
     report = run_rollout_bench_command(args)
     _emit(args, report, report["message"])
     return 0

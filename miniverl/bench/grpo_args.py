@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int_pair
+
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_hf", "trl")
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
 GRPO_MODELS = ("tiny", "smollm2-shape", "qwen3-0.6b-shape")
-
-
-def _int_pair(text: str) -> tuple[int, int]:
-    parts = [int(x) for x in text.split(",") if x.strip()]
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"give B,T (two integers), got {text!r}")
-    return parts[0], parts[1]
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -26,20 +21,25 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on CUDA, fp32 on CPU"
     )
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per GRPO step (groups)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (group size)")
-    parser.add_argument("--new-tokens", type=int, default=256, help="fixed completion length per sample")
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length per sample")
-    parser.add_argument("--rollout-batch", type=int, default=16, help="rollout batch size (rows decoded together)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per cell (plans, graphs)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per cell (median reported)")
+    parser.add_argument("--prompts", type=positive_int, default=2, help="prompts per GRPO step (groups)")
+    parser.add_argument("--samples", type=positive_int, default=8, help="samples per prompt (group size)")
+    parser.add_argument("--new-tokens", type=positive_int, default=256, help="fixed completion length per sample")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length per sample")
+    parser.add_argument(
+        "--rollout-batch", type=positive_int, default=16, help="rollout batch size (rows decoded together)"
+    )
+    parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed steps per cell (plans, graphs)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed steps per cell (median reported)")
     parser.add_argument("--paths", type=_names, default=STEP_PATHS, help=f"GRPO step paths: {','.join(STEP_PATHS)}")
     parser.add_argument(
         "--update-paths", type=_names, default=UPDATE_PATHS, help=f"update paths: {','.join(UPDATE_PATHS)}"
     )
-    parser.add_argument("--update-shape", type=_int_pair, default=(8, 512), help="update rows,tokens (B,T)")
+    parser.add_argument("--update-shape", type=positive_int_pair, default=(8, 512), help="update rows,tokens (B,T)")
     parser.add_argument(
-        "--activation-checkpointing", type=int, default=0, help="miniverl cells: recompute every n-th layer (0: off)"
+        "--activation-checkpointing",
+        type=non_negative_int,
+        default=0,
+        help="miniverl cells: recompute every n-th layer (0: off)",
     )
     parser.add_argument("--out", required=True, help="output directory")
 
@@ -48,8 +48,9 @@ def cmd_bench_grpo(args: argparse.Namespace) -> int:
     """The ``miniverl bench grpo`` handler (imports torch only when it runs)."""
     from miniverl.bench.grpo import options_from_args, run_grpo_bench
     from miniverl.bench.grpo_render import render_grpo_markdown
-    from miniverl.cli import _emit
+    from miniverl.cli import _emit, writable_out
 
+    writable_out(args)
     report = run_grpo_bench(options_from_args(args), args.out)
     _emit(args, report, render_grpo_markdown(report) + f"\nwrote grpo.json, grpo.md, grpo.svg to {args.out}")
     return 0

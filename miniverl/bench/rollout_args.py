@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int_list
+
 PATHS = ("fast", "fast_compiled", "fast_eager", "hf_loop", "hf_generate", "trl")
 ROLLOUT_MODELS = ("tiny", "qwen3-0.6b-shape")
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,12 +16,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on CUDA, fp32 on CPU"
     )
-    parser.add_argument("--batches", type=_int_list, default=(16, 64), help="comma-separated, e.g. 16,64")
-    parser.add_argument("--new-tokens", type=int, default=256, help="fixed decode length per sample")
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length per sample")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per cell (plans, graphs)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per fast cell (median reported)")
-    parser.add_argument("--slow-repeats", type=int, default=1, help="timed runs per slow (HF) cell")
+    parser.add_argument("--batches", type=positive_int_list, default=(16, 64), help="comma-separated, e.g. 16,64")
+    parser.add_argument("--new-tokens", type=positive_int, default=256, help="fixed decode length per sample")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length per sample")
+    parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per cell (plans, graphs)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per fast cell (median reported)")
+    parser.add_argument("--slow-repeats", type=positive_int, default=1, help="timed runs per slow (HF) cell")
     parser.add_argument(
         "--paths", type=lambda s: tuple(s.split(",")), default=PATHS, help=f"comma-separated of {','.join(PATHS)}"
     )

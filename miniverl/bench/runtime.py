@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from miniverl.bench.argtypes import non_negative_int, positive_int
 from miniverl.bench.render import evaluate_goals, render_markdown, render_pareto_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
 from miniverl.gate.models import MODEL_CHOICES, PreparedModel, prepare_model
@@ -329,13 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--quantization", choices=["none", "nf4"], default="none")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--trajectories", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--chunk-size", type=int, default=64, help="rows per [chunk, V] projection")
-    parser.add_argument("--activation-checkpointing", type=int, default=1, help="every n-th layer; 0 = off")
-    parser.add_argument("--auto-overhead-tokens", type=int, default=None)
-    parser.add_argument("--auto-max-tokens", type=int, default=None)
+    parser.add_argument("--trajectories", type=positive_int, default=8)
+    parser.add_argument("--warmup", type=non_negative_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--chunk-size", type=positive_int, default=64, help="rows per [chunk, V] projection")
+    parser.add_argument(
+        "--activation-checkpointing", type=non_negative_int, default=1, help="every n-th layer; 0 = off"
+    )
+    parser.add_argument("--auto-overhead-tokens", type=non_negative_int, default=None)
+    parser.add_argument("--auto-max-tokens", type=positive_int, default=None)
     parser.add_argument(
         "--no-auto-calibrate", action="store_true", help="auto uses the device default cost model, not the fitted one"
     )

@@ -103,7 +103,10 @@ def test_goals_follow_the_ratios() -> None:
     [
         (["--paths", "miniverl_fast,vllm"], "unknown path(s) vllm"),
         (["--update-paths", "deepspeed"], "unknown path(s) deepspeed"),
-        (["--samples", "0"], "--samples must be >= 1"),
+        (["--samples", "0"], "argument --samples: 0 must be at least 1"),
+        (["--warmup", "-1"], "argument --warmup: -1 must be 0 or more"),
+        (["--repeats", "x"], "argument --repeats: 'x' is not an integer"),
+        (["--update-shape", "8"], "give B,T (two integers)"),
         (["--update-shape", "8,2"], "--update-shape 8,2"),
     ],
 )
@@ -115,3 +118,17 @@ def test_bad_input_is_one_error_line(tmp_path: Path, argv: list[str], message: s
     lines = err.getvalue().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("miniverl: error: ") and message in lines[0], lines
     assert "Traceback" not in err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "command", [["bench", "grpo"], ["bench", "rollout"], ["bench", "runtime"], ["gate", "equivalence"]]
+)
+def test_an_out_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path: Path, command: list[str]) -> None:
+    taken = tmp_path / "results.txt"
+    taken.write_text("kept")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main([*command, "--device", "cpu", "--out", str(taken)])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "is a file, not a directory" in lines[0], lines
+    assert taken.read_text() == "kept"

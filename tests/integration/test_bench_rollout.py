@@ -102,3 +102,25 @@ def test_a_call_of_another_length_fails_the_measurement() -> None:
     lengths = iter([8, 8, 8, 7] + [8] * 1000)
     with pytest.raises(RuntimeError, match="fixed lengths broken"):
         measure(lambda: next(lengths), warmup=1, repeats=3, device=torch.device("cpu"), expected_tokens=8)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batches", "0"], "argument --batches: 0 must be at least 1"),
+        (["--batches", ","], "give at least one integer"),
+        (["--new-tokens", "-1"], "argument --new-tokens: -1 must be at least 1"),
+        (["--repeats", "0"], "argument --repeats: 0 must be at least 1"),
+        (["--paths", "fast,vllm"], "unknown path(s) vllm"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path: Path, argv: list[str], message: str) -> None:
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["bench", "rollout", "--device", "cpu", "--out", str(tmp_path / "o"), *argv])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "o").exists()
