@@ -38,6 +38,8 @@ NATIVE = "verl-native-grpo.yaml"  # harness input, byte-identical to examples/ve
 NATIVE_PPO = "verl-native-ppo.yaml"
 MODEL = "smollm2-135m-instruct"  # the runtime binding of actor_rollout_ref.model.path (the embedded SmolLM2)
 TRAJECTORY_BATCH = 8  # micro-batching only (runtime binding); 8 = one micro-batch of the native 2 x 4 step
+# The native file's data.train_batch_size, rollout.n and data.max_response_length, which the import maps.
+NATIVE_SIZES = {"prompts_per_cycle": 2, "samples_per_prompt": 4, "max_new_tokens": 32}
 CYCLES = 2  # the native trainer.total_training_steps
 EXTEND = 1
 REPLAY_FIRST = 1  # the replay's cycles before `--resume --extend`
@@ -204,13 +206,16 @@ def _completed(output: dict[str, Any] | None, updates: int, resumed_from: int | 
     )
 
 
-def _run_completed(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, final: runs.Run) -> tuple[bool, str]:
+def _run_completed(
+    evidence: dict[str, Path], inv: list[dict[str, Any]] | None, final: runs.Run, profile: Profile
+) -> tuple[bool, str]:
     steps_ok, steps_why = _steps(inv, ("plan", "run", "inspect_2", "resume_extend", "inspect_3"))
     plan = read_json(evidence.get("plan"))
     direct = runs.section(plan, "direct_config")
     algorithm = runs.section(plan, "config", "algorithm").get("name")
     plan_ok = direct.get("compiler") == COMPILER_V4 and algorithm == "grpo" and plan is not None
     plan_ok = plan_ok and count((plan or {}).get("cycles")) == CYCLES
+    sized, sized_why = runs.planned_as_declared(plan, NATIVE_SIZES, profile)
     first = _completed(read_json(evidence.get("run_output")), CYCLES, None)
     resumed = _completed(read_json(evidence.get("resume_output")), CYCLES + EXTEND, CYCLES)
     done, done_why = final.completed(CYCLES + EXTEND)
@@ -218,10 +223,11 @@ def _run_completed(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, 
     steps_seen = [(doc or {}).get("last_complete_step") for doc in inspected]
     statuses = [(doc or {}).get("status") for doc in inspected]
     inspect_ok = steps_seen == [CYCLES, CYCLES + EXTEND] and statuses == ["completed", "completed"]
-    ok = steps_ok and plan_ok and first and resumed and done and inspect_ok
+    ok = steps_ok and plan_ok and sized and first and resumed and done and inspect_ok
     return ok, (
         f"{steps_why}; plan: compiler {runs.short(direct.get('compiler'))!r} (want {COMPILER_V4!r}), algorithm "
-        f"{runs.short(algorithm)!r}, cycles {runs.short((plan or {}).get('cycles'))} (want {CYCLES}); first run "
+        f"{runs.short(algorithm)!r}, cycles {runs.short((plan or {}).get('cycles'))} (want {CYCLES}), {sized_why}; "
+        "first run "
         f"{'completed' if first else 'NOT completed'} with {CYCLES} updates; --resume --extend {EXTEND} "
         f"{'completed' if resumed else 'NOT completed'} with {CYCLES + EXTEND} updates from step {CYCLES}; final run: "
         f"{done_why}; inspect last complete steps {[runs.short(s) for s in steps_seen]}, statuses "
@@ -415,7 +421,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     j = Judgement()
     inv = wt.transcript_invocations(evidence.get("transcript"))
     final = runs.Run(evidence, "summary", "metrics", "grpo")
-    j.check("run_completed", *_run_completed(evidence, inv, final))
+    j.check("run_completed", *_run_completed(evidence, inv, final, profile))
     j.check("native_bytes_unchanged", *_native_unchanged(evidence))
     j.check("actor_passes", *_actor_passes(evidence, inv, final))
     j.check("resume_tensor_exact", *_resume_exact(evidence, inv, final))

@@ -113,12 +113,14 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     steps_ok, steps_why = runs.steps_ok(evidence, STEPS)
     a_ok, a_why = a.completed(CYCLES)
     b_ok, b_why = b.completed(CYCLES)
-    config_ok, config_why = gkd_config(read_json(evidence.get("a_plan")))
+    plan = read_json(evidence.get("a_plan"))
+    config_ok, config_why = gkd_config(plan)
+    sized, sized_why = runs.planned_as_declared(plan, runs.declared_sizes(scale), profile)
     scored = a.why is None and all((finite(v) or 0.0) > 0 for v in a.column("kl")) and bool(a.lines)
     j.check(
         "run_completed",
-        steps_ok and a_ok and b_ok and config_ok and scored,
-        f"{steps_why}; run A: {a_why}; run B: {b_why}; {config_why}; forward KL per update "
+        steps_ok and a_ok and b_ok and config_ok and sized and scored,
+        f"{steps_why}; run A: {a_why}; run B: {b_why}; {config_why}; {sized_why}; forward KL per update "
         f"{[runs.short(v) for v in a.column('kl')][:8]} (want finite > 0)",
     )
     first = runs.section(read_json(evidence.get("b_first_output")), "summary")

@@ -61,15 +61,19 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     done, done_why = r.completed(CYCLES)
     moved, deltas = runs.positive_each(r, "adapter_delta_norm")
     want_quant = scale.quantization or "none"
-    planned_quant = runs.section(read_json(evidence.get("plan")), "config", "models", "student").get("quantization")
+    plan = read_json(evidence.get("plan"))
+    planned_quant = runs.section(plan, "config", "models", "student").get("quantization")
     ran_quant = (r.summary or {}).get("quantization")
     quant_ok = planned_quant == want_quant and ran_quant == want_quant
+    sizes = runs.declared_sizes(scale, min_new_tokens=runs.GRPO_MIN_NEW_TOKENS)
+    sized, sized_why = runs.planned_as_declared(plan, sizes, profile)
     exits = runs.exits(evidence).get("run")
     j.check(
         "two_updates_changed",
-        done and moved and len(deltas) == CYCLES and quant_ok and exits == [0],
+        done and moved and len(deltas) == CYCLES and quant_ok and sized and exits == [0],
         f"run exit {exits}; {done_why}; adapter delta norm per update {deltas}; quantization planned "
-        f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r})",
+        f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r}); "
+        f"{sized_why}",
     )
     runs.judge_cuda(j, profile, {"run": r.summary}, teardown=False, peak=True)
     out = read_json(evidence.get("handoff_output")) or {}

@@ -64,8 +64,15 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     r = runs.Run(evidence, "summary", "metrics", "grpo")
     steps_ok, steps_why = runs.steps_ok(evidence, STEPS)
     done, done_why = r.completed(CYCLES)
-    config_ok, config_why = kl_config(read_json(evidence.get("plan")))
-    j.check("run_completed", steps_ok and done and config_ok, f"{steps_why}; {done_why}; {config_why}")
+    plan = read_json(evidence.get("plan"))
+    config_ok, config_why = kl_config(plan)
+    sizes = runs.declared_sizes(scale, min_new_tokens=runs.GRPO_MIN_NEW_TOKENS)
+    sized, sized_why = runs.planned_as_declared(plan, sizes, profile)
+    j.check(
+        "run_completed",
+        steps_ok and done and config_ok and sized,
+        f"{steps_why}; {done_why}; {config_why}; {sized_why}",
+    )
     runs.reward_varies(j, r)
     runs.nonzero_advantages(j, r)
     moved, deltas = runs.positive_each(r, "adapter_delta_norm")

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from harness.full import runs
 from harness.full import walkthrough as wt
 from harness.full.base import Context, Judgement, Scale, Workload
 from harness.full.reading import count, finite, read_json, read_jsonl
@@ -126,13 +127,14 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         and summary.get("algorithm") == "ppo"
         and count(summary.get("updates")) == CYCLES
     )
+    sized, sized_why = runs.planned_as_declared(plan, runs.declared_sizes(scale), profile)
     base = (
         f"{ran_why}; summary of plan {'plan.json' if completed else 'not plan.json or missing'}, "
         f"status {summary.get('status') if summary else None!r}, "
-        f"updates {summary.get('updates') if summary else None}; "
+        f"updates {summary.get('updates') if summary else None}; {sized_why}; "
         + ("metrics steps 1..2" if lines is not None else "metrics.jsonl missing, unreadable or not steps 1..2")
     )
-    ok_base = ran and completed and lines is not None
+    ok_base = ran and completed and sized and lines is not None
     rows = lines or []
 
     actor_deltas = [finite(line.get("adapter_delta_norm")) for line in rows]

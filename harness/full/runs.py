@@ -44,16 +44,21 @@ STATE_FILES = ("adapter/adapter_model.safetensors", "optimizer.safetensors", "rn
 # -- run side: drive the installed CLI --------------------------------------------------------------------
 
 
+def declared_sizes(scale: Scale, *, min_new_tokens: int = 0) -> dict[str, int]:
+    """The rollout sizes a workload plans at on ``scale`` (never smaller; a workload may ask for more new tokens
+    than the scale, ``min_new_tokens``). The run side plans with them and the judge requires them in the plan."""
+    return {
+        "prompts_per_cycle": scale.prompts_per_cycle,
+        "samples_per_prompt": scale.samples_per_prompt,
+        "max_new_tokens": max(scale.max_new_tokens, min_new_tokens),
+    }
+
+
 def scale_sets(scale: Scale, *, quantize: bool = False, min_new_tokens: int = 0) -> list[str]:
-    """``--set`` argv for the scale: device overrides and the declared sizes (never smaller; a workload may ask
-    for more new tokens than the scale, ``min_new_tokens``); NF4 for the student when the scale declares it and
-    the workload trains quantized (``quantize``)."""
-    values = [
-        *scale.set_overrides,
-        f"rollout.prompts_per_cycle={scale.prompts_per_cycle}",
-        f"rollout.samples_per_prompt={scale.samples_per_prompt}",
-        f"rollout.max_new_tokens={max(scale.max_new_tokens, min_new_tokens)}",
-    ]
+    """``--set`` argv for the scale: device overrides and the declared sizes; NF4 for the student when the scale
+    declares it and the workload trains quantized (``quantize``)."""
+    sizes = declared_sizes(scale, min_new_tokens=min_new_tokens)
+    values = [*scale.set_overrides, *(f"rollout.{key}={value}" for key, value in sizes.items())]
     if quantize and scale.quantization == "nf4":
         values.append("models.student.quantization=nf4")
     return [arg for value in values for arg in ("--set", value)]
@@ -288,6 +293,22 @@ def judge_cuda(
         if b is not None:
             j.metrics[f"{label}_cuda_peak_reserved_bytes"] = b["peak_reserved_bytes"]
             j.metrics[f"{label}_cuda_final_allocated_bytes"] = b["final_allocated_bytes"]
+
+
+def planned_as_declared(plan: dict[str, Any] | None, sizes: dict[str, int], profile: Profile) -> tuple[bool, str]:
+    """The plan that ran has the declared rollout sizes and the profile's device: a smaller run, or one on
+    another device, never stands in for the declared one."""
+    rollout = section(plan, "config", "rollout")
+    device = section(plan, "config", "models").get("device")
+    other = [f"{key} {short(rollout.get(key))} (declared {want})" for key, want in sizes.items()
+             if count(rollout.get(key)) != want]  # fmt: skip
+    ok = plan is not None and not other and device == profile.device
+    return ok, (
+        "no readable plan"
+        if plan is None
+        else f"plan sizes {'as declared' if not other else 'NOT declared: ' + ', '.join(other)}, device "
+        f"{short(device)!r} (profile {profile.device!r})"
+    )
 
 
 def summary_metrics(j: Judgement, label: str, run: Run) -> None:

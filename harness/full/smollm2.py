@@ -27,6 +27,7 @@ RUN_ARGS = ["--output", "runs", "--json"]
 EVIDENCE = {
     "transcript": f"{FOLDER}/transcript.json",
     "plan_output": f"{FOLDER}/plan-output.json",
+    "plan": f"{FOLDER}/plan.json",
     "a_summary": f"{FOLDER}/run-a/summary.json",
     "a_metrics": f"{FOLDER}/run-a/metrics.jsonl",
     "a_checkpoint": f"{FOLDER}/run-a/checkpoint.json",
@@ -43,7 +44,7 @@ def run(ctx: Context) -> dict[str, Path]:
     planned, plan_output = runs.plan(
         ctx, "plan", YAML, "plan.json", [f"train.cycles={CYCLES}"], min_new_tokens=runs.GRPO_MIN_NEW_TOKENS
     )
-    files: dict[str, Path] = {"plan_output": plan_output}
+    files: dict[str, Path] = {"plan_output": plan_output, "plan": ctx.work / "plan.json"}
     if planned.ok:
         runs.run(ctx, "run_a", "plan.json", "a")
         b = runs.run_dir(ctx, "b")
@@ -91,11 +92,14 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     b_ok, b_why = b.completed(CYCLES)
     planned = (read_json(evidence.get("plan_output")) or {}).get("plan_digest")
     ran = [(r.summary or {}).get("plan_digest") for r in (a, b)]
-    same_plan = isinstance(planned, str) and ran == [planned, planned]
+    plan = read_json(evidence.get("plan"))
+    same_plan = isinstance(planned, str) and ran == [planned, planned] and (plan or {}).get("plan_digest") == planned
+    sizes = runs.declared_sizes(scale, min_new_tokens=runs.GRPO_MIN_NEW_TOKENS)
+    sized, sized_why = runs.planned_as_declared(plan, sizes, profile)
     j.check(
         "run_completed",
-        steps_ok and a_ok and b_ok and same_plan,
-        f"{steps_why}; run A: {a_why}; run B: {b_why}; both ran the planned plan_digest {same_plan}",
+        steps_ok and a_ok and b_ok and same_plan and sized,
+        f"{steps_why}; run A: {a_why}; run B: {b_why}; both ran the planned plan_digest {same_plan}; {sized_why}",
     )
 
     stop = read_json(evidence.get("interrupt")) or {}

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.full import runs
 from harness.full.base import Context, Scale
 from harness.full.reading import count, finite, read_json, read_jsonl
 from harness.jsonio import canonical_bytes, sha256_bytes
@@ -44,11 +45,7 @@ VERL_VERSION = "0.9.1"  # the verl a bundle is diagnosed with
 
 def scale_sets(scale: Scale) -> list[str]:
     """``--set`` argv for the scale's device and rollout sizes (the sizes are never left to the YAML)."""
-    sizes = (
-        f"rollout.prompts_per_cycle={scale.prompts_per_cycle}",
-        f"rollout.samples_per_prompt={scale.samples_per_prompt}",
-        f"rollout.max_new_tokens={scale.max_new_tokens}",
-    )
+    sizes = (f"rollout.{key}={value}" for key, value in runs.declared_sizes(scale).items())
     return scale.overrides() + [arg for value in sizes for arg in ("--set", value)]
 
 

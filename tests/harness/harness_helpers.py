@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -254,36 +253,13 @@ def relabel_for_profile(full: Path, dest: Path, profile_name: str, descriptor: P
     return dest
 
 
-# What a CUDA run's summary holds (docs/CLI-CONTRACT.md), within every profile's thresholds.
-CUDA_FIGURES = {
-    "baseline_allocated_bytes": 0,
-    "final_allocated_bytes": 0,
-    "peak_reserved_bytes": 1 << 30,
-    "peak_allocated_bytes": 1 << 29,
-    "teardown_returned_to_baseline": True,
-    "teardown_tolerance_bytes": 2 << 20,
-}
-
-
-# The workloads whose runs train NF4 where the profile's scale says so (the others run bf16/fp32 LoRA).
-NF4_WORKLOADS = {"grpo-cycles", "backend-matrix"}
-CUDA_NULL = re.compile(rb'"cuda":(\s*)null')
-NO_QUANTIZATION = re.compile(rb'"quantization":(\s*)"none"')
-
-
-def _as_cuda_bytes(data: bytes, *, nf4: bool) -> bytes:
-    """Only the bytes that say "no CUDA" change (every other byte, digests and manifests included, stays)."""
-    figures = json.dumps(CUDA_FIGURES, sort_keys=True).encode()
-    data = CUDA_NULL.sub(lambda m: b'"cuda":' + m.group(1) + figures, data)
-    return NO_QUANTIZATION.sub(lambda m: b'"quantization":' + m.group(1) + b'"nf4"', data) if nf4 else data
-
-
 def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
-    """Give each full workload's CPU evidence what a CUDA run records (every `"cuda": null` becomes CUDA_FIGURES;
-    where the profile's scale trains NF4, `"quantization": "none"` becomes "nf4"; the backend matrix's gate and
-    speed evidence is the real one captured on the H200), then re-judge it with the real judge on ``profile``
-    and rewrite its record and bindings."""
+    """Give each full workload's CPU evidence what a CUDA run records (:func:`full_evidence.as_cuda_bytes`; the
+    backend matrix's gate and speed evidence is the real one captured on the H200), then re-judge it with the
+    real judge on ``profile`` and rewrite its record and bindings."""
     import tempfile
+
+    from full_evidence import as_cuda_bytes
 
     from harness import registry
     from harness.full.catalog import implemented
@@ -309,8 +285,7 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
             if measured_on_h200.is_file():
                 copy.write_bytes(measured_on_h200.read_bytes())
             else:
-                nf4 = SCALES[profile.name].quantization == "nf4" and spec.name in NF4_WORKLOADS
-                copy.write_bytes(_as_cuda_bytes(source.read_bytes(), nf4=nf4))
+                copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy
         outcome = judged(workload, evidence, profile, SCALES[profile.name])
         result, artifacts = write_workload(

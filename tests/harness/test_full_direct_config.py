@@ -33,10 +33,15 @@ def ev(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("profile", [CPU, CUDA], ids=["cpu", "cuda"])
-def test_the_real_evidence_passes_every_required_check(profile: Any) -> None:
-    checks = KIT.judge(FIXTURE, profile)
+def test_the_real_evidence_passes_every_required_check(profile: Any, tmp_path: Path) -> None:
+    root = FIXTURE if profile is CPU else KIT.as_cuda(FIXTURE, tmp_path / "cuda")
+    checks = KIT.judge(root, profile)
     assert set(checks) == set(policy.required_checks(profile, W.name)) == set(CHECKS)
     assert all(checks.values()), checks
+
+
+def test_cpu_evidence_does_not_pass_for_a_cuda_profile() -> None:
+    assert KIT.failed(FIXTURE, CUDA) == {"run_completed"}  # the plan ran on the CPU
 
 
 def test_the_evidence_members_are_declared_small_and_portable() -> None:
@@ -128,6 +133,10 @@ BAD: dict[str, list[Edit]] = {
         _exit("inspect_3", 1),
         _exit("resume_extend", 124),
         _set("summary", "updates", 2),
+        lambda root: _edit_json(
+            root, "plan", lambda d: d["config"]["rollout"].update(samples_per_prompt=8)
+        ),  # not the native file's rollout.n
+        lambda root: _edit_json(root, "plan", lambda d: d["config"]["models"].update(device="auto")),
         _set("summary", "status", "failed"),
         _nested("resume_output", ["summary", "resumed_from_step"], None),
         _nested("run_output", ["summary", "updates"], 1),
@@ -197,10 +206,10 @@ def test_every_check_is_seen_failing() -> None:
 
 
 @pytest.mark.parametrize(("check", "index"), [(c, i) for c, edits in BAD.items() for i in range(len(edits))])
-def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
+def test_one_bad_value_fails_exactly_its_check(ev: Path, tmp_path: Path, check: str, index: int) -> None:
     BAD[check][index](ev)
     assert KIT.failed(ev) == {check}
-    assert KIT.failed(ev, CUDA) == {check}
+    assert KIT.failed(KIT.as_cuda(ev, tmp_path / "cuda"), CUDA) == {check}
 
 
 def test_without_verl_the_launch_is_not_diagnosed_and_fails(ev: Path) -> None:

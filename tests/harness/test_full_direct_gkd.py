@@ -72,6 +72,8 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         lambda root: _edit_json(
             root, "a_plan", lambda d: d["config"]["models"]["teacher"].update(privileged_context=None)
         ),
+        lambda root: _edit_json(root, "a_plan", lambda d: d["config"]["rollout"].update(prompts_per_cycle=1)),
+        lambda root: _edit_json(root, "a_plan", lambda d: d["config"]["models"].update(device="auto")),
     ],
     "resume_tensor_exact": [
         _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
@@ -100,7 +102,9 @@ def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int)
 
 
 def test_peak_reserved_is_judged_on_a_cuda_profile(ev: Path) -> None:
-    assert _failed(ev, CUDA) == {"peak_reserved"}  # no cuda block
+    assert _failed(ev, CUDA) == {"run_completed", "peak_reserved"}  # planned on the CPU at reduced size; no cuda block
+    KIT.plans_on(ev, CUDA)
+    assert _failed(ev, CUDA) == {"peak_reserved"}
     _cuda(2 << 30)(ev)
     assert _failed(ev, CUDA) == set() and "peak_reserved" in _judge(ev, CUDA)
     _cuda(15 << 30)(ev)

@@ -67,6 +67,8 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _set("summary", "updates", 1),
         _set("summary", "quantization", "nf4"),  # a CPU scale declares no quantization
         _exit("run", 1),
+        lambda root: _edit_json(root, "plan", lambda d: d["config"]["rollout"].update(samples_per_prompt=3)),
+        lambda root: _edit_json(root, "plan", lambda d: d["config"]["models"].update(device="auto")),
     ],
     "verl_plan_compiled": [
         _set("handoff_output", "compiler", "verl-rl-v0.8-multi-gpu"),
@@ -84,7 +86,8 @@ def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int)
 
 
 def test_on_a_cuda_nf4_profile_quantization_and_peak_memory_are_judged(ev: Path) -> None:
-    assert _failed(ev, CUDA) == {"two_updates_changed", "peak_reserved"}  # unquantized, no cuda block
+    assert _failed(ev, CUDA) == {"two_updates_changed", "peak_reserved"}  # unquantized on the CPU, no cuda block
+    KIT.plans_on(ev, CUDA)
     _on_cuda(ev)
     assert _failed(ev, CUDA) == set() and "peak_reserved" in _judge(ev, CUDA)
     _on_cuda(ev, peak=int(14.6 * (1 << 30)))

@@ -49,6 +49,15 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _plan_grpo("kl_estimator", "k3"),
         _plan_grpo("kl_coef", 0.0),
         lambda root: _edit_json(root, "plan", lambda d: d["config"]["models"].update(reference=None)),
+        lambda root: _edit_json(
+            root, "plan", lambda d: d["config"]["rollout"].update(samples_per_prompt=2)
+        ),  # a smaller run than declared
+        lambda root: _edit_json(
+            root, "plan", lambda d: d["config"]["rollout"].update(max_new_tokens=16)
+        ),  # below the GRPO floor of 32
+        lambda root: _edit_json(
+            root, "plan", lambda d: d["config"]["models"].update(device="auto")
+        ),  # another device than the profile's
     ],
     "reward_varies_within_group": [
         lambda root: _edit_line(root, "metrics", 0, "reward_std_within_group_max", 0.0),

@@ -152,6 +152,22 @@ def test_one_bad_value_fails_exactly_its_check(
     assert _failed(evidence) == {check}
 
 
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda ev: _edit_json(ev["plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
+        lambda ev: _edit_json(ev["plan"], lambda d: d["config"]["models"].update(device="auto")),
+    ],
+    ids=["smaller_than_declared", "other_device"],
+)
+def test_a_plan_not_at_the_declared_scale_fails_every_check_of_that_run(
+    tmp_path: Path, mutate: Callable[[dict[str, Path]], None]
+) -> None:
+    evidence = _copy(tmp_path)
+    mutate(evidence)
+    assert _failed(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
+
+
 def test_every_check_is_seen_failing() -> None:
     assert {m[1] for m in MUTATIONS} == set(CHECKS)
 

@@ -67,6 +67,9 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         _set("b_summary", "cycles", 1),
         lambda root: [_edit_line(root, role, 1, "loss", None) for role in ("a_metrics", "b_metrics")],
         _set("plan_output", "plan_digest", "f" * 64),
+        _set("plan", "plan_digest", "e" * 64),  # the plan file is not the plan that ran
+        lambda root: _edit_json(root, "plan", lambda d: d["config"]["rollout"].update(prompts_per_cycle=1)),
+        lambda root: _edit_json(root, "plan", lambda d: d["config"]["models"].update(device="auto")),
     ],
     "resume_tensor_exact": [
         _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
@@ -104,6 +107,7 @@ def test_the_time_and_memory_figures_may_differ_between_the_runs(ev: Path) -> No
 
 
 def test_cuda_teardown_is_judged_from_both_summaries_on_a_cuda_profile(ev: Path) -> None:
+    KIT.plans_on(ev, CUDA)
     _cuda()(ev)
     assert _failed(ev, CUDA) == set() and "teardown" in _judge(ev, CUDA)
     _cuda(final=(100 << 20) + (64 << 20))(ev)
@@ -111,6 +115,8 @@ def test_cuda_teardown_is_judged_from_both_summaries_on_a_cuda_profile(ev: Path)
 
 
 def test_a_cuda_profile_without_a_cuda_block_fails_teardown(ev: Path) -> None:
+    assert _failed(ev, CUDA) == {"run_completed", "teardown"}  # planned on the CPU at reduced size, too
+    KIT.plans_on(ev, CUDA)
     assert _failed(ev, CUDA) == {"teardown"}
 
 
