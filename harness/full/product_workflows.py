@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.full import runs
 from harness.full import walkthrough as wt
 from harness.full.base import Context, Judgement, Scale, Workload
 from harness.full.reading import count, finite, read_json
@@ -117,6 +118,7 @@ EVIDENCE: dict[str, str] = {
         f"{case}_{role}": f"{FOLDER}/{case}/{member}"
         for case in CASES
         for role, member in (
+            ("plan", "plan.json"),
             ("summary", "run/summary.json"),
             ("metrics", "run/metrics.jsonl"),
             ("checkpoint", "run/checkpoint-2.json"),
@@ -129,6 +131,20 @@ EVIDENCE: dict[str, str] = {
         )
     },
 }
+
+
+def _planned_as_declared(evidence: dict[str, Path], profile: Profile, scale: Scale) -> tuple[bool, str]:
+    """Each case's run is of its kept plan, and that plan has the scale's sizes and the profile's device."""
+    oks, whys = [], []
+    for case in CASES:
+        plan = read_json(evidence.get(f"{case}_plan"))
+        summary = read_json(evidence.get(f"{case}_summary")) or {}
+        digest = (plan or {}).get("plan_digest")
+        same = isinstance(digest, str) and summary.get("plan_digest") == digest
+        sized, why = runs.planned_as_declared(plan, runs.declared_sizes(scale), profile)
+        oks.append(same and sized)
+        whys.append(f"{case}: run of the kept plan {same}, {why}")
+    return all(oks), "; ".join(whys)
 
 
 def _sets(case: str, scale: Scale) -> list[str]:
@@ -154,25 +170,26 @@ def run(ctx: Context) -> dict[str, Path]:
     env = wt.diagnose_environment(ctx)
     for case in CASES:
         sets = _sets(case, ctx.scale)
-        runs = f"{case}/runs"
+        runs_dir = f"{case}/runs"
         step = f"{case}_"
         cli(step + "init", ["init", case, "--example", case, "--json"], timeout=300)
         cli(step + "plan", ["plan", f"{case}/config.yaml", *sets, "--out", f"{case}/plan.json", "--json"])
-        cli(step + "dry_run", ["run", "--plan", f"{case}/plan.json", "--output", runs, "--run-id", "dry",
+        cli(step + "dry_run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", "dry",
                                "--dry-run", "--json"])  # fmt: skip
         cli(step + "plan_replay", ["plan", f"{case}/config.yaml", *sets, "--set", "train.cycles=1",
                                    "--out", f"{case}/plan-1.json", "--json"])  # fmt: skip
-        cli(step + "run", ["run", "--plan", f"{case}/plan.json", "--output", runs, "--run-id", RUN, "--json"],
+        cli(step + "run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", RUN, "--json"],
             timeout=3600)  # fmt: skip
-        inspected = cli(step + "inspect", ["inspect", f"{runs}/{RUN}", "--json"], timeout=300)
+        keep(f"{case}_plan", wt.keep_file(ctx, ctx.work / case / "plan.json", f"{case}/plan.json"))
+        inspected = cli(step + "inspect", ["inspect", f"{runs_dir}/{RUN}", "--json"], timeout=300)
         keep(f"{case}_inspect", wt.keep_json(ctx, inspected, f"{case}/run/inspect.json"))
-        cli(step + "report", ["report", f"{runs}/{RUN}", "--json"], timeout=600)
-        cli(step + "replay_first", ["run", "--plan", f"{case}/plan-1.json", "--output", runs, "--run-id", REPLAY,
+        cli(step + "report", ["report", f"{runs_dir}/{RUN}", "--json"], timeout=600)
+        cli(step + "replay_first", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
                                     "--json"], timeout=3600)  # fmt: skip
-        cli(step + "replay_extend", ["run", "--plan", f"{case}/plan-1.json", "--output", runs, "--run-id", REPLAY,
+        cli(step + "replay_extend", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
                                      "--resume", "--extend", "1", "--json"], timeout=3600)  # fmt: skip
-        cli(step + "export", ["export", f"{runs}/{RUN}", "--out", f"{case}/export", "--json"], timeout=1800)
-        handoff = cli(step + "handoff", ["handoff", f"{runs}/{RUN}", "--out", f"{case}/bundle", "--json"],
+        cli(step + "export", ["export", f"{runs_dir}/{RUN}", "--out", f"{case}/export", "--json"], timeout=1800)
+        handoff = cli(step + "handoff", ["handoff", f"{runs_dir}/{RUN}", "--out", f"{case}/bundle", "--json"],
                       timeout=1800)  # fmt: skip
         keep(f"{case}_handoff", wt.keep_json(ctx, handoff, f"{case}/handoff.json"))
         if ctx.verl_python is not None and handoff.ok:
@@ -182,7 +199,7 @@ def run(ctx: Context) -> dict[str, Path]:
             report = result.json()
             keep(f"{case}_diagnose", wt.write_evidence(ctx, f"{case}/diagnose.json", report) if report else None)
         for prefix, run_id, folder in (("", RUN, "run"), ("replay_", REPLAY, "replay")):
-            run_dir = ctx.work / runs / run_id
+            run_dir = ctx.work / runs_dir / run_id
             keep(
                 f"{case}_{prefix}summary", wt.keep_file(ctx, run_dir / "summary.json", f"{case}/{folder}/summary.json")
             )
@@ -335,7 +352,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
 
     walk = _walkthrough(evidence.get("walkthrough"))
     w_ok, w_why = _walkthrough_agrees(walk, evidence, invocations)
-    j.check("walkthrough_record", w_ok, w_why)
+    s_ok, s_why = _planned_as_declared(evidence, profile, scale)
+    j.check("walkthrough_record", w_ok and s_ok, f"{w_why}; {s_why}")
 
     for case in CASES:
         summary = read_json(evidence.get(f"{case}_summary")) or {}

@@ -32,7 +32,14 @@ CUDA_FIGURES = {
 # The workloads whose runs train NF4 where the profile's scale says so (the others run bf16/fp32 LoRA).
 NF4_WORKLOADS = {"grpo-cycles", "backend-matrix"}
 # The workloads whose plans take the scale's rollout sizes (runs.declared_sizes), with their new-token floor.
-SCALED_WORKLOADS = {"pg-k1": 32, "smollm2": 32, "grpo-cycles": 32, "direct-gkd": 0, "ppo-rm-handoff": 0}
+SCALED_WORKLOADS = {
+    "pg-k1": 32,
+    "smollm2": 32,
+    "grpo-cycles": 32,
+    "direct-gkd": 0,
+    "ppo-rm-handoff": 0,
+    "product-workflows": 0,
+}
 CUDA_NULL = re.compile(rb'"cuda":(\s*)null')
 NO_QUANTIZATION = re.compile(rb'"quantization":(\s*)"none"')
 CPU_DEVICE = re.compile(rb'"device":(\s*)"cpu"')

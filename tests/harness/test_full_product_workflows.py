@@ -94,6 +94,21 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("exit_misreported", "walkthrough_record", _walk(lambda d: d["cases"][1]["invocations"][0].update(exit_code=1))),
     ("models_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0].update(models={}))),
     ("extra_field", "walkthrough_record", _walk(lambda d: d.update(note="x"))),
+    (
+        "ppo_smaller_than_declared",
+        "walkthrough_record",
+        lambda ev: _edit_json(ev["ppo_plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
+    ),
+    (
+        "grpo_other_device",
+        "walkthrough_record",
+        lambda ev: _edit_json(ev["grpo_plan"], lambda d: d["config"]["models"].update(device="auto")),
+    ),
+    (
+        "grpo_plan_not_the_run_plan",
+        "walkthrough_record",
+        lambda ev: _edit_json(ev["grpo_plan"], lambda d: d.update(plan_digest="0" * 64)),
+    ),
 ]
 
 
