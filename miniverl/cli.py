@@ -300,6 +300,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
 def cmd_schemas(args: argparse.Namespace) -> int:
     from miniverl.schemas import write_schemas
 
+    writable_out(args)
     written = write_schemas(Path(args.out))
     _emit(args, {"written": written}, f"wrote {len(written)} schemas to {args.out}")
     return 0

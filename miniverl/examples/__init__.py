@@ -38,6 +38,10 @@ def write_example(name: str, directory: Path, *, force: bool = False) -> dict[st
     existing = [f for f in FILES if (directory / f).exists()]
     if existing and not force:
         raise UsageError(f"{directory} already has {', '.join(existing)}; pick an empty DIR or pass --force")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. under a read-only or virtual filesystem that access() calls writable
+        raise UsageError(f"init DIR {directory}: cannot create it ({exc.strerror})") from None
     rows = []
     for number, line in enumerate(example_file(name, "prompts.jsonl").splitlines(), start=1):
         try:

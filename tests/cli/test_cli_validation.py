@@ -167,6 +167,22 @@ def test_export_and_report_paths(cli, workdir: Path) -> None:
     assert_clean_error(cli("init", "afile", "--example", "grpo"), 2, "is a file")
 
 
+def test_schemas_out_is_a_file(cli, workdir: Path) -> None:
+    (workdir / "afile").write_text("x")
+    assert_clean_error(cli("schemas", "--out", "afile"), 2, "afile is a file")
+    assert (workdir / "afile").read_text() == "x"
+
+
+def test_init_dir_that_cannot_be_created(cli, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory access() calls writable that still cannot be made (a virtual filesystem, say)."""
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert_clean_error(cli("init", "new-project", "--example", "grpo"), 2, "cannot create it (Permission denied)")
+
+
 def test_data_sample_out_under_a_file(cli, workdir: Path) -> None:
     (workdir / "afile").write_text("x")
     result = cli("data", "sample", "--task", "calculator", "--rows", "2", "--out", "afile/p.parquet")
