@@ -2,7 +2,8 @@
 # H200, 2026-12-01: the full qualification (issue 11) on the h200-cu130 profile, on a candidate built here.
 # One call carries at most 64 MiB (working tree included), so the GGUF travels in two parts over
 # back-to-back calls: (1) .carry/h1 (its first 63,000,000 bytes) -> /tmp/p1, (2) .carry/h2 (the rest) -> /tmp/p2,
-# (3) this script with .carry/bnb, .whl, out/candidate and .carry/git.tar. The harness runs in its own session (setsid), so a later call can
+# (3) this script with .carry/bnb, .whl, out/candidate, .carry/git.tar and .carry/verl-cp312 (two calls' worth:
+#     carry ray.part.aa in one call and copy it to /tmp first if the 64 MiB limit is reached). The harness runs in its own session (setsid), so a later call can
 #   wait for it past one call's limit: `bash scripts/device/h200_full_20261201.sh wait`.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -17,11 +18,21 @@ if [ "${1:-start}" = "start" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
   MINIVERL_CACHE=/tmp/miniverl-cache python3 -m miniverl models fetch smollm2-135m-instruct --gguf /tmp/smol.gguf >/dev/null
+  # verl 0.9.1 for the handoff diagnosis, from the cp312 wheels in .carry/verl-cp312 (ray split in two parts),
+  # in its own venv over the image's packages (its transformers 5.17 is too new for verl). Not yet tried there.
+  verl_args=()
+  if [ -d .carry/verl-cp312 ]; then
+    (cd .carry/verl-cp312 && cat ray.part.* > ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl && sha256sum -c ray.sha256) && \
+    python3 -m venv --system-site-packages /tmp/verl-venv && \
+      /tmp/verl-venv/bin/python -m pip install -q --no-index --no-deps .carry/verl-cp312/*.whl && \
+      /tmp/verl-venv/bin/python -c "import verl, ray, hydra, tensordict; print('verl', verl.__version__)" && \
+      verl_args=(--verl-python /tmp/verl-venv/bin/python)
+  fi
   cp -r . /tmp/checkout   # the harness checks the worktree it runs from; keep a copy that outlives this call
   cd /tmp/checkout
   setsid bash -c "PYTHONPATH=/tmp/site:/tmp/checkout; export PYTHONPATH; /usr/bin/time -v python3 -m harness full \
     --profile h200-cu130 --candidate out/candidate --system-site-packages --offline-wheels /tmp/whl \
-    --model-cache /tmp/miniverl-cache --out $res/qual --work /tmp/fullwork --keep-work > $res/full.log 2>&1; \
+    --model-cache /tmp/miniverl-cache --out $res/qual --work /tmp/fullwork --keep-work ${verl_args[*]:-} > $res/full.log 2>&1; \
     echo \$? > $res/rc" < /dev/null > /dev/null 2>&1 &
   cd - >/dev/null
 fi
