@@ -18,7 +18,7 @@ from harness.records import Profile
 
 FIXTURES = Path(__file__).parent / "full_fixtures"
 CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
-HOSTILE = ["missing", "directory", "garbled", "huge"]
+HOSTILE = ["missing", "directory", "garbled", "huge", "deeply_nested", "not_an_object"]
 
 # What a CUDA run's summary holds (docs/CLI-CONTRACT.md), within every profile's thresholds.
 CUDA_FIGURES = {
@@ -134,7 +134,8 @@ class EvidenceKit:
         return lambda root: self.edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
 
     def spoil(self, root: Path, role: str, kind: str) -> None:
-        """Hostile evidence for ``role``: one of HOSTILE (no file, a directory, garbled bytes, 17 MiB)."""
+        """Hostile evidence for ``role``: one of HOSTILE (no file, a directory, garbled bytes, 17 MiB, brackets
+        nested past any parser's depth, JSON that is not an object)."""
         path = self.path(root, role)
         path.unlink()
         if kind == "directory":
@@ -144,6 +145,29 @@ class EvidenceKit:
         elif kind == "huge":
             with path.open("wb") as f:
                 f.truncate(17 << 20)
+        elif kind == "deeply_nested":
+            path.write_bytes(b"[" * 200_000)
+        elif kind == "not_an_object":
+            path.write_text("[1, 2]\n")
+
+    def cuda(
+        self, *roles: str, baseline: int = 100 << 20, final: int = 100 << 20, peak: int = 2 << 30
+    ) -> Callable[[Path], None]:
+        """An edit: each summary in ``roles`` holds the cuda block a CUDA run records (teardown within 2 MiB)."""
+        block = {
+            "baseline_allocated_bytes": baseline,
+            "final_allocated_bytes": final,
+            "peak_reserved_bytes": peak,
+            "peak_allocated_bytes": peak // 2,
+            "teardown_returned_to_baseline": True,
+            "teardown_tolerance_bytes": 2 << 20,
+        }
+
+        def change(root: Path) -> None:
+            for role in roles:
+                self.edit_json(root, role, lambda d: d.update(cuda=dict(block)))
+
+        return change
 
     def set(self, role: str, key: str, value: Any) -> Callable[[Path], None]:
         """An edit: JSON evidence ``role`` holds ``value`` at ``key``."""

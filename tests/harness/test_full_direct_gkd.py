@@ -25,20 +25,7 @@ def ev(tmp_path: Path) -> Path:
 
 
 def _cuda(peak: int) -> Callable[[Path], None]:
-    block = {
-        "baseline_allocated_bytes": 100 << 20,
-        "final_allocated_bytes": 100 << 20,
-        "peak_reserved_bytes": peak,
-        "peak_allocated_bytes": peak // 2,
-        "teardown_returned_to_baseline": True,
-        "teardown_tolerance_bytes": 2 << 20,
-    }
-
-    def change(root: Path) -> None:
-        for role in ("a_summary", "b_summary"):
-            _edit_json(root, role, lambda d: d.update(cuda=dict(block)))
-
-    return change
+    return KIT.cuda("a_summary", "b_summary", peak=peak)
 
 
 def test_the_real_cpu_evidence_passes_every_required_check() -> None:

@@ -27,15 +27,8 @@ def ev(tmp_path: Path) -> Path:
 
 def _on_cuda(root: Path, peak: int = 2 << 30) -> None:
     """The evidence as an NF4 CUDA run would have it (quantization nf4, a cuda block)."""
-    block = {
-        "baseline_allocated_bytes": 100 << 20,
-        "final_allocated_bytes": 100 << 20,
-        "peak_reserved_bytes": peak,
-        "peak_allocated_bytes": peak // 2,
-        "teardown_returned_to_baseline": True,
-        "teardown_tolerance_bytes": 2 << 20,
-    }
-    _edit_json(root, "summary", lambda d: d.update(cuda=block, quantization="nf4"))
+    KIT.cuda("summary", peak=peak)(root)
+    _edit_json(root, "summary", lambda d: d.update(quantization="nf4"))
     _edit_json(root, "plan", lambda d: d["config"]["models"]["student"].update(quantization="nf4"))
 
 

@@ -5,28 +5,27 @@ exactly its check fail, and hostile files fail checks without raising."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from full_evidence import HOSTILE, EvidenceKit
 
 from harness import policy
 from harness.full.ppo_rm_handoff import WORKLOAD
 from harness.full.scales import SCALES
 from harness.profiles import PROFILES
 
-FIXTURES = Path(__file__).parent / "full_fixtures" / "ppo-rm-handoff"
+KIT = EvidenceKit(WORKLOAD)
+FIXTURES = KIT.fixture
 CPU = PROFILES["cpu-reference"]
 SCALE = SCALES["cpu-reference"]
 CHECKS = policy.required_checks(CPU, "ppo-rm-handoff")
 
 
 def _copy(tmp_path: Path) -> dict[str, Path]:
-    root = tmp_path / "evidence"
-    shutil.copytree(FIXTURES, root)
-    return {role: root / member for role, member in WORKLOAD.evidence.items() if (root / member).is_file()}
+    return KIT.evidence(KIT.copy(tmp_path / "evidence"))
 
 
 def _failed(evidence: dict[str, Path]) -> set[str]:
@@ -173,22 +172,11 @@ def test_every_check_is_seen_failing() -> None:
 
 
 @pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
-@pytest.mark.parametrize("hostile", ["missing", "directory", "garbled", "huge", "not_an_object"])
-def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, hostile: str) -> None:
-    evidence = _copy(tmp_path)
-    path = evidence[role]
-    if hostile == "missing":
-        del evidence[role]
-    elif hostile == "directory":
-        path.unlink()
-        path.mkdir()
-    elif hostile == "garbled":
-        path.write_bytes(b'{"step": 1, "step": 2, \xff')
-    elif hostile == "huge":
-        path.write_bytes(b"[" * 200_000)
-    else:
-        path.write_text("[1, 2]\n")
-    assert _failed(evidence), f"{hostile} {role} passed every check"
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, kind: str) -> None:
+    root = KIT.copy(tmp_path / "evidence")
+    KIT.spoil(root, role, kind)
+    assert _failed(KIT.evidence(root)), f"{kind} {role} passed every check"
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
