@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 import torch
 
+from miniverl.bench.common import package_version, save_partial
 from miniverl.bench.grpo_args import GRPO_MODELS, STEP_PATHS, UPDATE_PATHS, add_grpo_arguments
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file
 from miniverl.errors import UsageError
@@ -403,7 +404,7 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
         if cell.get("status") == "measured":
             cell["ms_per_step"] = cell["median_step_seconds"] * 1e3
         cells.append(cell)
-        _checkpoint(Path(out), cells)
+        save_partial(Path(out) / "grpo.partial.json", FORMAT, cells)
     _release(device)
     report: dict[str, Any] = {
         "format": FORMAT,
@@ -411,9 +412,9 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "peft": _version("peft"),
-        "trl": _version("trl"),
+        "transformers": package_version("transformers"),
+        "peft": package_version("peft"),
+        "trl": package_version("trl"),
         "threads": torch.get_num_threads(),
         "dtype": dtype_name,
         "completion_tokens_per_step": completion_tokens,
@@ -474,21 +475,6 @@ def validate_options(opts: GrpoBenchOptions) -> None:
     batch, length = opts.update_shape
     if batch < 1 or length < 4:
         raise UsageError(f"--update-shape {batch},{length}: give B >= 1 and T >= 4")
-
-
-def _checkpoint(out_dir: Path, cells: list[dict[str, Any]]) -> None:
-    """The cells measured so far (removed when the full report is written): a killed run keeps its figures."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "grpo.partial.json", {"format": FORMAT, "cells": cells}, pretty=True)
-
-
-def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def options_from_args(args: argparse.Namespace) -> GrpoBenchOptions:

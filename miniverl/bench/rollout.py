@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from miniverl.bench.common import package_version, save_partial
 from miniverl.bench.rollout_args import PATHS, ROLLOUT_MODELS, add_rollout_arguments
 from miniverl.bench.rollout_render import evaluate_rollout_goals, render_rollout_markdown, render_rollout_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
@@ -275,7 +276,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             if path in engines:
                 cell["engine_stats"] = asdict(engines[path].stats)
             cells.append(cell)
-            _checkpoint(Path(out), cells)
+            save_partial(Path(out) / "rollout.partial.json", FORMAT, cells)
             if opts.profile and path == "fast" and batch == max(opts.batches):
                 profiler = _profile_fast(run, device)
             del run, engines
@@ -285,7 +286,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
+        "transformers": package_version("transformers"),
         "threads": torch.get_num_threads(),
         "dtype": dtype_name,
         "cuda_graphs": "torch.cuda.CUDAGraph per (batch bucket, attention span)" if device.type == "cuda" else "off",
@@ -306,21 +307,6 @@ def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _checkpoint(out_dir: Path, cells: list[dict[str, Any]]) -> None:
-    """The cells measured so far (removed when the full report is written): a killed run keeps its figures."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "rollout.partial.json", {"format": FORMAT, "cells": cells}, pretty=True)
-
-
-def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _write(report: dict[str, Any], profiler: dict[str, Any] | None, out_dir: Path) -> dict[str, Any]:
