@@ -236,40 +236,49 @@ class Auditor:
         return f"re-derived from the harness policy: {len(q.checks.executed)} checks executed, all required passed"
 
     def principal_records(self) -> str:
-        q, profile, locate = self._q(), self._profile(), self._locate()
+        q = self._q()
         wanted = policy.principals(q.level)
         bound = {a.role: a for a in q.artifacts if a.role.startswith("principal_")}
         extra = sorted(set(bound) - {p.artifact_role for p in wanted})
         require(not extra, "principal_records", f"principal roles not used by level {q.level}: {extra}")
         for role in wanted:
-            art = bound.get(role.artifact_role)
-            require(
-                art is not None and art.path == role.filename,
-                "principal_records",
-                f"{role.filename} is not bound by qualification.json as {role.artifact_role}",
-            )
-            assert art is not None
-            path = locate(art)
-            _verify_file(path, art)
-            record = load_record(WorkloadRecord, path, role.filename, check="principal_records")
-            require(
-                (record.name, record.level, record.profile) == (role.workload, role.level, q.profile.name),
-                "principal_records",
-                f"{role.filename} is named {record.name!r} at level {record.level} on {record.profile}; "
-                f"its role needs {role.workload!r} at {role.level} on {q.profile.name}",
-            )
-            require(
-                record.source_commit == q.candidate.source_commit and record.wheel_sha256 == q.candidate.wheel.sha256,
-                "principal_records",
-                f"{role.filename} binds another commit or wheel",
-            )
-            problems = policy.check_problems(record.checks, policy.required_checks(profile, role.workload))
-            require(
-                not problems and record.status == "passed",
-                "principal_records",
-                f"{role.filename}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
-            )
+            self._policy_record(
+                bound.get(role.artifact_role), role.artifact_role, role.filename, role.workload, role.level,
+                check="principal_records",
+            )  # fmt: skip
         return f"{len(wanted)} principal records: names, levels, profile, bindings and checks match the policy"
+
+    def _policy_record(
+        self, art: Artifact | None, role: str, filename: str, workload: str, level: str, *, check: str
+    ) -> WorkloadRecord:
+        """The record bound as ``role``: at ``filename``, byte-verified, named ``workload`` at ``level`` on the
+        qualification's profile, bound to its candidate, and its checks meeting the policy (passed)."""
+        q, profile = self._q(), self._profile()
+        require(
+            art is not None and art.path == filename, check, f"{filename} is not bound by qualification.json as {role}"
+        )
+        assert art is not None
+        path = self._locate()(art)
+        _verify_file(path, art)
+        record = load_record(WorkloadRecord, path, filename, check=check)
+        require(
+            (record.name, record.level, record.profile) == (workload, level, q.profile.name),
+            check,
+            f"{filename} is named {record.name!r} at level {record.level} on {record.profile}; "
+            f"its role needs {workload!r} at {level} on {q.profile.name}",
+        )
+        require(
+            record.source_commit == q.candidate.source_commit and record.wheel_sha256 == q.candidate.wheel.sha256,
+            check,
+            f"{filename} binds another commit or wheel",
+        )
+        problems = policy.check_problems(record.checks, policy.required_checks(profile, workload))
+        require(
+            not problems and record.status == "passed",
+            check,
+            f"{filename}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
+        )
+        return record
 
     def workload_records(self) -> str:
         """Each full workload's record: bound, bound to this candidate and profile, its checks meet the policy,
@@ -281,30 +290,10 @@ class Auditor:
         scale = SCALES[profile.name]
         for spec in registry.REGISTRY.workloads[1:]:
             role = policy.record_artifact_role(spec)
-            art = by_role.get(role)
-            require(
-                art is not None and art.path == spec.principal_record,
-                "workload_records",
-                f"{spec.principal_record} is not bound by qualification.json as {role}",
-            )
-            assert art is not None
-            path = locate(art)
-            _verify_file(path, art)
-            record = load_record(WorkloadRecord, path, spec.principal_record, check="workload_records")
-            require(
-                (record.name, record.level, record.profile) == (spec.name, "full_qualification", q.profile.name)
-                and record.source_commit == q.candidate.source_commit
-                and record.wheel_sha256 == q.candidate.wheel.sha256,
-                "workload_records",
-                f"{spec.principal_record} is {record.name!r} at {record.level} on {record.profile}, or binds "
-                "another commit or wheel",
-            )
-            problems = policy.check_problems(record.checks, policy.required_checks(profile, spec.name))
-            require(
-                not problems and record.status == "passed",
-                "workload_records",
-                f"{spec.principal_record}: " + ("; ".join(problems[:3]) or f"status {record.status}"),
-            )
+            record = self._policy_record(
+                by_role.get(role), role, spec.principal_record, spec.name, "full_qualification",
+                check="workload_records",
+            )  # fmt: skip
             workload = implemented(spec.name)
             require(workload is not None, "workload_records", f"the harness has no judge for {spec.name}")
             assert workload is not None
