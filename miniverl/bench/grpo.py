@@ -478,14 +478,13 @@ def validate_options(opts: GrpoBenchOptions) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> GrpoBenchOptions:
-    opts = GrpoBenchOptions(
+    """The options of a parsed command line (:func:`run_grpo_bench` validates them, for every caller)."""
+    return GrpoBenchOptions(
         model=args.model, device=args.device, dtype=args.dtype, prompts=args.prompts, samples=args.samples,
         new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, rollout_batch=args.rollout_batch,
         warmup=args.warmup, repeats=args.repeats, paths=args.paths, update_paths=args.update_paths,
         update_shape=args.update_shape, activation_checkpointing=args.activation_checkpointing,
     )  # fmt: skip
-    validate_options(opts)
-    return opts
 
 
 def main(argv: list[str] | None = None) -> int:
