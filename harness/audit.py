@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from harness import policy, registry
-from harness.candidate import check_candidate
+from harness.candidate import check_candidate, normalize
 from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE_MEMBERS
 from harness.full.catalog import evidence_role, implemented
@@ -23,7 +23,7 @@ from harness.jsonio import sha256_bytes, sha256_file
 from harness.known_good import read_known_good
 from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
-from harness.qualification import EVIDENCE_PATHS
+from harness.qualification import EVIDENCE_PATHS, SMOKE_EVIDENCE_PATHS
 from harness.recordio import load_record, parse_record
 from harness.records import (
     Artifact,
@@ -37,6 +37,8 @@ from harness.records import (
     WorkloadRecord,
 )
 from harness.safeio import MANIFEST_MAX_BYTES, RECORD_MAX_BYTES, read_regular, regular_file_size
+from harness.smoke_judge import SmokeBasis, evidence_checks, judge_smoke
+from harness.stacks import stack_mismatches
 
 _SCRUB = Redactor({})
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -280,6 +282,64 @@ class Auditor:
         )
         return record
 
+    def smoke_rejudged(self) -> str:
+        """Every check of the release smoke re-derived from its bound evidence and compared with both records.
+
+        The CLI, origin and binding checks come from :func:`harness.smoke_judge.judge_smoke` over the evidence
+        files; evidence_portable/evidence_bounded are recomputed over those files; stack_matches_known_good from
+        the recorded installed closure against the known-good pins; clean_worktree from the recorded worktree at
+        the candidate's commit. The CUDA byte counts the record keeps must equal those in the run's summary.
+        """
+        q, m, profile, locate = self._q(), self._m(), self._profile(), self._locate()
+        by_role = {a.role: a for a in q.artifacts}
+        evidence: dict[str, Path] = {}
+        for role in SMOKE_EVIDENCE_PATHS:
+            art = by_role.get(role)
+            if art is not None:
+                evidence[role] = locate(art)
+                _verify_file(evidence[role], art)
+        gpu = q.environment.gpu.name if q.environment.gpu else None
+        verdict = judge_smoke(evidence, SmokeBasis(profile, m.version, m.wheel.sha256, gpu))
+        judged = dict(verdict.checks)
+        judged.update(evidence_checks(list(evidence.values())))
+        if self.descriptor is not None:
+            pins = {normalize(k): v for k, v in self.descriptor.packages.items()}
+            stack = stack_mismatches(pins, q.environment.packages)
+            judged["stack_matches_known_good"] = (not stack, "; ".join(stack[:3]) or "recorded closure within pins")
+        tree = q.execution.worktree
+        judged["clean_worktree"] = (
+            tree.state == "clean" and tree.commit == q.candidate.source_commit,
+            f"the qualification ran from a {tree.state} checkout at {str(tree.commit)[:12]}",
+        )
+        smoke = self._smoke_record()
+        problems: list[str] = []
+        for label, checks in (("qualification.json", q.checks), (registry.SMOKE_RECORD, smoke.checks)):
+            recorded = {c.name: c.passed for c in checks.executed}
+            n_a = {c.name for c in checks.not_applicable}
+            wrong = sorted(n for n, (ok, _) in judged.items() if not ok or recorded.get(n) is not True)
+            wrong += sorted(n for n in verdict.not_applicable if n not in n_a)
+            problems += [f"{label}: {n}" for n in wrong]
+        for key, value in verdict.metrics.items():
+            if key.startswith("cuda_") and (q.metrics.get(key) != value or smoke.metrics.get(key) != value):
+                problems.append(f"{key}: recorded {q.metrics.get(key)!r}, the evidence says {value!r}")
+        failing = sorted({p.split(": ", 1)[-1] for p in problems})
+        require(
+            not problems,
+            "smoke_rejudged",
+            f"re-judged from its evidence, {failing[:6]} do not hold "
+            f"({'; '.join(judged[n][1][:100] for n in failing[:2] if n in judged)})",
+        )
+        return f"{len(judged)} smoke checks re-derived from the evidence; both records agree"
+
+    def _smoke_record(self) -> WorkloadRecord:
+        q = self._q()
+        art = next((a for a in q.artifacts if a.role == "principal_release_smoke"), None)
+        require(art is not None, "smoke_rejudged", f"{registry.SMOKE_RECORD} is not bound")
+        assert art is not None
+        path = self._locate()(art)
+        _verify_file(path, art)
+        return load_record(WorkloadRecord, path, registry.SMOKE_RECORD, check="smoke_rejudged")
+
     def workload_records(self) -> str:
         """Each full workload's record: bound, bound to this candidate and profile, its checks meet the policy,
         and every check its judge decides is re-derived here from the archived evidence and must agree."""
@@ -400,6 +460,7 @@ def chain_checks(a: Auditor) -> list[VerificationCheck]:
             a.check("known_good_sha256", a.known_good)
             a.check("qualification_status", a.status)
             a.check("principal_records", a.principal_records)
+            a.check("smoke_rejudged", a.smoke_rejudged)
             a.check("workload_records", a.workload_records)
             a.check("evidence_files", a.evidence)
     return list(a.checks)

@@ -36,8 +36,11 @@ SMOKE_ARCHIVE_MEMBERS = {
     "adapter_config": "release-smoke/adapter/adapter_config.json",
     "adapter_weights": "release-smoke/adapter/adapter_model.safetensors",
     "adapter_manifest": "release-smoke/adapter/miniverl-manifest.json",
+    "grpo_plan": "release-smoke/grpo/plan.json",
     "grpo_summary": "release-smoke/grpo/summary.json",
     "grpo_metrics": "release-smoke/grpo/metrics.jsonl",
+    "cli_outputs": "release-smoke/cli-outputs.json",
+    "origin": "release-smoke/install/origin.json",
 }
 # ... and each full workload's evidence and subordinate record (declared by the workloads, harness/full).
 ARCHIVE_MEMBERS = {**SMOKE_ARCHIVE_MEMBERS, **archive_members()}

@@ -35,12 +35,12 @@ from harness.records import (
     WorkloadResult,
     Worktree,
 )
-from harness.steps import StepFacts, portable
+from harness.smoke_judge import evidence_checks, portable
+from harness.steps import StepFacts
 
 if TYPE_CHECKING:
     from harness.smoke import SmokeOptions
 
-EVIDENCE_LIMIT_BYTES = 256 << 20  # uploaded artifacts are bounded
 # role -> path of the evidence file inside the qualification directory (explicit; never derived).
 SMOKE_EVIDENCE_PATHS = {
     "transcript": "evidence/transcript.json",
@@ -54,8 +54,11 @@ SMOKE_EVIDENCE_PATHS = {
     "adapter_config": "evidence/adapter/adapter_config.json",
     "adapter_weights": "evidence/adapter/adapter_model.safetensors",
     "adapter_manifest": "evidence/adapter/miniverl-manifest.json",
+    "grpo_plan": "evidence/grpo/plan.json",
     "grpo_summary": "evidence/grpo/summary.json",
     "grpo_metrics": "evidence/grpo/metrics.jsonl",
+    "cli_outputs": "evidence/cli-outputs.json",
+    "origin": "evidence/install/origin.json",
 }
 EVIDENCE_PATHS = {**SMOKE_EVIDENCE_PATHS, **qualification_paths()}
 PRINCIPAL_ROLES = {p.filename: p.artifact_role for p in policy.PRINCIPALS}
@@ -71,6 +74,7 @@ class QualificationInputs:
     known_good_sha256: str
     book: CheckBook
     facts: StepFacts
+    metrics: dict[str, int | float | bool | str | None]  # the smoke judge's figures, from the evidence
     packages: dict[str, str]
     mismatches: list[str]
     python_version: str
@@ -107,16 +111,8 @@ def write_qualification(q: QualificationInputs) -> str:
             os.chmod(staging / rel, 0o644)
             artifacts.append(_artifact(staging, rel, role))
         book = q.book
-        unportable = [a.path for a in artifacts if not portable(staging / a.path)]
-        total = sum(a.bytes for a in artifacts)
-        book.record(
-            "evidence_portable",
-            not unportable,
-            "evidence JSON holds no local paths" if not unportable else f"local paths in {unportable}",
-        )
-        book.record(
-            "evidence_bounded", total <= EVIDENCE_LIMIT_BYTES, f"{total} evidence bytes (limit {EVIDENCE_LIMIT_BYTES})"
-        )
+        for name, (passed, detail) in evidence_checks([staging / a.path for a in artifacts]).items():
+            book.record(name, passed, detail)
         m = q.manifest
         checks = book.checks()
         smoke_reasons = checks.failures()
@@ -131,7 +127,7 @@ def write_qualification(q: QualificationInputs) -> str:
             wheel_sha256=m.wheel.sha256,
             profile=q.opts.profile.name,
             checks=checks,
-            metrics=dict(q.facts.metrics),
+            metrics=dict(q.metrics),
             artifacts=list(artifacts),
         )
         (staging / registry.SMOKE_RECORD).write_bytes(record_bytes(smoke))
@@ -243,7 +239,7 @@ def write_qualification(q: QualificationInputs) -> str:
                     "gpu_name_doctor": q.facts.gpu_name,
                 },
             ),
-            metrics=dict(q.facts.metrics),
+            metrics=dict(q.metrics),
             artifacts=sorted(artifacts, key=lambda a: a.path),
             checks=checks,
             workloads=workloads,

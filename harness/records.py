@@ -142,6 +142,15 @@ class Profile(Record):
     description: str
 
 
+class InstalledFrom(Record):
+    """Which installed miniverl ran an invocation, as the install step proved it (``harness.origin``): the wheel's
+    sha256 that pip recorded for the distribution, and where the package and the executable were found."""
+
+    wheel_sha256: Sha256
+    import_origin: str  # redacted, e.g. ``<venv>/lib/python3.11/site-packages/miniverl/__init__.py``
+    executable: str  # ``<venv>/bin/miniverl``, or the verl interpreter that ran ``-m miniverl``
+
+
 class Invocation(Record):
     step: Name
     argv: list[str]
@@ -153,6 +162,7 @@ class Invocation(Record):
     stderr_bytes: NonNegInt
     stderr_sha256: Sha256
     stderr_last_line: str
+    installed: InstalledFrom | None  # None: the install step could not prove an origin (the binding check fails)
 
 
 class Transcript(Record):

@@ -24,6 +24,7 @@ SMOKE_CHECKS = [
     "origin_record_hashes",
     "origin_wheel_hash",
     "origin_executable_under_venv",
+    "candidate_bound",
     "cli_version",
     "doctor",
     "gpu_identity",

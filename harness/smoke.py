@@ -17,13 +17,14 @@ from harness.errors import HarnessError, UsageError
 from harness.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.full.scales import SCALES
 from harness.install import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check
-from harness.jsonio import sha256_file
-from harness.origin import prove_origin
+from harness.jsonio import canonical_bytes, sha256_file
+from harness.origin import installed_from, origin_facts, probe_origin
 from harness.proc import REPO_ROOT, Redactor, git, utc_now
 from harness.profiles import profile_sha256
 from harness.qualification import QualificationInputs, write_qualification
 from harness.recordio import record_bytes
 from harness.records import Profile, Worktree
+from harness.smoke_judge import SmokeBasis, SmokeVerdict, judge_smoke
 from harness.stacks import (
     KNOWN_GOOD_DIR,
     descriptor_paths,
@@ -117,7 +118,7 @@ def run_smoke(opts: SmokeOptions) -> int:
     packages: dict[str, str] = {}
     mismatches: list[str] = ["not measured"]
     install_argv: list[str] = []
-    origin_facts: dict[str, str | int | bool | None] = {}
+    origin_facts_: dict[str, str | int | bool | None] = {}
     python_version = platform.python_version()
     smi = gpu_facts()
     env = {"MINIVERL_CACHE": str(opts.model_cache)} if opts.model_cache else {}
@@ -149,17 +150,16 @@ def run_smoke(opts: SmokeOptions) -> int:
         )
         origin_cwd = work / "origin"
         origin_cwd.mkdir()
-        checks, origin_facts = prove_origin(venv, origin_cwd, manifest.version, manifest.wheel.sha256, redact)
-        for name, (passed, detail) in checks.items():
-            book.record(name, passed, detail)
+        origin = probe_origin(venv, origin_cwd, redact)
+        origin_facts_ = origin_facts(origin)
+        (origin_cwd / "origin.json").write_bytes(canonical_bytes(origin) + b"\n")
+        facts.evidence["origin"] = origin_cwd / "origin.json"
         cli_dir = work / "cli"
         cli_dir.mkdir()
-        cli = CliDriver(venv=venv, work=cli_dir, redact=redact, extra_env=env)
+        cli = CliDriver(venv=venv, work=cli_dir, redact=redact, installed=installed_from(origin_facts_), extra_env=env)
         _progress("driving the installed CLI")
         try:
-            facts = run_cli_steps(
-                cli, book, profile, manifest.version, model_wheel(opts.offline_wheels), smi, grpo=opts.grpo
-            )
+            run_cli_steps(cli, profile, model_wheel(opts.offline_wheels), facts, grpo=opts.grpo)
         finally:
             (cli_dir / "transcript.json").write_bytes(record_bytes(cli.transcript()))
             facts.evidence["transcript"] = cli_dir / "transcript.json"
@@ -171,6 +171,15 @@ def run_smoke(opts: SmokeOptions) -> int:
             False,
             redact.text(str(exc)),
         )
+    verdict = SmokeVerdict()
+    if "origin" in facts.evidence:
+        verdict = judge_smoke(
+            facts.evidence, SmokeBasis(profile, manifest.version, manifest.wheel.sha256, smi.name if smi else None)
+        )
+        _record_verdict(book, verdict)
+        if not opts.grpo:
+            book.skip("grpo_plan", "--skip-grpo: the GRPO cycle was not run (not required)")
+            book.skip("grpo_cycle", "--skip-grpo: the GRPO cycle was not run (not required)")
     book.skip_remaining([c for c in book.required if c not in registry.EVIDENCE_CHECKS], "an earlier step failed")
     outcomes: list[Outcome] = []
     absent: list[str] = []
@@ -191,6 +200,7 @@ def run_smoke(opts: SmokeOptions) -> int:
                     data_source=facts.evidence["input_prompts"],
                     model_wheel=model_wheel(opts.offline_wheels),
                     verl_python=opts.verl_python,
+                    installed=installed_from(origin_facts_),
                 )
             )
     inputs = QualificationInputs(
@@ -202,6 +212,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         known_good_sha256=kg_sha,
         book=book,
         facts=facts,
+        metrics=dict(verdict.metrics),
         packages=packages,
         mismatches=mismatches,
         python_version=python_version,
@@ -209,7 +220,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         binding=binding,
         tree=tree,
         install_argv=install_argv,
-        origin=origin_facts,
+        origin=origin_facts_,
         started=started,
         wall=time.monotonic() - t0,
         outcomes=tuple(outcomes),
@@ -221,6 +232,16 @@ def run_smoke(opts: SmokeOptions) -> int:
         shutil.rmtree(work, ignore_errors=True)
     _progress(f"qualification {status}: {opts.out.name}/qualification.json")
     return 0 if status == "passed" else 1
+
+
+def _record_verdict(book: CheckBook, verdict: SmokeVerdict) -> None:
+    """The judge's decisions into the book (a check the install step already failed keeps that failure)."""
+    seen = {c.name for c in book.executed}
+    for name, (passed, detail) in verdict.checks.items():
+        if name not in seen:
+            book.record(name, passed, detail)
+    for name, reason in verdict.not_applicable.items():
+        book.not_applicable_(name, reason)
 
 
 def _progress(message: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.jsonio import sha256_bytes
 from harness.proc import Redactor, clean_env
-from harness.records import Invocation, Transcript
+from harness.records import InstalledFrom, Invocation, Transcript
 
 
 @dataclass
@@ -64,6 +64,7 @@ class CliDriver:
     venv: Path
     work: Path
     redact: Redactor
+    installed: InstalledFrom | None  # what the origin proof found installed in ``venv`` (stamped on every invocation)
     extra_env: dict[str, str] = field(default_factory=dict)
     results: list[CliResult] = field(default_factory=list)
 
@@ -157,6 +158,7 @@ class CliDriver:
             stderr_bytes=len(err),
             stderr_sha256=sha256_bytes(err),
             stderr_last_line=self.redact.text(lines[-1][:300]) if lines else "",
+            installed=self.installed,
         )
         result = CliResult(invocation, out, err)
         self.results.append(result)

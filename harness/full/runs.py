@@ -16,7 +16,7 @@ from harness.full.reading import count, finite, read_json, transcript_steps
 from harness.jsonio import canonical_bytes
 from harness.proc import HARNESS_DIR
 from harness.records import Profile
-from harness.steps import read_metrics
+from harness.smoke_judge import read_metrics
 from harness.transcript import CliResult
 
 WORKLOADS = HARNESS_DIR / "workloads"

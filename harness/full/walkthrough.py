@@ -130,6 +130,7 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
         stderr_bytes=len(err),
         stderr_sha256=sha256_bytes(err),
         stderr_last_line=ctx.cli.redact.text(lines[-1][:300]) if lines else "",
+        installed=ctx.verl_installed,
     )
     result = CliResult(invocation, out, err)
     ctx.cli.results.append(result)

@@ -23,7 +23,7 @@ from harness.proc import Redactor
 from harness.profiles import PROFILES
 from harness.recordio import json_schema
 from harness.records import Profile
-from harness.steps import portable
+from harness.smoke_judge import portable
 
 FIXTURES = Path(__file__).parent / "full_fixtures" / "backend-matrix"
 CPU, H200 = PROFILES["cpu-reference"], PROFILES["h200-cu130"]

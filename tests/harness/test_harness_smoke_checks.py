@@ -20,7 +20,7 @@ from harness_helpers import audit, audit_args, run_smoke_into
 
 from harness.checkbook import CheckBook
 from harness.profiles import PROFILES
-from harness.steps import read_metrics
+from harness.smoke_judge import read_metrics
 
 # group -> (FAKE_MINIVERL_BAD name, the check it must fail)
 GROUPS: dict[str, list[tuple[str, str]]] = {
