@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from harness import policy, registry
+from harness.binding import CHECK as BOUND
+from harness.binding import transcript_bound
 from harness.candidate import check_candidate, normalize
 from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE_MEMBERS
@@ -371,6 +373,7 @@ class Auditor:
                 evidence[local] = locate(bound)
                 _verify_file(evidence[local], bound)
             judged = workload.judge(evidence, profile, scale)
+            judged.checks[BOUND] = transcript_bound(evidence.get("transcript"), self._m().wheel.sha256)
             recorded = {c.name: c.passed for c in record.checks.executed}
             disagree = sorted(n for n, (ok, _) in judged.checks.items() if recorded.get(n) is not ok or not ok)
             require(

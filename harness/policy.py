@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from harness import registry
+from harness.binding import CHECK as CANDIDATE_BOUND
 from harness.errors import VerificationError
 from harness.profiles import PROFILES
 from harness.records import (
@@ -81,7 +82,7 @@ def required_checks(profile: Profile, workload: str) -> list[str]:
     """The checks a workload must execute and pass on ``profile`` (CUDA-only checks are not required on CPU)."""
     if workload == "release-smoke":
         return registry.required_smoke_checks(profile.device)
-    names = registry.workload(workload).required_checks
+    names = [*registry.workload(workload).required_checks, CANDIDATE_BOUND]  # every workload's CLI ran the candidate
     return [c for c in names if profile.device == "cuda" or c not in registry.CUDA_ONLY]
 
 

@@ -201,6 +201,7 @@ def run_smoke(opts: SmokeOptions) -> int:
                     model_wheel=model_wheel(opts.offline_wheels),
                     verl_python=opts.verl_python,
                     installed=installed_from(origin_facts_),
+                    wheel_sha256=manifest.wheel.sha256,
                 )
             )
     inputs = QualificationInputs(

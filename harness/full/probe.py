@@ -76,7 +76,9 @@ def probe(args: argparse.Namespace) -> int:
         data_source=Path(args.data),
         model_wheel=model_wheel(Path(args.offline_wheels)) if args.offline_wheels else None,
         verl_python=Path(args.verl_python).absolute() if args.verl_python else None,
-        installed=installed_from(origin_facts(probe_origin(venv, work, redact))),
+        installed=installed_from(origin := origin_facts(probe_origin(venv, work, redact))),
+        # a development run binds to the wheel installed in --venv (it qualifies nothing)
+        wheel_sha256=str(origin.get("wheel_sha256")),
     )
     outcome = run_one(workload, opts)
     for member, source in outcome.files.values():

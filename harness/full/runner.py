@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import policy, registry
+from harness.binding import CHECK as BOUND
+from harness.binding import transcript_bound
 from harness.checkbook import CheckBook
 from harness.errors import HarnessError
 from harness.full.base import Context, Judgement, Scale, Workload
@@ -43,6 +45,7 @@ class RunnerOptions:
     model_wheel: Path | None
     verl_python: Path | None
     installed: InstalledFrom | None  # the origin proof's binding, stamped on every CLI invocation
+    wheel_sha256: str  # the candidate manifest's wheel: every invocation's binding must name it
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
@@ -85,18 +88,26 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
     unknown = sorted(set(evidence) - set(workload.evidence))
     if unknown:
         raise HarnessError(f"workload {workload.name} returned evidence roles it does not declare: {unknown}")
-    outcome = judged(workload, evidence, opts.profile, opts.scale, failure=failure)
+    outcome = judged(workload, evidence, opts.profile, opts.scale, wheel_sha256=opts.wheel_sha256, failure=failure)
     outcome.metrics["scale"] = opts.scale.name
     outcome.metrics["wall_seconds"] = round(time.monotonic() - started, 3)
     return outcome
 
 
 def judged(
-    workload: Workload, evidence: dict[str, Path], profile: Profile, scale: Scale, *, failure: str | None = None
+    workload: Workload,
+    evidence: dict[str, Path],
+    profile: Profile,
+    scale: Scale,
+    *,
+    wheel_sha256: str,
+    failure: str | None = None,
 ) -> Outcome:
-    """Judge ``evidence`` into an outcome whose checks are the policy's for ``workload`` on ``profile``."""
+    """Judge ``evidence`` into an outcome whose checks are the policy's for ``workload`` on ``profile``; every CLI
+    invocation of its transcript must have run the candidate wheel ``wheel_sha256`` (``candidate_bound``)."""
     book = CheckBook(policy.required_checks(profile, workload.name))
     judgement = workload.judge(evidence, profile, scale)
+    book.record(BOUND, *transcript_bound(evidence.get("transcript"), wheel_sha256))
     if failure is not None:
         book.record("workload_run", False, failure)
     judge_into(book, workload, judgement, profile)

@@ -107,10 +107,13 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     """A full_qualification dir: the real smoke plus each full workload's record, judged by the real harness judge
     from real evidence captured on a cpu-reference run (tests/harness/full_fixtures/<workload>/<archive member>).
 
-    Only the binding is borrowed: the evidence came from another run than this stand-in candidate's, which no
-    judge can tell. A workload with no implementation or no fixture gets a stand-in record whose checks claim to
-    pass; the auditor's re-judging refuses those.
+    The evidence came from another run, of another candidate: each fixture transcript is re-bound to this
+    stand-in candidate's wheel (:func:`rebind_transcript`, what a forger would have to do; without it the
+    ``candidate_bound`` check refuses the splice). A workload with no implementation or no fixture gets a stand-in
+    record whose checks claim to pass; the auditor's re-judging refuses those.
     """
+    import tempfile
+
     from harness import policy, registry
     from harness.full.catalog import implemented
     from harness.full.runner import judged
@@ -132,10 +135,16 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
         fixtures = FULL_FIXTURES / spec.name
         if workload is not None and fixtures.is_dir():
             # Laid out as `python -m harness workload NAME --out` writes them: by archive member.
-            evidence = {
-                role: fixtures / member for role, member in workload.evidence.items() if (fixtures / member).is_file()
-            }
-            outcome = judged(workload, evidence, profile, SCALES[profile.name])
+            scratch = Path(tempfile.mkdtemp(prefix="spliced-"))
+            evidence = {}
+            for role, member in workload.evidence.items():
+                if (fixtures / member).is_file():
+                    evidence[role] = scratch / member
+                    evidence[role].parent.mkdir(parents=True, exist_ok=True)
+                    data = (fixtures / member).read_bytes()
+                    rebound = rebind_transcript(data, q.candidate.wheel.sha256) if role == "transcript" else data
+                    evidence[role].write_bytes(rebound)
+            outcome = judged(workload, evidence, profile, SCALES[profile.name], wheel_sha256=q.candidate.wheel.sha256)
             result, artifacts = write_workload(
                 dest,
                 outcome,
@@ -179,6 +188,23 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     return dest
 
 
+def rebind_transcript(data: bytes, wheel_sha256: str) -> bytes:
+    """A transcript whose every invocation claims to have run ``wheel_sha256`` from the proven origins: a test
+    stand-in for evidence spliced from another candidate's run (no harness code writes this)."""
+    from harness.jsonio import canonical_bytes
+
+    doc = json.loads(data)
+    for inv in doc["invocations"]:
+        program = inv["argv"][0]
+        own = program == "miniverl"
+        inv["installed"] = {
+            "wheel_sha256": wheel_sha256,
+            "import_origin": ("<venv>/lib/python3.11/site-packages" if own else "<verl-overlay>") + "/miniverl/__init__.py",
+            "executable": "<venv>/bin/miniverl" if own else program,
+        }
+    return canonical_bytes(doc) + b"\n"
+
+
 def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw: Any) -> Path:
     from harness.assets import build_release_assets
 
@@ -194,13 +220,19 @@ def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw:
     )
 
 
-def relabel_for_profile(full: Path, dest: Path, profile_name: str, descriptor: Path) -> Path:
+def relabel_for_profile(
+    full: Path, dest: Path, profile_name: str, descriptor: Path, *, smoke_evidence: bool = False
+) -> Path:
     """A fabricated full qualification re-labelled as a run of ``profile_name`` on its GPU, consistent with the
     harness policy for that profile (its CUDA checks executed and passed, measured bytes within thresholds).
 
-    Only to drive authorizing paths in tests; the stand-in CLI really ran on the CPU and no harness code writes
-    this. Every principal record is rewritten and re-bound.
+    Only the records say so unless ``smoke_evidence``: then the smoke's evidence is re-written too (doctor names the
+    GPU, the OPD summary holds a CUDA block, ``full_evidence.CUDA_FIGURES``), as a CUDA run records them. The
+    auditor re-judges the smoke from its evidence, so only the deeper stand-in can drive an authorizing path.
+    The stand-in CLI really ran on the CPU and no harness code writes this. Every record is rewritten and re-bound.
     """
+    from full_evidence import CUDA_FIGURES
+
     from harness import policy
     from harness.jsonio import canonical_bytes, sha256_file
     from harness.profiles import PROFILES, profile_sha256
@@ -237,13 +269,33 @@ def relabel_for_profile(full: Path, dest: Path, profile_name: str, descriptor: P
         known_good_sha256=kg_sha,
         gpu={"name": profile.required_gpu_name, "count": 1, "total_memory_bytes": 16 << 30, "driver": "580"},
     )
-    value["metrics"].update(
-        cuda_baseline_allocated_bytes=0, cuda_final_allocated_bytes=0, cuda_peak_reserved_bytes=1 << 30
-    )
+    t = profile.thresholds
+    figures = {
+        "cuda_baseline_allocated_bytes": CUDA_FIGURES["baseline_allocated_bytes"],
+        "cuda_final_allocated_bytes": CUDA_FIGURES["final_allocated_bytes"],
+        "cuda_peak_reserved_bytes": CUDA_FIGURES["peak_reserved_bytes"],
+        "cuda_peak_allocated_bytes": CUDA_FIGURES["peak_allocated_bytes"],
+        "cuda_teardown_tolerance_bytes": max(t.teardown_tolerance_bytes_min, 0),
+    }
+    value["metrics"].update(figures)
     smoke = dest / policy.PRINCIPALS[0].filename
     record = json.loads(smoke.read_bytes())
     record["profile"] = profile.name
+    record["metrics"].update(figures)
     consistent(record, "release-smoke")
+    if smoke_evidence:
+        doctor, summary = dest / "evidence" / "doctor.json", dest / "evidence" / "run" / "summary.json"
+        d = json.loads(doctor.read_bytes())
+        d["gpu_name"] = profile.required_gpu_name
+        d["capabilities"]["gpu_training"] = {"verdict": "ok"}
+        doctor.write_bytes(canonical_bytes(d) + b"\n")
+        u = json.loads(summary.read_bytes())
+        u["cuda"] = dict(CUDA_FIGURES)
+        summary.write_bytes(canonical_bytes(u) + b"\n")
+        for art in [*value["artifacts"], *record["artifacts"]]:
+            if art["path"] in {"evidence/doctor.json", "evidence/run/summary.json"}:
+                path = dest / art["path"]
+                art.update(bytes=path.stat().st_size, sha256=sha256_file(path))
     smoke.write_bytes(canonical_bytes(record) + b"\n")
     for art in value["artifacts"]:
         if art["path"] == smoke.name:
@@ -287,7 +339,8 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
             else:
                 copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy
-        outcome = judged(workload, evidence, profile, SCALES[profile.name])
+        wheel = value["candidate"]["wheel"]["sha256"]
+        outcome = judged(workload, evidence, profile, SCALES[profile.name], wheel_sha256=wheel)
         result, artifacts = write_workload(
             dest,
             outcome,
