@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.audit import AuditRequest, audit
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 from harness.recordio import record_bytes, write_record
 from harness.records import ReleaseVerification
 
@@ -29,7 +29,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write release-verification.json here (default: print it)")
 
 
+def output_file(out: str | None) -> Path | None:
+    """``--out`` names the file to write: not a directory, and its nearest existing ancestor is a directory (the
+    missing ones are made). Checked before the audit so that a bad path is one ``[output]`` line (exit 2) and
+    nothing is written."""
+    if not out:
+        return None
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(
+            f"--out {out!r} is a directory; give the file to write, e.g. {path / 'release-verification.json'}",
+            check="output",
+        )
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UsageError(f"--out {out!r}: {str(above)!r} is not a directory", check="output")
+    return path
+
+
 def run_audit(args: argparse.Namespace) -> int:
+    output_file(args.out)
     gpu = None if args.required_gpu_name == "none" else args.required_gpu_name
     req = AuditRequest(
         candidate_dir=Path(args.candidate_dir),
@@ -74,8 +95,12 @@ def checkout_request(profile_name: str, level: str, *, assets: bool) -> AuditReq
 
 
 def report(result: ReleaseVerification, out: str | None) -> int:
-    if out:
-        write_record(Path(out), result)
+    path = output_file(out)
+    if path is not None:
+        try:
+            write_record(path, result)
+        except OSError as exc:
+            raise UsageError(f"--out {out!r} cannot be written: {exc.strerror}", check="output") from None
     else:
         sys.stdout.write(record_bytes(result).decode())
     if result.status != "passed":

@@ -3,12 +3,23 @@
 The token goes only to the API's own origin ``(scheme, host, port)``. A redirect to another origin keeps the
 ordinary API headers (``Accept``, ``User-Agent``, ``X-GitHub-Api-Version``) and drops ``Authorization``,
 ``Proxy-Authorization`` and ``Cookie``; once a hop has left the API origin the token is never sent again.
+
+Time is bounded by wall clock, not per read: a server that sends one byte a second never trips a read timeout.
+Each download (its redirect hops, headers and body) runs under a watchdog timer set to the smaller of its own
+limit and what is left of the gate's; when it fires, every socket the client opened is shut down, the blocked
+read returns, and the download fails as ``deadline`` (the gate's) or ``download_deadline`` (its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
+import threading
+import time
+import weakref
 from collections.abc import Iterator
+from contextvars import ContextVar
 from http.cookiejar import Cookie, DefaultCookiePolicy
 from pathlib import Path
 from typing import Any
@@ -16,6 +27,9 @@ from urllib.parse import urljoin, urlsplit
 from urllib.request import Request
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from harness.errors import RecordError
 from harness.gate import GateError
@@ -29,7 +43,7 @@ MAX_PAGES = 50
 MAX_JSON_BYTES = 16 << 20
 REDIRECTS = {301, 302, 303, 307, 308}
 CHUNK = 1 << 16
-TIMEOUT = (10.0, 60.0)
+TIMEOUT = (10.0, 60.0)  # per connect and per read; the watchdog bounds the whole download
 
 Origin = tuple[str, str, int]
 
@@ -54,6 +68,90 @@ def origin_text(o: Origin) -> str:
     return f"{o[0]}://{host}:{o[2]}"
 
 
+class Deadline:
+    """The gate's wall-clock limits (monotonic): ``total`` for the whole gate, ``per_download`` for each GET."""
+
+    def __init__(self, total: float, per_download: float) -> None:
+        self.total = total
+        self.per_download = per_download
+        self.end = time.monotonic() + total
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def expired(self, when: str) -> GateError:
+        return GateError(
+            f"the gate ran past its deadline of {self.total:g} s (--deadline-seconds) {when}", check="deadline"
+        )
+
+    def check(self, when: str) -> None:
+        if self.remaining() <= 0:
+            raise self.expired(when)
+
+
+class _Sockets:
+    """Every socket one client opened, so that its watchdog can cut them all from another thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.add(sock)
+
+    def cut(self) -> None:
+        with self._lock:
+            held = list(self._open)
+        for sock in held:
+            # The plain socket's shutdown wakes a blocked read, TLS or not, without touching the TLS state;
+            # a socket already closed refuses it.
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+# The client whose request is being made on this thread; its connections register their sockets there.
+_CURRENT: ContextVar[_Sockets | None] = ContextVar("gate_sockets", default=None)
+
+
+def _register(sock: socket.socket | None) -> None:
+    sockets = _CURRENT.get()
+    if sockets is not None and sock is not None:
+        sockets.add(sock)
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _register(sock)
+        return sock
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()  # the plain socket: covers the TLS handshake
+        _register(sock)
+        return sock
+
+    def connect(self) -> None:
+        super().connect()
+        _register(self.sock)  # the TLS socket that replaced it (wrapping detaches the plain one)
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _WatchedAdapter(HTTPAdapter):
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+
+
 class _NoCookies(DefaultCookiePolicy):
     """Never store a cookie and never send one: the session has no usable cookie jar."""
 
@@ -65,15 +163,20 @@ class _NoCookies(DefaultCookiePolicy):
 
 
 class GitHubClient:
-    def __init__(self, api_url: str, token: str) -> None:
+    def __init__(self, api_url: str, token: str, deadline: Deadline) -> None:
         self.api = api_url.rstrip("/")
         self.api_origin = origin(self.api)
         self._token = token
+        self.deadline = deadline
+        self._sockets = _Sockets()
         self.session = requests.Session()
         self.session.trust_env = False  # no proxies, netrc or CA bundles from the environment
         self.session.proxies = {}
         self.session.headers.clear()
         self.session.cookies.set_policy(_NoCookies())
+        adapter = _WatchedAdapter(max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
 
     def close(self) -> None:
         self.session.close()
@@ -89,15 +192,58 @@ class GitHubClient:
             base["Authorization"] = f"Bearer {self._token}"
         return base
 
-    def open(self, url: str, check: str) -> requests.Response:
-        """GET ``url`` (streamed), following at most ``MAX_HOPS`` redirects by hand."""
+    @contextlib.contextmanager
+    def limited(self, url: str) -> Iterator[float]:
+        """One download under a watchdog: its hops, headers and body; yields its budget in seconds."""
+        what = f"GET {url_for_log(url)}"
+        left = self.deadline.remaining()
+        if left <= 0:
+            raise self.deadline.expired(f"before {what}")
+        budget = min(left, self.deadline.per_download)
+        gate_wide = left <= self.deadline.per_download
+        fired = threading.Event()
+
+        def expire() -> None:
+            fired.set()
+            self._sockets.cut()
+
+        def late() -> GateError:
+            if gate_wide:
+                return self.deadline.expired(f"during {what}")
+            return GateError(
+                f"{what} took longer than {self.deadline.per_download:g} s (--download-seconds)",
+                check="download_deadline",
+            )
+
+        started = time.monotonic()
+        timer = threading.Timer(budget, expire)
+        timer.daemon = True
+        token = _CURRENT.set(self._sockets)
+        timer.start()
+        try:
+            yield budget
+        except Exception:
+            # A read the watchdog cut (or a socket timeout at the budget's end) is the deadline, whatever it broke.
+            if fired.is_set() or time.monotonic() - started >= budget:
+                raise late() from None
+            raise
+        finally:
+            timer.cancel()
+            _CURRENT.reset(token)
+        if fired.is_set():  # a body read until close ends quietly when its socket is cut
+            raise late()
+
+    def open(self, url: str, check: str, budget: float) -> requests.Response:
+        """GET ``url`` (streamed), following at most ``MAX_HOPS`` redirects by hand. Call inside ``limited``."""
         current, trusted = url, True
+        # Socket timeouts a little past the budget, so that a silent server is the watchdog's, not a read error.
+        timeout = (min(TIMEOUT[0], budget + 1.0), min(TIMEOUT[1], budget + 1.0))
         for _hop in range(MAX_HOPS + 1):
             here = origin(current)
             trusted = trusted and here == self.api_origin
             try:
                 resp = self.session.get(
-                    current, headers=self.headers(trusted), allow_redirects=False, stream=True, timeout=TIMEOUT
+                    current, headers=self.headers(trusted), allow_redirects=False, stream=True, timeout=timeout
                 )
             except requests.RequestException as exc:
                 raise GateError(f"{origin_text(here)} did not answer: {exc.__class__.__name__}", check=check) from None
@@ -112,8 +258,7 @@ class GitHubClient:
 
     def get_json(self, url: str) -> tuple[Any, str | None]:
         """One API page: the parsed JSON and the ``Link: rel="next"`` URL, if any."""
-        resp = self.open(url, "api_connection")
-        with resp:
+        with self.limited(url) as budget, self.open(url, "api_connection", budget) as resp:
             _require_ok(resp, url, "api_status")
             data = _read_bounded(resp, MAX_JSON_BYTES, "api_response")
             nxt = resp.links.get("next", {}).get("url")
@@ -142,9 +287,8 @@ class GitHubClient:
 
     def download(self, url: str, dest: Path, limit: int) -> tuple[int, str]:
         """Stream ``url`` into ``dest`` (at most ``limit`` bytes); returns (bytes, sha256)."""
-        resp = self.open(url, "artifact_download")
         digest, size = hashlib.sha256(), 0
-        with resp:
+        with self.limited(url) as budget, self.open(url, "artifact_download", budget) as resp:
             _require_ok(resp, url, "artifact_download")
             declared = resp.headers.get("Content-Length", "")
             if declared.isdigit() and int(declared) > limit:

@@ -2,21 +2,51 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from harness.records import FileDigest, GitCommit, Name, Record, Sha256, Timestamp
 
 PositiveInt = Annotated[int, Field(gt=0)]
-Repository = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", max_length=200)]
+
+# GitHub's grammar: the owner is 1-39 of [A-Za-z0-9-] not starting with '-'; the name 1-100 of [A-Za-z0-9._-],
+# never '.' or '..' (which would walk up the API path the repository is pasted into).
+REPOSITORY = r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}"
+# The API's path prefix under its origin (GitHub Enterprise: ``api/v3``), kept without its leading '/':
+# records refuse strings that start like a local path.
+API_PATH = r"([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?"
+
+
+def is_repository(text: str) -> bool:
+    return re.fullmatch(REPOSITORY, text) is not None and text.split("/")[1] not in {".", ".."}
+
+
+def is_api_path(text: str) -> bool:
+    return re.fullmatch(API_PATH, text) is not None and not {".", ".."} & set(text.split("/"))
+
+
+def _repository(value: str) -> str:
+    if not is_repository(value):
+        raise ValueError("not a GitHub OWNER/NAME")
+    return value
+
+
+def _api_path(value: str) -> str:
+    if not is_api_path(value):
+        raise ValueError("not an API path prefix (segments of [A-Za-z0-9._~-], no '.' or '..')")
+    return value
+
+
+Repository = Annotated[str, StringConstraints(pattern=f"^{REPOSITORY}$", max_length=140), AfterValidator(_repository)]
 
 
 class GateQuery(Record):
     """The question asked: which commit, from which repository and workflow, at which level."""
 
     api_origin: Annotated[str, StringConstraints(pattern=r"^https?://[^/@\s]+$", max_length=300)]
-    api_path: Annotated[str, StringConstraints(pattern=r"^(/[A-Za-z0-9._~-]+)*$", max_length=300)]
+    api_path: Annotated[str, StringConstraints(pattern=f"^{API_PATH}$", max_length=300), AfterValidator(_api_path)]
     repository: Repository
     sha: GitCommit
     workflow_path: Annotated[str, StringConstraints(pattern=r"^\.github/workflows/[A-Za-z0-9_.-]+\.ya?ml$")]

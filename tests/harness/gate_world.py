@@ -12,6 +12,7 @@ import io
 import json
 import stat
 import threading
+import time
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -74,6 +75,14 @@ class World:
     next_artifact: int = 700
     link_base: str | None = None  # where Link rel="next" points (default: the API itself)
     blob_length: bool = True  # False: the blob is sent without Content-Length, until the connection closes
+    api_prefix: str = ""  # the API's path under its origin (GitHub Enterprise: /api/v3); see serve_under
+    drip: str = ""  # "blob": each blob's body, "api": each API answer's headers, one byte every drip_every s
+    drip_every: float = 2.0
+
+    def serve_under(self, prefix: str) -> None:
+        """Serve the API only under ``prefix`` (anything else is 404), as GitHub Enterprise does."""
+        self.api_prefix = prefix
+        self.api_url += prefix
 
     def run(self, run_id: int = RUN_ID, **over: Any) -> dict[str, Any]:
         value = {
@@ -145,6 +154,16 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _drip(self, data: bytes) -> None:
+            """One byte at a time, each flushed: every read the client makes returns before any read timeout."""
+            try:
+                for at in range(len(data)):
+                    self.wfile.write(data[at : at + 1])
+                    self.wfile.flush()
+                    time.sleep(world.drip_every)
+            except OSError:
+                self.close_connection = True  # the client cut the connection: the point of the test
+
         def _json(self, value: Any, headers: dict[str, str] | None = None) -> None:
             self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json", **(headers or {})})
 
@@ -152,7 +171,16 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             seen = world.api_seen if role == "api" else world.blob_seen
             seen.append((self.path, list(self.headers.items())))
-            segments = parts.path.strip("/").split("/")
+            if role == "api" and world.drip == "api":
+                self._drip(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                return
+            path = parts.path
+            if role == "api" and world.api_prefix:
+                if not path.startswith(world.api_prefix + "/"):
+                    self._send(404)
+                    return
+                path = path[len(world.api_prefix) :]
+            segments = path.strip("/").split("/")
             if role == "blob" or segments[0] == "blob":
                 self._blob(segments)
                 return
@@ -168,6 +196,13 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             blob = world.blobs.get(int(segments[-1])) if segments[-1].isdigit() else None
             if blob is None:
                 self._send(404)
+                return
+            if world.drip == "blob":
+                self.send_response(200)
+                self.send_header("Content-Type", "application/zip")
+                self.send_header("Content-Length", str(len(blob)))
+                self.end_headers()
+                self._drip(blob)
                 return
             if world.blob_length:
                 self._send(200, blob, {"Content-Type": "application/zip"})
@@ -195,8 +230,8 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
                 aid = rest[1]
                 target = {
                     "cross": f"{world.blob_url}/blob/{aid}?sig=signed",
-                    "same": f"/blob/{aid}",
-                    "loop": f"/repos/{REPO}/actions/artifacts/{aid}/zip",
+                    "same": f"{world.api_prefix}/blob/{aid}",
+                    "loop": f"{world.api_prefix}/repos/{REPO}/actions/artifacts/{aid}/zip",
                 }[world.redirect]
                 self._send(302, b"", {"Location": target})
             else:
@@ -208,7 +243,7 @@ def _handler(world: World, role: str) -> type[BaseHTTPRequestHandler]:
             chunk = world.runs[(page - 1) * size : page * size]
             headers = {}
             if page * size < len(world.runs):
-                base = world.link_base or world.api_url
+                base = world.link_base or world.api_url.removesuffix(world.api_prefix)
                 nxt = f"{base}{urlsplit(self.path).path}?head_sha={world.sha}&page={page + 1}"
                 headers["Link"] = f'<{nxt}>; rel="next", <{nxt}>; rel="last"'
             self._json({"total_count": len(world.runs), "workflow_runs": chunk}, headers)

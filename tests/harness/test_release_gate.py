@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -577,6 +578,29 @@ USAGE_CASES = {
     "api_scheme": ["--api-url", "file:///etc"],
     "api_userinfo": ["--api-url", "http://user:pw@127.0.0.1:1"],
     "api_plain_http": ["--api-url", "http://api.github.com"],
+    "api_plain_http_with_path": ["--api-url", "http://ghe.example.com/api/v3"],
+    "api_dot_dot_path": ["--api-url", "http://127.0.0.1:1/api/../v3"],
+    "api_dot_path": ["--api-url", "http://127.0.0.1:1/api/./v3"],
+    "api_empty_segment": ["--api-url", "http://127.0.0.1:1/api//v3"],
+    "api_fragment": ["--api-url", "http://127.0.0.1:1/api/v3#x"],
+    "api_empty_query": ["--api-url", "http://127.0.0.1:1/api/v3?"],
+    "repository_dot_dot_owner": ["--repository", "../x"],
+    "repository_dot_dot_name": ["--repository", "acme/.."],
+    "repository_dot_name": ["--repository", "acme/."],
+    "repository_owner_leading_dash": ["--repository=-acme/miniverl"],
+    "repository_owner_underscore": ["--repository", "ac_me/miniverl"],
+    "repository_owner_too_long": ["--repository", "a" * 40 + "/miniverl"],
+    "repository_name_too_long": ["--repository", "acme/" + "n" * 101],
+    "repository_three_parts": ["--repository", "acme/miniverl/x"],
+    "repository_newline": ["--repository", "acme/miniverl\n"],
+    "repository_encoded_slash": ["--repository", "acme/..%2fx"],
+    "deadline_zero": ["--deadline-seconds", "0"],
+    "deadline_negative": ["--deadline-seconds", "-5"],
+    "deadline_nan": ["--deadline-seconds", "nan"],
+    "deadline_word": ["--deadline-seconds", "ten"],
+    "deadline_over_a_day": ["--deadline-seconds", "86401"],
+    "download_zero": ["--download-seconds", "0"],
+    "download_inf": ["--download-seconds", "inf"],
 }
 
 
@@ -715,3 +739,154 @@ def test_an_authorizing_record_still_needs_its_gpu(
         "NVIDIA H200",
     )
     assert_rejected(r, "gpu_name")
+
+
+def test_repository_dot_dot_is_a_usage_error_before_any_request(world: World, tmp_path: Path) -> None:
+    """Pasted into ``{api}/repos/{repository}/...``, ``../x`` would walk up the API path; it never leaves here."""
+    r = gate_subprocess(world, tmp_path / "out", "--repository", "../x", "--dry-run")
+    assert r.rc == 2 and len(r.err.strip().splitlines()) == 1 and "[usage]" in r.err and "OWNER/NAME" in r.err
+    assert "Traceback" not in r.err and r.gate["failed_check"] == "usage"
+    assert world.api_seen == [] and world.blob_seen == []
+
+
+def test_longest_owner_and_name_are_accepted(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """39-character owner, 100-character name with dots: the grammar lets them through to the API (404 here)."""
+    repo = "a-" + "b" * 37 + "/." + "c" * 98 + "."
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--repository", repo, "--dry-run")
+    assert_rejected(r, "api_status")
+    assert r.gate["query"]["repository"] == repo and "404" in r.err
+    assert [p for p, _ in world.api_seen] and all(p.startswith(f"/repos/{repo}/") for p, _ in world.api_seen)
+
+
+# --- GitHub Enterprise: the API under a path -----------------------------------------------------------------
+
+
+def test_api_under_a_path_like_github_enterprise(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--api-url http://127.0.0.1:PORT/api/v3/``: every API request, next pages included, keeps the prefix."""
+    world.serve_under("/api/v3")
+    world.run(4100, head_sha="e" * 40)  # a second page, reached through Link rel="next" under the prefix
+    world.page_size = 1
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run", "--api-url", world.api_url + "/")
+    assert r.rc == 0, r.err
+    assert r.gate["status"] == "passed" and r.gate["run"]["id"] == RUN_ID
+    query = r.gate["query"]
+    assert query["api_path"] == "api/v3" and world.api_url == query["api_origin"] + "/api/v3"
+    paths = [p for p, _ in world.api_seen]
+    assert len(paths) >= 5 and all(p.startswith(f"/api/v3/repos/{REPO}/actions/") for p in paths), paths
+    assert any("page=2" in p for p in paths)
+    assert [(o["id"], o["check"]) for o in r.gate["other_runs"]] == [(4100, "head_sha")]
+    assert len(world.blob_seen) == 2  # the artifacts came through the redirect, as on github.com
+    assert_no_token(r)
+
+
+def test_api_path_is_needed_when_the_server_has_one(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control for the test above: the same world asked at its origin answers 404."""
+    world.serve_under("/api/v3")
+    origin_only = world.api_url.removesuffix("/api/v3")
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run", "--api-url", origin_only)
+    assert_rejected(r, "api_status")
+    assert "404" in r.err and r.gate["query"]["api_path"] == ""
+
+
+# --- deadlines: a server that drips one byte every 2 s --------------------------------------------------------
+
+
+def test_a_dripping_download_stops_at_the_gate_deadline(world: World, tmp_path: Path) -> None:
+    """Every read returns within its timeout, yet the gate (a real process) ends at its deadline with exit 1."""
+    world.drip = "blob"
+    start = time.monotonic()
+    r = gate_subprocess(world, tmp_path / "out", "--dry-run", "--deadline-seconds", "3")
+    took = time.monotonic() - start
+    assert_rejected(r, "deadline")
+    assert "--deadline-seconds" in r.err and "/zip" in r.err
+    assert took < 15, took  # 3 s of gate plus interpreter start-up; the drip alone would last for days
+    assert len(world.blob_seen) == 1 and r.gate["artifacts"] == []
+    assert_no_token(r)
+
+
+def test_a_dripping_download_stops_at_its_own_deadline(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.drip = "blob"
+    start = time.monotonic()
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run", "--download-seconds", "3")
+    took = time.monotonic() - start
+    assert_rejected(r, "download_deadline")
+    assert "took longer than 3 s (--download-seconds)" in r.err
+    assert 2.5 < took < 8, took
+
+
+def test_dripping_api_headers_stop_at_the_gate_deadline(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status line and headers arrive a byte at a time: the watchdog covers them too, not only the body."""
+    world.drip = "api"
+    start = time.monotonic()
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run", "--deadline-seconds", "3")
+    took = time.monotonic() - start
+    assert_rejected(r, "deadline")
+    assert 2.5 < took < 8, took
+    assert len(world.api_seen) == 1 and world.blob_seen == []
+
+
+# --- `python -m harness verify --out`: a directory is one [output] line ----------------------------------------
+
+
+def _verify_argv(chain: Chain, out: str) -> list[str]:
+    qual = json.loads((chain.smoke / "qualification.json").read_bytes())
+    return [
+        *("--candidate-dir", str(chain.candidate)),
+        *("--candidate-manifest", str(chain.candidate / "candidate-manifest.json")),
+        *("--qualification", str(chain.smoke / "qualification.json")),
+        *("--commit", chain.sha, "--known-good-sha256", qual["environment"]["known_good_sha256"]),
+        *("--required-gpu-name", "none", "--level", "release_smoke", "--out", out),
+    ]
+
+
+@pytest.mark.parametrize("shape", ["existing_dir", "under_a_file"])
+def test_verify_out_that_cannot_be_a_file_is_one_output_line(chain: Chain, tmp_path: Path, shape: str) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (tmp_path / "a-file").write_text("keep\n")
+    out = str(existing) if shape == "existing_dir" else str(tmp_path / "a-file" / "rv.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "verify", *_verify_argv(chain, out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("harness: error: [output] --out"), done.stderr
+    assert done.stdout == "" and list(existing.iterdir()) == [] and (tmp_path / "a-file").read_text() == "keep\n"
+    # the control: the same chain and flags with a file path pass and write the record
+    rv = existing / "release-verification.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "verify", *_verify_argv(chain, str(rv))],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(rv.read_bytes())["status"] == "passed"
+
+
+def test_validate_release_chain_out_directory_is_one_output_line(
+    chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.audit_cli import main
+
+    assert main(_verify_argv(chain, str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("validate_release_chain: error: [output]") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

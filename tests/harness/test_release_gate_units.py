@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from gate_world import zip_members
 
+from harness.errors import UsageError
 from harness.gate import GateError
 from harness.gate.http import origin
+from harness.gate.main import parse_api_url, seconds
+from harness.gate.records import is_repository
 from harness.gate.safezip import ZipLimits, safe_extract
 
 
@@ -29,6 +32,113 @@ def test_origin_refuses(url: str) -> None:
     with pytest.raises(GateError) as info:
         origin(url)
     assert info.value.check == "url"
+
+
+@pytest.mark.parametrize(
+    ("url", "root", "prefix"),
+    [
+        ("https://api.github.com", "https://api.github.com", ""),
+        ("https://api.github.com/", "https://api.github.com", ""),
+        ("https://ghe.example.com/api/v3", "https://ghe.example.com/api/v3", "api/v3"),
+        ("https://ghe.example.com/api/v3/", "https://ghe.example.com/api/v3", "api/v3"),
+        (
+            "https://ghe.example.com:8443/github~x/api.v3",
+            "https://ghe.example.com:8443/github~x/api.v3",
+            "github~x/api.v3",
+        ),
+        ("http://localhost:8080/api/v3", "http://localhost:8080/api/v3", "api/v3"),
+        ("http://[::1]:8080/api", "http://[::1]:8080/api", "api"),
+    ],
+)
+def test_api_url_keeps_its_path(url: str, root: str, prefix: str) -> None:
+    assert parse_api_url(url) == (root, prefix)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://ghe.example.com/api/v3",  # plain http off loopback: the token would travel in clear
+        "https://ghe.example.com/api/../v3",
+        "https://ghe.example.com/./api",
+        "https://ghe.example.com//api",
+        "https://ghe.example.com/api/%2e%2e",
+        "https://ghe.example.com/api v3",
+        "https://ghe.example.com/api/v3?per_page=1",
+        "https://ghe.example.com/api/v3?",
+        "https://ghe.example.com/api/v3#x",
+        "https://token@ghe.example.com/api/v3",
+        "ftp://ghe.example.com/api/v3",
+    ],
+)
+def test_api_url_refused(url: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_api_url(url)
+    assert info.value.check == "usage" and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("repository", "ok"),
+    [
+        ("acme/miniverl", True),
+        ("a/b", True),
+        ("Acme-1/mini.verl_x-2", True),
+        ("a" * 39 + "/" + "b" * 100, True),
+        ("acme/.github", True),
+        ("acme/..x", True),
+        ("a" * 40 + "/x", False),
+        ("acme/" + "b" * 101, False),
+        ("../x", False),
+        ("acme/..", False),
+        ("acme/.", False),
+        ("-acme/x", False),
+        ("ac_me/x", False),
+        ("ac.me/x", False),
+        ("acme/x/y", False),
+        ("acme/", False),
+        ("/x", False),
+        ("acme/x\n", False),
+        ("acme/x%2f", False),
+        ("ácme/x", False),
+    ],
+)
+def test_repository_grammar(repository: str, ok: bool) -> None:
+    assert is_repository(repository) is ok
+
+
+def test_gate_json_holds_the_same_grammar() -> None:
+    """gate.json refuses what the command refuses, and keeps the API path without a leading '/'."""
+    from pydantic import ValidationError
+
+    from harness.gate.records import GateQuery
+
+    base = {
+        "api_origin": "https://ghe.example.com:443",
+        "api_path": "api/v3",
+        "repository": "acme/miniverl",
+        "sha": "a" * 40,
+        "workflow_path": ".github/workflows/gpu.yml",
+        "level": "full_qualification",
+        "candidate_artifact": "candidate-distributions",
+        "qualification_artifact": "gpu-full-qualification",
+        "required_gpu_name": None,
+        "dry_run": True,
+    }
+    assert GateQuery.model_validate(base).api_path == "api/v3"
+    for key, bad in (("repository", "../x"), ("repository", "acme/.."), ("api_path", "api/../x")):
+        with pytest.raises(ValidationError):
+            GateQuery.model_validate({**base, key: bad})
+
+
+@pytest.mark.parametrize(("text", "value"), [("600", 600.0), ("0.5", 0.5), ("86400", 86400.0)])
+def test_seconds_accepted(text: str, value: float) -> None:
+    assert seconds("--deadline-seconds", text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "86401", "", "ten", "1e999"])
+def test_seconds_refused(text: str) -> None:
+    with pytest.raises(UsageError) as info:
+        seconds("--deadline-seconds", text)
+    assert "--deadline-seconds" in str(info.value) and info.value.exit_code == 2
 
 
 def _extract(tmp_path: Path, blob: bytes, limits: ZipLimits | None = None) -> dict[str, Path]:
