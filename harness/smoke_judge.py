@@ -94,15 +94,33 @@ def judge_smoke(evidence: dict[str, Path], basis: SmokeBasis) -> SmokeVerdict:
             f"{data.get('rows')} rows (want {DATA_ROWS}), reported sha256 "
             f"{'matches' if prompts_sha and data.get('sha256') == prompts_sha else 'differs from'} the prompts file",
         )
-    plan_ok = _plan(v, "plan", _dict(outputs.get("plan")), read_json(evidence.get("plan")), prompts_sha, steps)
+    if _plan(v, "plan", _dict(outputs.get("plan")), read_json(evidence.get("plan")), prompts_sha, steps):
+        _after_plan(v, evidence, outputs, steps, basis, prompts_sha)
+    if profile.device != "cuda":
+        v.not_applicable.update(
+            gpu_identity="cpu profile",
+            teardown="CPU run: no CUDA allocator to return to baseline",
+            peak_reserved="CPU run: no CUDA memory",
+        )
+    return v
+
+
+def _after_plan(
+    v: SmokeVerdict,
+    evidence: dict[str, Path],
+    outputs: dict[str, Any],
+    steps: dict[str, dict[str, Any]],
+    basis: SmokeBasis,
+    prompts_sha: str | None,
+) -> None:
+    """The checks of the steps that use a passing plan (a failed plan leaves them undecided: skipped)."""
     if "run_dry_run" in steps:
         dry = _dict(outputs.get("run_dry_run"))
         digest = _dict(read_json(evidence.get("plan"))).get("plan_digest")
         created = outputs.get("dry_run_dir_created")
         v.check(
             "run_dry_run",
-            plan_ok
-            and _ran(steps, "run_dry_run")
+            _ran(steps, "run_dry_run")
             and dry.get("status") == "dry_run_ok"
             and dry.get("plan_digest") == digest
             and created is False,
@@ -111,19 +129,9 @@ def judge_smoke(evidence: dict[str, Path], basis: SmokeBasis) -> SmokeVerdict:
             f"{'not created' if created is False else 'created (or not observed)'}",
         )
     _opd(v, evidence, outputs, steps, basis)
-    if "grpo_plan" in steps:
-        grpo_planned = _plan(
-            v, "grpo_plan", _dict(outputs.get("grpo_plan")), read_json(evidence.get("grpo_plan")), prompts_sha, steps
-        )
-        if "grpo_cycle" in steps:
-            _grpo(v, evidence, steps, grpo_planned)
-    if profile.device != "cuda":
-        v.not_applicable.update(
-            gpu_identity="cpu profile",
-            teardown="CPU run: no CUDA allocator to return to baseline",
-            peak_reserved="CPU run: no CUDA memory",
-        )
-    return v
+    grpo_plan = read_json(evidence.get("grpo_plan"))
+    if _plan(v, "grpo_plan", _dict(outputs.get("grpo_plan")), grpo_plan, prompts_sha, steps) and "grpo_cycle" in steps:
+        _grpo(v, evidence, steps)
 
 
 def evidence_checks(files: list[Path]) -> dict[str, tuple[bool, str]]:
@@ -335,14 +343,10 @@ def _cuda(v: SmokeVerdict, profile: Profile, summary: dict[str, Any]) -> None:
     )
 
 
-def _grpo(v: SmokeVerdict, evidence: dict[str, Path], steps: dict[str, dict[str, Any]], planned: bool) -> None:
+def _grpo(v: SmokeVerdict, evidence: dict[str, Path], steps: dict[str, dict[str, Any]]) -> None:
     summary = read_json(evidence.get("grpo_summary"))
-    if not _ran(steps, "grpo_cycle") or summary is None or not planned:
-        v.check(
-            "grpo_cycle",
-            False,
-            _why(steps, "grpo_cycle") if not _ran(steps, "grpo_cycle") else "no GRPO summary or plan",
-        )
+    if not _ran(steps, "grpo_cycle") or summary is None:
+        v.check("grpo_cycle", False, _why(steps, "grpo_cycle") if not _ran(steps, "grpo_cycle") else "no summary")
         return
     lines, why = read_metrics(evidence.get("grpo_metrics"), "grpo")
     updates = summary.get("updates")

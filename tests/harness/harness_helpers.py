@@ -197,9 +197,10 @@ def rebind_transcript(data: bytes, wheel_sha256: str) -> bytes:
     for inv in doc["invocations"]:
         program = inv["argv"][0]
         own = program == "miniverl"
+        root = "<venv>/lib/python3.11/site-packages" if own else "<verl-overlay>"
         inv["installed"] = {
             "wheel_sha256": wheel_sha256,
-            "import_origin": ("<venv>/lib/python3.11/site-packages" if own else "<verl-overlay>") + "/miniverl/__init__.py",
+            "import_origin": f"{root}/miniverl/__init__.py",
             "executable": "<venv>/bin/miniverl" if own else program,
         }
     return canonical_bytes(doc) + b"\n"

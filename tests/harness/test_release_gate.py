@@ -44,6 +44,7 @@ class Chain:
     smoke_zip: bytes
     full_zip: bytes
     authorizing_zip: bytes
+    relabelled_zip: bytes  # only the records say RTX 4080; the smoke's evidence is the CPU run's
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +75,11 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
             mp.setenv(key, value)
         assert run_smoke_into(smoke, candidate, repo, kg) == 0
     full = fabricate_full(smoke, base / "full")
-    # Only the release card's profile may authorize; the fixture relabels the CPU run as one (no harness code does).
-    authorizing = relabel_for_profile(full, base / "authorizing", "rtx4080-wsl2-cu130", kg / "rtx4080-wsl2-cu130.json")
+    # Only the release card's profile may authorize; the fixture relabels the CPU run as one (no harness code does),
+    # its records and (for the authorizing one) the smoke evidence the auditor re-judges.
+    card = ("rtx4080-wsl2-cu130", kg / "rtx4080-wsl2-cu130.json")
+    authorizing = relabel_for_profile(full, base / "authorizing", *card, smoke_evidence=True)
+    relabelled = relabel_for_profile(full, base / "relabelled", *card)
     return Chain(
         sha=git(repo, "rev-parse", "HEAD"),
         candidate=candidate,
@@ -85,6 +89,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         smoke_zip=zip_dir(smoke),
         full_zip=zip_dir(full),
         authorizing_zip=zip_dir(authorizing),
+        relabelled_zip=zip_dir(relabelled),
     )
 
 
@@ -701,6 +706,19 @@ def test_sdist_without_its_known_good_stack_is_refused(
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "known_good_sha256")
     assert "known-good/cpu-reference.json" in r.err
+
+
+def test_a_relabelled_stand_in_record_cannot_authorize(world: World, chain: Chain, tmp_path: Path) -> None:
+    """The records of a CPU run relabelled as an RTX 4080 one claim every CUDA check passed; the auditor re-judges
+    the smoke from its evidence (doctor names no GPU, the summary holds no CUDA bytes) and refuses it."""
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.relabelled_zip)
+    r = gate_subprocess(
+        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
+    )
+    assert r.rc == 1 and "[smoke_rejudged]" in r.err, r.err
+    assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
+    assert not (r.dir / "dist").exists()
 
 
 def test_an_authorizing_full_qualification_is_released_without_dry_run(
