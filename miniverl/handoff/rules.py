@@ -75,7 +75,8 @@ def load_rules(compiler: str = V1) -> RulesTable:
         raise ValueError(f"{TABLES[compiler]} is the table of {table.compiler}, not {compiler}")
     for rule in table.rules:
         if (rule.action in CODED) != (rule.code is not None):
-            raise ValueError(f"rule {rule.field}: a {rule.action} rule {'needs' if rule.action in CODED else 'has'} a code")
+            verb = "needs" if rule.action in CODED else "has"
+            raise ValueError(f"rule {rule.field}: a {rule.action} rule {verb} a code ({', '.join(sorted(CODED))} only)")
     return table
 
 
