@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from harness_helpers import audit, audit_args, run_smoke_into
 
-from harness.checkbook import CheckBook
 from harness.profiles import PROFILES
 from harness.smoke_judge import read_metrics
 
@@ -205,7 +204,7 @@ def test_run_files_are_read_strictly(tmp_path: Path) -> None:
 
 
 def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -> None:
-    from harness import steps
+    from harness import smoke_judge
 
     assert read_metrics(tmp_path / "absent.jsonl", "opd")[1] == "absent.jsonl is missing"
     assert "not a regular file" in str(read_metrics(tmp_path, "opd")[1])
@@ -215,7 +214,7 @@ def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -
     assert "not a regular file" in str(read_metrics(link, "opd")[1])
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as handle:
-        handle.truncate(steps.METRICS_LIMIT_BYTES + 1)
+        handle.truncate(smoke_judge.METRICS_LIMIT_BYTES + 1)
     assert "limit" in str(read_metrics(big, "opd")[1])
     if hasattr(os, "mkfifo"):
         os.mkfifo(tmp_path / "fifo.jsonl")
@@ -237,15 +236,15 @@ def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -
     ],
 )
 def test_teacher_scoring_reads_every_metrics_line(edit: dict[str, Any], passes: bool) -> None:
-    from harness.steps import _teacher_scoring
+    from harness.smoke_judge import SmokeVerdict, _teacher_scoring
 
     manifest = {"roles": {"runtime": "dual_model", "roles": {"student": {}, "teacher": {}}}}
-    book = CheckBook(required=["teacher_scoring"])
-    _teacher_scoring(book, manifest, [GOOD, {**GOOD, "step": 2, **edit}], None)
-    assert book.passed("teacher_scoring") is passes
-    book = CheckBook(required=["teacher_scoring"])
-    _teacher_scoring(book, manifest, [], None)
-    assert not book.passed("teacher_scoring")
+    verdict = SmokeVerdict()
+    _teacher_scoring(verdict, manifest, [GOOD, {**GOOD, "step": 2, **edit}], None)
+    assert verdict.checks["teacher_scoring"][0] is passes
+    verdict = SmokeVerdict()
+    _teacher_scoring(verdict, manifest, [], None)
+    assert not verdict.checks["teacher_scoring"][0]
 
 
 @pytest.mark.parametrize(
@@ -260,11 +259,11 @@ def test_teacher_scoring_reads_every_metrics_line(edit: dict[str, Any], passes: 
     ],
 )
 def test_optimizer_update_counts_lines_and_steps(updates: Any, lines: list[dict[str, Any]], passes: bool) -> None:
-    from harness.steps import _optimizer_update
+    from harness.smoke_judge import SmokeVerdict, _optimizer_update
 
-    book = CheckBook(required=["optimizer_update"])
-    _optimizer_update(book, {"updates": updates}, lines, None)
-    assert book.passed("optimizer_update") is passes
+    verdict = SmokeVerdict()
+    _optimizer_update(verdict, {"updates": updates}, lines, None)
+    assert verdict.checks["optimizer_update"][0] is passes
 
 
 # --- CUDA-only checks: the CPU smoke cannot reach them, so the step is driven directly -----------------
@@ -283,12 +282,12 @@ CUDA_OK = {"baseline_allocated_bytes": 1000, "final_allocated_bytes": 1000, "pea
     ],
 )
 def test_cuda_teardown_and_peak_reserved_read_the_summary(edit: dict[str, Any], teardown: bool, peak: bool) -> None:
-    from harness.steps import StepFacts, _cuda
+    from harness.smoke_judge import SmokeVerdict, _cuda
 
-    book = CheckBook(required=["teardown", "peak_reserved"])
-    _cuda(book, PROFILES["h200-cu130"], {"cuda": {**CUDA_OK, **edit}}, StepFacts())
-    assert {c.name for c in book.executed} == {"teardown", "peak_reserved"}
-    assert book.passed("teardown") is teardown and book.passed("peak_reserved") is peak
-    book = CheckBook(required=["teardown", "peak_reserved"])
-    _cuda(book, PROFILES["h200-cu130"], {"cuda": None}, StepFacts())
-    assert not book.passed("teardown") and not book.passed("peak_reserved")
+    verdict = SmokeVerdict()
+    _cuda(verdict, PROFILES["h200-cu130"], {"cuda": {**CUDA_OK, **edit}})
+    assert set(verdict.checks) == {"teardown", "peak_reserved"}
+    assert verdict.checks["teardown"][0] is teardown and verdict.checks["peak_reserved"][0] is peak
+    verdict = SmokeVerdict()
+    _cuda(verdict, PROFILES["h200-cu130"], {"cuda": None})
+    assert not verdict.checks["teardown"][0] and not verdict.checks["peak_reserved"][0]
