@@ -19,7 +19,7 @@ from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE_MEMBERS
 from harness.full.catalog import evidence_role, implemented
 from harness.full.scales import SCALES
-from harness.jsonio import sha256_bytes, sha256_file
+from harness.jsonio import sha256_bytes
 from harness.known_good import read_known_good
 from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
@@ -36,7 +36,14 @@ from harness.records import (
     VerificationCheck,
     WorkloadRecord,
 )
-from harness.safeio import MANIFEST_MAX_BYTES, RECORD_MAX_BYTES, read_regular, regular_file_size
+from harness.safeio import (
+    MANIFEST_MAX_BYTES,
+    RECORD_MAX_BYTES,
+    file_digest,
+    path_below,
+    read_regular,
+    regular_file_size,
+)
 
 _SCRUB = Redactor({})
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -356,7 +363,7 @@ class Auditor:
         if self.locate is not None:
             return self.locate
         root = self.req.qualification.parent
-        return lambda art: root.joinpath(*art.path.split("/"))
+        return lambda art: path_below(root, art.path, art.path, check="artifact_file_type")
 
     def verification(self, checks: list[VerificationCheck]) -> ReleaseVerification:
         failed = [c.name for c in checks if not c.passed]
@@ -428,8 +435,13 @@ def require(condition: bool, check: str, message: str) -> None:
 
 
 def _verify_file(path: Path, art: Artifact) -> None:
+    """``path`` (as located: no symlink below the root it was given in) is a regular file with the artifact's
+    bytes; its size is compared before a byte is hashed, and the hash is of the file that was opened."""
     size = regular_file_size(path, art.path, check="artifact_file_type")
     if size != art.bytes:
         raise VerificationError(f"{art.path}: {size} bytes, record says {art.bytes}", check="artifact_bytes")
-    if sha256_file(path) != art.sha256:
+    hashed, digest = file_digest(path, art.path, check="artifact_file_type")
+    if hashed != art.bytes:
+        raise VerificationError(f"{art.path} changed while it was read", check="artifact_bytes")
+    if digest != art.sha256:
         raise VerificationError(f"{art.path}: sha256 differs from the record", check="artifact_sha256")

@@ -135,3 +135,18 @@ def test_existing_output_is_never_lost(
     )
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_assets_are_not_built_from_evidence_reached_through_a_symlink(
+    candidate: Path, full_qual: Path, known_good: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    q = copy_tree(full_qual, tmp_path / "q")
+    shutil.copytree(q / "evidence", tmp_path / "elsewhere")
+    shutil.rmtree(q / "evidence")
+    (q / "evidence").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(AssetsError) as info:
+        build_assets(candidate, q, tmp_path / "out", known_good)
+    assert info.value.check == "artifact_file_type" and "evidence/ is a symlink" in str(info.value)
+    assert not (tmp_path / "out").exists()
