@@ -406,9 +406,10 @@ def chain_checks(a: Auditor) -> list[VerificationCheck]:
         if a.profile_def is not None:
             a.check("known_good_sha256", a.known_good)
             a.check("qualification_status", a.status)
+            # the evidence's layout (roles, paths, regular files, bytes) before the records that rest on it
+            a.check("evidence_files", a.evidence)
             a.check("principal_records", a.principal_records)
             a.check("workload_records", a.workload_records)
-            a.check("evidence_files", a.evidence)
     return list(a.checks)
 
 

@@ -190,17 +190,20 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
     with tempfile.TemporaryDirectory(prefix="miniverl-audit-") as tmp:
         checks = AssetChecks(req, Path(tmp))
         outer = Auditor(req)
+        # The layout and the archive first: a file missing because the archive was refused is a consequence,
+        # and the first failed check (the auditor's one-line error) must be the cause.
         if outer.check("assets_layout", checks.layout):
             outer.check("assets_candidate", checks.candidate)
             outer.check("assets_qualification", checks.qualification)
             outer.check("evidence_archive", checks.archive)
+        containers = list(outer.checks)
         chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
         verified = chain_checks(chain)
         published = chain.verification(verified)
-        if outer.checks and outer.checks[0].passed:
+        if containers[0].passed:
             outer.check("qualification_sha256sums", checks.sums)
             outer.check("release_verification", lambda: _same_verification(req, published))
-        return chain.verification(verified + outer.checks)
+        return chain.verification(containers + verified + outer.checks[len(containers) :])
 
 
 def _same_verification(req: AuditRequest, recomputed: ReleaseVerification) -> str:

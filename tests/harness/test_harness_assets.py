@@ -80,6 +80,7 @@ def test_the_auditor_verifies_the_asset_dir(candidate: Path, full_qual: Path, as
     ("tamper", "check"),
     [
         ("extra_file", "assets_layout"),
+        ("missing_archive", "assets_layout"),
         ("principal_flip", "artifact_sha256"),
         ("archive_flip", "evidence_archive"),
         ("sums_order", "qualification_sha256sums"),
@@ -92,6 +93,8 @@ def test_tampered_assets(
     a = copy_tree(assets, tmp_path / "a")
     if tamper == "extra_file":
         (a / "notes.txt").write_text("x")
+    elif tamper == "missing_archive":
+        (a / "qualification-evidence.tar.gz").unlink()
     elif tamper == "principal_flip":
         path = a / "qualification-pg-k1.json"
         path.write_bytes(path.read_bytes().replace(b'"passed"', b'"failed"', 1))
@@ -109,7 +112,9 @@ def test_tampered_assets(
         wheel.symlink_to(next(candidate.glob("*.whl")))
     args = audit_args(candidate, full_qual, known_good, **{"--level": "full_qualification", "--assets-dir": str(a)})
     code, rv, err = audit(args)
-    assert code == 1 and check in rv["failed_checks"], (rv.get("failed_checks"), err)
+    # the root cause first: a broken layout or archive, not the evidence missing in consequence
+    assert code == 1 and rv["failed_checks"][0] == check, (rv.get("failed_checks"), err)
+    assert err.startswith(f"validate_release_chain: error: [{check}] ") and "does not exist" not in err, err
 
 
 def test_existing_output_is_never_lost(
