@@ -35,6 +35,7 @@ from harness.records import (
     ReleaseVerification,
     VerificationCheck,
     WorkloadRecord,
+    WorkloadSpec,
 )
 from harness.safeio import (
     MANIFEST_MAX_BYTES,
@@ -238,7 +239,7 @@ class Auditor:
     def status(self) -> str:
         q, profile = self._q(), self._profile()
         problems = policy.derived_status(q, profile)
-        require(not problems, "qualification_status", "; ".join(problems[:3]))
+        require(not problems, "qualification_status", _every(_workloads_first(problems, q)))
         require(q.status == "passed", "qualification_status", f"qualification status is {q.status}")
         return f"re-derived from the harness policy: {len(q.checks.executed)} checks executed, all required passed"
 
@@ -295,7 +296,8 @@ class Auditor:
             return f"level {q.level}: no full workload records"
         by_role = {a.role: a for a in q.artifacts}
         scale = SCALES[profile.name]
-        for spec in registry.REGISTRY.workloads[1:]:
+
+        def one(spec: WorkloadSpec) -> None:
             role = policy.record_artifact_role(spec)
             record = self._policy_record(
                 by_role.get(role), role, spec.principal_record, spec.name, "full_qualification",
@@ -325,6 +327,21 @@ class Auditor:
                 "workload_rejudged",
                 f"{spec.name}: re-judged from its evidence, {disagree[:5]} do not pass "
                 f"({'; '.join(judged.checks[n][1][:120] for n in disagree[:2])})",
+            )
+
+        failures: list[tuple[str, HarnessError]] = []
+        for spec in registry.REGISTRY.workloads[1:]:
+            try:
+                one(spec)
+            except HarnessError as exc:  # every workload is judged, so the detail can name all that fail
+                failures.append((spec.name, exc))
+        if len(failures) == 1:
+            raise failures[0][1]
+        if failures:
+            names = ", ".join(name for name, _ in failures)
+            raise VerificationError(
+                _every([f"{len(failures)} workloads fail: {names}", *(str(exc) for _, exc in failures)]),
+                check=failures[0][1].check,
             )
         return f"{len(registry.REGISTRY.workloads) - 1} full workload records bound, within policy, and re-judged"
 
@@ -446,3 +463,25 @@ def _verify_file(path: Path, art: Artifact) -> None:
         raise VerificationError(f"{art.path} changed while it was read", check="artifact_bytes")
     if digest != art.sha256:
         raise VerificationError(f"{art.path}: sha256 differs from the record", check="artifact_sha256")
+
+
+DETAIL_CHARS = 500
+
+
+def _every(items: list[str], limit: int = DETAIL_CHARS) -> str:
+    """All of ``items`` joined with '; ', or as many whole ones as fit in ``limit`` characters and how many
+    more there are (a check's detail is cut at ``limit``)."""
+    text = "; ".join(items)
+    if len(text) <= limit:
+        return text
+    for shown in range(len(items) - 1, 0, -1):
+        text = "; ".join(items[:shown]) + f"; and {len(items) - shown} more"
+        if len(text) <= limit:
+            return text
+    return items[0][: limit - 3] + "..."
+
+
+def _workloads_first(problems: list[str], q: Qualification) -> list[str]:
+    """The problems naming a workload that did not pass before the rest, so that a bounded detail names them all."""
+    failed = tuple(f"workload {w.name} " for w in q.workloads if w.status != "passed")
+    return sorted(problems, key=lambda p: not p.startswith(failed)) if failed else problems

@@ -959,3 +959,44 @@ def test_an_unmapped_evidence_role_is_named_before_the_judge_that_misses_it(
     c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
     _edit_json(c.qual / "qualification.json", _artifact("pg-k1.summary", role="pg-k1.mystery"))
     _expect_refusal(c, "evidence_roles", capsys, first=True)
+
+
+def _detail(rv: dict[str, Any], check: str) -> str:
+    return str(next(c["detail"] for c in rv["checks"] if c["name"] == check))
+
+
+def test_the_status_names_every_workload_that_did_not_pass(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every full workload failed, and so did every smoke check (listed first by the policy): the bounded detail
+    still names each failed workload."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    failing = [w.name for w in registry.REGISTRY.workloads[1:]]
+
+    def edit(q: Any) -> None:
+        for w in q["workloads"]:
+            if w["name"] in failing:
+                w.update(status="failed", reasons=["failed on the device"])
+        for check in q["checks"]["executed"]:
+            check["passed"] = False
+        q.update(status="failed", reasons=["every workload failed"])
+
+    _edit_json(c.qual / "qualification.json", edit)
+    _expect_refusal(c, "qualification_status", capsys, first=True)
+    _, _, rv, _ = _run(c, capsys)
+    detail = _detail(rv, "qualification_status")
+    assert len(detail) <= 500 and "more" in detail, detail
+    assert all(f"workload {name} is failed" in detail for name in failing), detail
+
+
+def test_the_workload_records_check_names_every_workload_its_evidence_no_longer_supports(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    failing = [w.name for w in registry.REGISTRY.workloads[1:]]
+    for workload in failing:
+        _unsupport(c, workload)
+    _expect_refusal(c, "workload_rejudged", capsys, first=True)
+    _, _, rv, _ = _run(c, capsys)
+    detail = _detail(rv, "workload_rejudged")
+    assert len(detail) <= 500 and detail.startswith(f"{len(failing)} workloads fail: {', '.join(failing)}; "), detail
