@@ -139,6 +139,14 @@ def _linked_dir(rel: str) -> Callable[[Chain], None]:
     return lambda c: _linked_copy(c.qual, rel)
 
 
+def _dir_to_file(rel: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        _rmtree(c.qual / rel)
+        (c.qual / rel).write_text("x")
+
+    return tamper
+
+
 def _flip(rel: str, offset: int = -10) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
         root = c.candidate if rel.startswith("cand:") else c.qual
@@ -433,10 +441,7 @@ CHAIN_CASES: dict[str, tuple[Callable[[Chain], None], str]] = {
     "evidence_directory": (lambda c: _directory(_evidence("adapter_manifest"))(c), "artifact_file_type"),
     "evidence_dir_symlink": (_linked_dir("evidence"), "artifact_file_type"),
     "evidence_subdir_symlink": (_linked_dir("evidence/adapter"), "artifact_file_type"),
-    "evidence_subdir_is_file": (
-        lambda c: (_rmtree(c.qual / "evidence" / "run"), (c.qual / "evidence" / "run").write_text("x")),
-        "artifact_file_type",
-    ),
+    "evidence_subdir_is_file": (_dir_to_file("evidence/run"), "artifact_file_type"),
     "evidence_role_unknown": (_qual(_artifact("doctor", role="mystery")), "evidence_roles"),
     "evidence_role_swapped": (_qual(_artifact("doctor", role="transcript")), "evidence_roles"),
     "evidence_path_moved": (_qual(_artifact("doctor", path="evidence/other.json")), "evidence_roles"),
