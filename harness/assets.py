@@ -17,6 +17,7 @@ from harness.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION
 from harness.policy import PRINCIPAL_FILES
 from harness.recordio import load_record, record_bytes
 from harness.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
+from harness.safeio import file_digest, path_below
 
 PRINCIPAL_ROLE_PREFIX = "principal_"
 
@@ -31,9 +32,9 @@ def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path, *, mtime: 
         name = ARCHIVE_MEMBERS.get(art.role)
         if name is None:
             raise AssetsError(f"no evidence-role mapping for role {art.role!r} ({art.path})", check="evidence_roles")
-        source = qual_dir / art.path
-        if source.is_symlink() or not source.is_file() or sha256_file(source) != art.sha256:
-            raise AssetsError(f"{art.path} is missing or differs from qualification.json", check="artifact_sha256")
+        source = path_below(qual_dir, art.path, art.path, check="artifact_file_type", error=AssetsError)
+        if file_digest(source, art.path, check="artifact_file_type", error=AssetsError) != (art.bytes, art.sha256):
+            raise AssetsError(f"{art.path} differs from qualification.json", check="artifact_sha256")
         members.append(Member(name=name, role=art.role, source=source))
         entries.append(EvidenceMember(name=name, role=art.role, bytes=art.bytes, sha256=art.sha256))
     archive = out_dir / ARCHIVE

@@ -21,7 +21,7 @@ from harness.errors import HarnessError, VerificationError
 from harness.evidence import ARCHIVE_MEMBERS
 from harness.full.catalog import evidence_role, implemented
 from harness.full.scales import SCALES
-from harness.jsonio import sha256_bytes, sha256_file
+from harness.jsonio import sha256_bytes
 from harness.known_good import read_known_good
 from harness.proc import Redactor
 from harness.profiles import PROFILES, profile_sha256
@@ -37,8 +37,16 @@ from harness.records import (
     ReleaseVerification,
     VerificationCheck,
     WorkloadRecord,
+    WorkloadSpec,
 )
-from harness.safeio import MANIFEST_MAX_BYTES, RECORD_MAX_BYTES, read_regular, regular_file_size
+from harness.safeio import (
+    MANIFEST_MAX_BYTES,
+    RECORD_MAX_BYTES,
+    file_digest,
+    path_below,
+    read_regular,
+    regular_file_size,
+)
 from harness.smoke_judge import SmokeBasis, evidence_checks, judge_smoke
 from harness.stacks import stack_mismatches
 
@@ -235,7 +243,7 @@ class Auditor:
     def status(self) -> str:
         q, profile = self._q(), self._profile()
         problems = policy.derived_status(q, profile)
-        require(not problems, "qualification_status", "; ".join(problems[:3]))
+        require(not problems, "qualification_status", _every(_workloads_first(problems, q)))
         require(q.status == "passed", "qualification_status", f"qualification status is {q.status}")
         return f"re-derived from the harness policy: {len(q.checks.executed)} checks executed, all required passed"
 
@@ -350,7 +358,8 @@ class Auditor:
             return f"level {q.level}: no full workload records"
         by_role = {a.role: a for a in q.artifacts}
         scale = SCALES[profile.name]
-        for spec in registry.REGISTRY.workloads[1:]:
+
+        def one(spec: WorkloadSpec) -> None:
             role = policy.record_artifact_role(spec)
             record = self._policy_record(
                 by_role.get(role), role, spec.principal_record, spec.name, "full_qualification",
@@ -381,6 +390,21 @@ class Auditor:
                 "workload_rejudged",
                 f"{spec.name}: re-judged from its evidence, {disagree[:5]} do not pass "
                 f"({'; '.join(judged.checks[n][1][:120] for n in disagree[:2])})",
+            )
+
+        failures: list[tuple[str, HarnessError]] = []
+        for spec in registry.REGISTRY.workloads[1:]:
+            try:
+                one(spec)
+            except HarnessError as exc:  # every workload is judged, so the detail can name all that fail
+                failures.append((spec.name, exc))
+        if len(failures) == 1:
+            raise failures[0][1]
+        if failures:
+            names = ", ".join(name for name, _ in failures)
+            raise VerificationError(
+                _every([f"{len(failures)} workloads fail: {names}", *(str(exc) for _, exc in failures)]),
+                check=failures[0][1].check,
             )
         return f"{len(registry.REGISTRY.workloads) - 1} full workload records bound, within policy, and re-judged"
 
@@ -419,7 +443,7 @@ class Auditor:
         if self.locate is not None:
             return self.locate
         root = self.req.qualification.parent
-        return lambda art: root.joinpath(*art.path.split("/"))
+        return lambda art: path_below(root, art.path, art.path, check="artifact_file_type")
 
     def verification(self, checks: list[VerificationCheck]) -> ReleaseVerification:
         failed = [c.name for c in checks if not c.passed]
@@ -462,10 +486,11 @@ def chain_checks(a: Auditor) -> list[VerificationCheck]:
         if a.profile_def is not None:
             a.check("known_good_sha256", a.known_good)
             a.check("qualification_status", a.status)
+            # the evidence's layout (roles, paths, regular files, bytes) before the records that rest on it
+            a.check("evidence_files", a.evidence)
             a.check("principal_records", a.principal_records)
             a.check("smoke_rejudged", a.smoke_rejudged)
             a.check("workload_records", a.workload_records)
-            a.check("evidence_files", a.evidence)
     return list(a.checks)
 
 
@@ -492,8 +517,35 @@ def require(condition: bool, check: str, message: str) -> None:
 
 
 def _verify_file(path: Path, art: Artifact) -> None:
+    """``path`` (as located: no symlink below the root it was given in) is a regular file with the artifact's
+    bytes; its size is compared before a byte is hashed, and the hash is of the file that was opened."""
     size = regular_file_size(path, art.path, check="artifact_file_type")
     if size != art.bytes:
         raise VerificationError(f"{art.path}: {size} bytes, record says {art.bytes}", check="artifact_bytes")
-    if sha256_file(path) != art.sha256:
+    hashed, digest = file_digest(path, art.path, check="artifact_file_type")
+    if hashed != art.bytes:
+        raise VerificationError(f"{art.path} changed while it was read", check="artifact_bytes")
+    if digest != art.sha256:
         raise VerificationError(f"{art.path}: sha256 differs from the record", check="artifact_sha256")
+
+
+DETAIL_CHARS = 500
+
+
+def _every(items: list[str], limit: int = DETAIL_CHARS) -> str:
+    """All of ``items`` joined with '; ', or as many whole ones as fit in ``limit`` characters and how many
+    more there are (a check's detail is cut at ``limit``)."""
+    text = "; ".join(items)
+    if len(text) <= limit:
+        return text
+    for shown in range(len(items) - 1, 0, -1):
+        text = "; ".join(items[:shown]) + f"; and {len(items) - shown} more"
+        if len(text) <= limit:
+            return text
+    return items[0][: limit - 3] + "..."
+
+
+def _workloads_first(problems: list[str], q: Qualification) -> list[str]:
+    """The problems naming a workload that did not pass before the rest, so that a bounded detail names them all."""
+    failed = tuple(f"workload {w.name} " for w in q.workloads if w.status != "passed")
+    return sorted(problems, key=lambda p: not p.startswith(failed)) if failed else problems

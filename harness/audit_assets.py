@@ -10,15 +10,18 @@ from pathlib import Path
 
 from harness.audit import Auditor, AuditRequest, chain_checks, require
 from harness.candidate import SUMS, sums_text
+from harness.errors import VerificationError
 from harness.evidence import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract, verify_headers
-from harness.jsonio import sha256_bytes, sha256_file
+from harness.jsonio import sha256_bytes
 from harness.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION, TOP_LEVEL
-from harness.recordio import load_record, parse_record, record_bytes
+from harness.recordio import parse_record, record_bytes
 from harness.records import Artifact, CandidateManifest, EvidenceManifest, Qualification, ReleaseVerification
 from harness.safeio import (
     MANIFEST_MAX_BYTES,
     RECORD_MAX_BYTES,
     SUMS_MAX_BYTES,
+    file_digest,
+    path_below,
     read_regular,
     regular_file_size,
     require_directory,
@@ -48,7 +51,7 @@ class AssetChecks:
             f"missing {sorted(TOP_LEVEL - set(entries))}",
         )
         for name in sorted(TOP_LEVEL - {"dist"}):
-            regular_file_size(self.root / name, name, check="assets_layout")
+            regular_file_size(self.root / name, name, check="assets_layout", root=self.root)
         require_directory(self.root / "dist", "dist/", check="assets_layout")
         return "exactly the canonical top-level names, each a regular file (dist/ a directory)"
 
@@ -66,13 +69,15 @@ class AssetChecks:
         )
         for digest in (m.wheel, m.sdist):
             path = dist / digest.filename
-            size = regular_file_size(path, f"dist/{digest.filename}", check="assets_dist")
+            what = f"dist/{digest.filename}"
+            size = regular_file_size(path, what, check="assets_dist", root=self.root)
             require(
-                size == digest.bytes and sha256_file(path) == digest.sha256,
+                size == digest.bytes
+                and file_digest(path, what, check="assets_dist", root=self.root) == (digest.bytes, digest.sha256),
                 "assets_dist",
                 f"dist/{digest.filename} differs from the candidate manifest",
             )
-        sums = read_regular(self.root / SUMS, SUMS, max_bytes=SUMS_MAX_BYTES, check="assets_sha256sums")
+        sums = read_regular(self.root / SUMS, SUMS, max_bytes=SUMS_MAX_BYTES, check="assets_sha256sums", root=self.root)
         require(
             sums == sums_text([m.wheel, m.sdist]).encode(),
             "assets_sha256sums",
@@ -90,7 +95,7 @@ class AssetChecks:
     def _published_copy(self, given: Path, name: str, limit: int, check: str) -> bytes:
         """The asset ``name``, which must be byte-equal to the file the auditor was given."""
         want = read_regular(given, f"the given {name}", max_bytes=limit, check=check)
-        data = read_regular(self.root / name, name, max_bytes=limit, check=check)
+        data = read_regular(self.root / name, name, max_bytes=limit, check=check, root=self.root)
         require(data == want, check, f"{name} differs from the one given")
         return data
 
@@ -98,15 +103,21 @@ class AssetChecks:
         q, m = self.qual, self.manifest
         require(q is not None and m is not None, "evidence_archive", "the candidate or qualification is unreadable")
         assert q is not None and m is not None
-        manifest = load_record(
-            EvidenceManifest, self.root / ARCHIVE_MANIFEST, ARCHIVE_MANIFEST, check="evidence_archive"
+        manifest_bytes = read_regular(
+            self.root / ARCHIVE_MANIFEST,
+            ARCHIVE_MANIFEST,
+            max_bytes=RECORD_MAX_BYTES,
+            check="evidence_archive",
+            root=self.root,
         )
+        manifest = parse_record(EvidenceManifest, manifest_bytes, ARCHIVE_MANIFEST, check="evidence_archive")
         archive = self.root / ARCHIVE
-        size = regular_file_size(archive, ARCHIVE, check="evidence_archive")
+        size = regular_file_size(archive, ARCHIVE, check="evidence_archive", root=self.root)
         require(
             manifest.archive.filename == ARCHIVE
             and manifest.archive.bytes == size
-            and manifest.archive.sha256 == sha256_file(archive),
+            and file_digest(archive, ARCHIVE, check="evidence_archive", root=self.root)
+            == (size, manifest.archive.sha256),
             "evidence_archive",
             "archive bytes differ from its manifest",
         )
@@ -140,7 +151,8 @@ class AssetChecks:
         files = safe_extract(archive, self.scratch, max_member=max((b for _, b in order), default=0), max_total=total)
         for name, path in files.items():
             require(
-                (path.stat().st_size, sha256_file(path)) == (listed[name].bytes, listed[name].sha256),
+                file_digest(path, name, check="evidence_archive", root=self.scratch)
+                == (listed[name].bytes, listed[name].sha256),
                 "evidence_archive",
                 f"member {name} differs from its manifest entry",
             )
@@ -150,14 +162,22 @@ class AssetChecks:
     def locate(self) -> Callable[[Artifact], Path]:
         def where(art: Artifact) -> Path:
             if art.role.startswith("principal_"):
-                return self.root / art.path
-            return self.extracted.get(art.role, self.scratch / "<not in the archive>")
+                return path_below(self.root, art.path, art.path, check="artifact_file_type")
+            extracted = self.extracted.get(art.role)
+            if extracted is None:  # the archive was refused (its check says why), or lacks this member
+                raise VerificationError(
+                    f"{art.path} is not among the verified evidence archive's members", check="evidence_archive"
+                )
+            return extracted
 
         return where
 
     def sums(self) -> str:
-        want = "".join(f"{sha256_file(self.root / n)}  {n}\n" for n in QUALIFICATION_ASSETS).encode()
-        got = read_regular(self.root / QUAL_SUMS, QUAL_SUMS, max_bytes=SUMS_MAX_BYTES, check="qualification_sha256sums")
+        check = "qualification_sha256sums"
+        want = "".join(
+            f"{file_digest(self.root / n, n, check=check, root=self.root)[1]}  {n}\n" for n in QUALIFICATION_ASSETS
+        ).encode()
+        got = read_regular(self.root / QUAL_SUMS, QUAL_SUMS, max_bytes=SUMS_MAX_BYTES, check=check, root=self.root)
         require(
             got == want,
             "qualification_sha256sums",
@@ -170,23 +190,28 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
     with tempfile.TemporaryDirectory(prefix="miniverl-audit-") as tmp:
         checks = AssetChecks(req, Path(tmp))
         outer = Auditor(req)
+        # The layout and the archive first: a file missing because the archive was refused is a consequence,
+        # and the first failed check (the auditor's one-line error) must be the cause.
         if outer.check("assets_layout", checks.layout):
             outer.check("assets_candidate", checks.candidate)
             outer.check("assets_qualification", checks.qualification)
             outer.check("evidence_archive", checks.archive)
+        containers = list(outer.checks)
         chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
         verified = chain_checks(chain)
         published = chain.verification(verified)
-        if outer.checks and outer.checks[0].passed:
+        if containers[0].passed:
             outer.check("qualification_sha256sums", checks.sums)
             outer.check("release_verification", lambda: _same_verification(req, published))
-        return chain.verification(verified + outer.checks)
+        return chain.verification(containers + verified + outer.checks[len(containers) :])
 
 
 def _same_verification(req: AuditRequest, recomputed: ReleaseVerification) -> str:
     assert req.assets_dir is not None
     path = req.assets_dir / RELEASE_VERIFICATION
-    data = read_regular(path, RELEASE_VERIFICATION, max_bytes=RECORD_MAX_BYTES, check="release_verification")
+    data = read_regular(
+        path, RELEASE_VERIFICATION, max_bytes=RECORD_MAX_BYTES, check="release_verification", root=req.assets_dir
+    )
     require(
         data == record_bytes(recomputed),
         "release_verification",

@@ -80,6 +80,7 @@ def test_the_auditor_verifies_the_asset_dir(candidate: Path, full_qual: Path, as
     ("tamper", "check"),
     [
         ("extra_file", "assets_layout"),
+        ("missing_archive", "assets_layout"),
         ("principal_flip", "artifact_sha256"),
         ("archive_flip", "evidence_archive"),
         ("sums_order", "qualification_sha256sums"),
@@ -92,6 +93,8 @@ def test_tampered_assets(
     a = copy_tree(assets, tmp_path / "a")
     if tamper == "extra_file":
         (a / "notes.txt").write_text("x")
+    elif tamper == "missing_archive":
+        (a / "qualification-evidence.tar.gz").unlink()
     elif tamper == "principal_flip":
         path = a / "qualification-pg-k1.json"
         path.write_bytes(path.read_bytes().replace(b'"passed"', b'"failed"', 1))
@@ -109,7 +112,9 @@ def test_tampered_assets(
         wheel.symlink_to(next(candidate.glob("*.whl")))
     args = audit_args(candidate, full_qual, known_good, **{"--level": "full_qualification", "--assets-dir": str(a)})
     code, rv, err = audit(args)
-    assert code == 1 and check in rv["failed_checks"], (rv.get("failed_checks"), err)
+    # the root cause first: a broken layout or archive, not the evidence missing in consequence
+    assert code == 1 and rv["failed_checks"][0] == check, (rv.get("failed_checks"), err)
+    assert err.startswith(f"validate_release_chain: error: [{check}] ") and "does not exist" not in err, err
 
 
 def test_existing_output_is_never_lost(
@@ -135,3 +140,18 @@ def test_existing_output_is_never_lost(
     )
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_assets_are_not_built_from_evidence_reached_through_a_symlink(
+    candidate: Path, full_qual: Path, known_good: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    q = copy_tree(full_qual, tmp_path / "q")
+    shutil.copytree(q / "evidence", tmp_path / "elsewhere")
+    shutil.rmtree(q / "evidence")
+    (q / "evidence").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(AssetsError) as info:
+        build_assets(candidate, q, tmp_path / "out", known_good)
+    assert info.value.check == "artifact_file_type" and "evidence/ is a symlink" in str(info.value)
+    assert not (tmp_path / "out").exists()

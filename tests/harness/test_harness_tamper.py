@@ -124,6 +124,29 @@ def _directory(rel: str) -> Callable[[Chain], None]:
     return tamper
 
 
+def _linked_copy(root: Path, rel: str) -> None:
+    """Replace the directory ``root``/``rel`` by a symlink to an identical copy of it outside ``root``."""
+    import shutil
+
+    inside = root / rel
+    outside = root.parent / ("outside-" + rel.replace("/", "-"))
+    shutil.copytree(inside, outside, symlinks=True)
+    shutil.rmtree(inside)
+    inside.symlink_to(outside, target_is_directory=True)
+
+
+def _linked_dir(rel: str) -> Callable[[Chain], None]:
+    return lambda c: _linked_copy(c.qual, rel)
+
+
+def _dir_to_file(rel: str) -> Callable[[Chain], None]:
+    def tamper(c: Chain) -> None:
+        _rmtree(c.qual / rel)
+        (c.qual / rel).write_text("x")
+
+    return tamper
+
+
 def _flip(rel: str, offset: int = -10) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
         root = c.candidate if rel.startswith("cand:") else c.qual
@@ -416,6 +439,9 @@ CHAIN_CASES: dict[str, tuple[Callable[[Chain], None], str]] = {
     "evidence_symlink": (lambda c: _symlink(_evidence("transcript"))(c), "artifact_file_type"),
     "evidence_fifo": (lambda c: _fifo(_evidence("adapter_config"))(c), "artifact_file_type"),
     "evidence_directory": (lambda c: _directory(_evidence("adapter_manifest"))(c), "artifact_file_type"),
+    "evidence_dir_symlink": (_linked_dir("evidence"), "artifact_file_type"),
+    "evidence_subdir_symlink": (_linked_dir("evidence/adapter"), "artifact_file_type"),
+    "evidence_subdir_is_file": (_dir_to_file("evidence/run"), "artifact_file_type"),
     "evidence_role_unknown": (_qual(_artifact("doctor", role="mystery")), "evidence_roles"),
     "evidence_role_swapped": (_qual(_artifact("doctor", role="transcript")), "evidence_roles"),
     "evidence_path_moved": (_qual(_artifact("doctor", path="evidence/other.json")), "evidence_roles"),
@@ -478,14 +504,16 @@ def _run(c: Chain, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[s
     return code, err, json.loads(out) if out.strip() else {}, elapsed
 
 
-def _expect_refusal(c: Chain, check: str, capsys: pytest.CaptureFixture[str]) -> None:
+def _expect_refusal(c: Chain, check: str, capsys: pytest.CaptureFixture[str], *, first: bool = False) -> None:
+    """Refused within the time bound, on one line, naming ``check``: as the first failed check (the root cause)
+    when ``first``, else anywhere among the failed checks."""
     code, err, rv, elapsed = _run(c, capsys)
     assert code == 1, err
     assert elapsed < SECONDS, f"took {elapsed:.1f} s"
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("validate_release_chain: error: ["), err
     named = err.split("[", 1)[1].split("]", 1)[0]
-    assert named == check or check in rv.get("failed_checks", []), (named, rv.get("failed_checks"), err)
+    assert named == check or (not first and check in rv.get("failed_checks", [])), (named, rv.get("failed_checks"), err)
 
 
 def _writable(candidate: Path, smoke_qual: Path, known_good: Path, tmp: Path) -> Chain:
@@ -606,6 +634,7 @@ ASSET_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "dist_extra_file": (lambda a: (a / "dist" / "extra.whl").write_bytes(b"x"), "assets_dist"),
     "dist_wheel_flip": (lambda a: _flip_file(next((a / "dist").glob("*.whl"))), "assets_dist"),
     "dist_is_file": (lambda a: (_rmtree(a / "dist"), (a / "dist").write_text("x")), "assets_layout"),
+    "dist_dir_symlink": (lambda a: _linked_copy(a, "dist"), "assets_layout"),
     "sums_edited": (lambda a: (a / "SHA256SUMS").write_text("0" * 64 + "  x.whl\n"), "assets_sha256sums"),
     "candidate_manifest_edited": (
         lambda a: _edit_json(a / "candidate-manifest.json", lambda m: m.update(version="9.9.9")),
@@ -720,7 +749,7 @@ def test_tampered_assets_are_refused_by_name(
     c = Chain(candidate, qual, known_good, copy_tree(assets, tmp_path / "assets"), {})
     assert c.assets is not None
     tamper(c.assets)
-    _expect_refusal(c, check, capsys)
+    _expect_refusal(c, check, capsys, first=True)
 
 
 def test_the_suite_is_large_enough() -> None:
@@ -788,18 +817,8 @@ def test_the_honest_full_chain_passes(
     assert "workload_records" in {c["name"] for c in rv["checks"] if c["passed"]}
 
 
-@pytest.mark.parametrize("workload", [w.name for w in registry.REGISTRY.workloads[1:]])
-def test_a_record_whose_evidence_no_longer_supports_it_is_refused(
-    workload: str,
-    candidate: Path,
-    full_chain: tuple[Path, Path],
-    known_good: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Every evidence file of one workload emptied and re-hashed everywhere (its record, qualification.json): the
-    record still says its checks passed, but the auditor re-judges the evidence and refuses the chain."""
-    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+def _unsupport(c: Chain, workload: str) -> None:
+    """Empty every evidence file of ``workload`` and re-hash it everywhere (its record, qualification.json)."""
     record_name = registry.workload(workload).principal_record
     q = json.loads((c.qual / "qualification.json").read_bytes())
     emptied = [a["path"] for a in q["artifacts"] if a["role"].startswith(f"{workload}.")]
@@ -815,4 +834,174 @@ def test_a_record_whose_evidence_no_longer_supports_it_is_refused(
     _edit_json(c.qual / record_name, rehash)
     _edit_json(c.qual / "qualification.json", rehash)
     _rebind(c, record_name)
+
+
+@pytest.mark.parametrize("workload", [w.name for w in registry.REGISTRY.workloads[1:]])
+def test_a_record_whose_evidence_no_longer_supports_it_is_refused(
+    workload: str,
+    candidate: Path,
+    full_chain: tuple[Path, Path],
+    known_good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every evidence file of one workload emptied and re-hashed everywhere (its record, qualification.json): the
+    record still says its checks passed, but the auditor re-judges the evidence and refuses the chain."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    _unsupport(c, workload)
     _expect_refusal(c, "workload_rejudged", capsys)
+
+
+# -- every path component, not only the leaf --------------------------------------------------------------
+@pytest.mark.parametrize("rel", ["evidence", "evidence/v011", "evidence/v011/direct-gkd/run-a"])
+def test_a_symlinked_directory_anywhere_below_the_full_qualification_is_refused(
+    rel: str,
+    candidate: Path,
+    full_chain: tuple[Path, Path],
+    known_good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The directory is replaced by a symlink to an identical copy outside the qualification dir: every byte
+    still matches, and only the path's components can tell."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    _linked_copy(c.qual, rel)
+    _expect_refusal(c, "artifact_file_type", capsys)
+    _, err, _, _ = _run(c, capsys)
+    assert f"{rel}/ is a symlink, not a directory" in err, err
+
+
+def test_the_directories_given_are_taken_as_given(
+    candidate: Path,
+    smoke_qual: Path,
+    known_good: Path,
+    full_chain: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A symlink above the directories the auditor is given (here: a linked parent of all of them) is the
+    caller's choice of path, not a component below a root."""
+    real = tmp_path / "real"
+    real.mkdir()
+    _writable(candidate, smoke_qual, known_good, real)
+    copy_tree(full_chain[1], real / "assets")
+    copy_tree(full_chain[0], real / "full")
+    via = tmp_path / "link"
+    via.symlink_to(real, target_is_directory=True)
+    code, err, rv, _ = _run(Chain(via / "candidate", via / "qualification", via / "known-good", None, {}), capsys)
+    assert code == 0 and rv["status"] == "passed", err
+    code, err, rv, _ = _run(Chain(via / "candidate", via / "full", via / "known-good", via / "assets", {}), capsys)
+    assert code == 0 and rv["status"] == "passed", err
+
+
+@pytest.mark.parametrize("reader", ["read_regular", "file_digest"])
+def test_a_directory_swapped_for_a_symlink_after_its_check_is_refused(
+    reader: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attacker who swaps a checked directory for a symlink before the file is opened: the file is opened
+    one component at a time from the root, none followed, so the swap is refused, not read through."""
+    from harness import safeio
+    from harness.errors import VerificationError
+
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f.json").write_bytes(b"{}")
+    checked = safeio.regular_file_size
+
+    def then_swap(*args: Any, **kw: Any) -> int:
+        size = checked(*args, **kw)
+        _linked_copy(root, "a")
+        return size
+
+    monkeypatch.setattr(safeio, "regular_file_size", then_swap)
+    with pytest.raises(VerificationError) as info:
+        if reader == "read_regular":
+            safeio.read_regular(root / "a" / "b" / "f.json", "f.json", max_bytes=10, check="probe", root=root)
+        else:
+            safeio.file_digest(root / "a" / "b" / "f.json", "f.json", check="probe", root=root)
+    assert info.value.check == "probe" and "f.json cannot be opened" in str(info.value)
+
+
+@pytest.mark.parametrize("rel", ["../x.json", "a/../../x.json", "/etc/passwd", ""])
+def test_path_below_refuses_what_is_not_below_its_root(rel: str, tmp_path: Path) -> None:
+    from harness.errors import VerificationError
+    from harness.safeio import path_below
+
+    (tmp_path / "a").mkdir()
+    with pytest.raises(VerificationError) as info:
+        path_below(tmp_path / "a", rel, "probe", check="probe")
+    assert info.value.check == "probe"
+
+
+def test_a_symlinked_component_is_named_and_the_root_may_be_a_symlink(tmp_path: Path) -> None:
+    from harness.errors import VerificationError
+    from harness.safeio import file_digest, path_below, read_regular
+
+    real = tmp_path / "real"
+    (real / "a" / "b").mkdir(parents=True)
+    (real / "a" / "b" / "f.json").write_bytes(b"{}")
+    root = tmp_path / "root"
+    root.symlink_to(real, target_is_directory=True)
+    path = path_below(root, "a/b/f.json", "f.json", check="probe")
+    assert read_regular(path, "f.json", max_bytes=10, check="probe", root=root) == b"{}"
+    assert file_digest(path, "f.json", check="probe", root=root)[0] == 2
+    _linked_copy(real, "a/b")
+    for attempt in (
+        lambda: path_below(root, "a/b/f.json", "f.json", check="probe"),
+        lambda: read_regular(path, "f.json", max_bytes=10, check="probe", root=root),
+        lambda: file_digest(path, "f.json", check="probe", root=root),
+    ):
+        with pytest.raises(VerificationError, match=r"f\.json: a/b/ is a symlink, not a directory"):
+            attempt()
+
+
+# -- the root cause first, and every failing workload named ------------------------------------------------
+def test_an_unmapped_evidence_role_is_named_before_the_judge_that_misses_it(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pg-k1's summary bound under a role the harness does not map: the evidence layout is the cause, the
+    judge that then lacks the summary is the consequence."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    _edit_json(c.qual / "qualification.json", _artifact("pg-k1.summary", role="pg-k1.mystery"))
+    _expect_refusal(c, "evidence_roles", capsys, first=True)
+
+
+def _detail(rv: dict[str, Any], check: str) -> str:
+    return str(next(c["detail"] for c in rv["checks"] if c["name"] == check))
+
+
+def test_the_status_names_every_workload_that_did_not_pass(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every full workload failed, and so did every smoke check (listed first by the policy): the bounded detail
+    still names each failed workload."""
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    failing = [w.name for w in registry.REGISTRY.workloads[1:]]
+
+    def edit(q: Any) -> None:
+        for w in q["workloads"]:
+            if w["name"] in failing:
+                w.update(status="failed", reasons=["failed on the device"])
+        for check in q["checks"]["executed"]:
+            check["passed"] = False
+        q.update(status="failed", reasons=["every workload failed"])
+
+    _edit_json(c.qual / "qualification.json", edit)
+    _expect_refusal(c, "qualification_status", capsys, first=True)
+    _, _, rv, _ = _run(c, capsys)
+    detail = _detail(rv, "qualification_status")
+    assert len(detail) <= 500 and "more" in detail, detail
+    assert all(f"workload {name} is failed" in detail for name in failing), detail
+
+
+def test_the_workload_records_check_names_every_workload_its_evidence_no_longer_supports(
+    candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = _full_writable(candidate, full_chain[0], known_good, tmp_path)
+    failing = [w.name for w in registry.REGISTRY.workloads[1:]]
+    for workload in failing:
+        _unsupport(c, workload)
+    _expect_refusal(c, "workload_rejudged", capsys, first=True)
+    _, _, rv, _ = _run(c, capsys)
+    detail = _detail(rv, "workload_rejudged")
+    assert len(detail) <= 500 and detail.startswith(f"{len(failing)} workloads fail: {', '.join(failing)}; "), detail
