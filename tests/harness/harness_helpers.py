@@ -336,7 +336,9 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
             copy.parent.mkdir(parents=True, exist_ok=True)
             measured_on_h200 = FULL_FIXTURES / spec.name / "h200-cu130" / member
             if measured_on_h200.is_file():
-                copy.write_bytes(measured_on_h200.read_bytes())
+                data = measured_on_h200.read_bytes()
+                wheel = value["candidate"]["wheel"]["sha256"]
+                copy.write_bytes(rebind_transcript(data, wheel) if role == "transcript" else data)
             else:
                 copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy

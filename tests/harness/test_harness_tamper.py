@@ -783,7 +783,9 @@ def test_authority_comes_from_the_harness_not_the_record(
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
     describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
-    qual = relabel_for_profile(full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json")
+    qual = relabel_for_profile(
+        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
+    )
     _edit_json(qual / "qualification.json", lambda q: q["profile"].update(can_authorize_release=True))
     c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
     c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})
