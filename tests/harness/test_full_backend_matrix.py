@@ -4,6 +4,7 @@ on one bad value, hostile evidence fails checks without raising, the preregistra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 import sys
@@ -16,7 +17,8 @@ import pytest
 from harness import policy, registry
 from harness.full import backend_matrix as bm
 from harness.full import catalog
-from harness.full.runner import RunnerOptions, run_one
+from harness.full.base import Judgement, Workload
+from harness.full.runner import RunnerOptions, judged, run_one
 from harness.full.scales import SCALES
 from harness.jsonio import sha256_file
 from harness.proc import Redactor
@@ -418,3 +420,41 @@ def test_run_drives_the_cli_and_saves_portable_evidence(tmp_path: Path) -> None:
     assert argv[0][:4] == ["gate", "equivalence", "--objectives", "sft,kd,opd"]
     assert argv[0][argv[0].index("--model") + 1] == "tiny" and argv[0][argv[0].index("--device") + 1] == "cpu"
     assert argv[1][:2] == ["bench", "rollout"] and argv[1][argv[1].index("--new-tokens") + 1] == "32"
+
+
+# -- a judge may find a check not applicable; the policy decides whether that fails the level ----------------------
+def _toy_judge(inapplicable: dict[str, str]) -> Callable[[dict[str, Path], Profile, Any], Judgement]:
+    def judge(evidence: dict[str, Path], profile: Profile, scale: Any) -> Judgement:
+        j = Judgement()
+        for name in registry.workload("backend-matrix").required_checks:
+            if name in inapplicable:
+                j.not_applicable(name, inapplicable[name])
+            else:
+                j.check(name, True, "stand-in")
+        return j
+
+    return judge
+
+
+def test_a_judged_not_applicable_check_is_recorded_and_fails_only_where_required() -> None:
+    toy = Workload(name="backend-matrix", evidence={"transcript": "t.json"}, run=lambda ctx: {}, judge=_toy_judge({}))
+    judgement = Judgement()
+    judgement.not_applicable("vllm_boundary", "vllm is not installed")
+    with pytest.raises(ValueError, match="judged twice"):
+        judgement.check("vllm_boundary", True, "x")
+    with pytest.raises(ValueError, match="without a reason"):
+        judgement.not_applicable("speed_thresholds", "")
+    teardown_na = dataclasses.replace(toy, judge=_toy_judge({"teardown": "no GPU"}))
+    for profile, workload, failures in (
+        (CPU, toy, []),
+        (H200, toy, []),
+        # the CPU profile does not require teardown: not applicable there is no failure; on CUDA it fails the level
+        (CPU, teardown_na, []),
+        (H200, teardown_na, ["required check teardown is not applicable: no GPU"]),
+    ):
+        outcome = judged(workload, {}, profile, SCALES[profile.name])
+        checks = outcome.book.checks()
+        assert checks.required == policy.required_checks(profile, "backend-matrix")
+        assert checks.failures() == failures, (profile.name, checks)
+        if workload is teardown_na:
+            assert [(c.name, c.reason) for c in checks.not_applicable] == [("teardown", "no GPU")]
