@@ -385,11 +385,14 @@ class Auditor:
             judged.checks[BOUND] = transcript_bound(evidence.get("transcript"), self._m().wheel.sha256)
             recorded = {c.name: c.passed for c in record.checks.executed}
             disagree = sorted(n for n, (ok, _) in judged.checks.items() if recorded.get(n) is not ok or not ok)
+            not_applicable = {c.name for c in record.checks.not_applicable}
+            disagree += sorted(n for n in judged.inapplicable if n not in not_applicable)
+            why = {**{n: d for n, (_, d) in judged.checks.items()}, **judged.inapplicable}
             require(
                 not disagree,
                 "workload_rejudged",
                 f"{spec.name}: re-judged from its evidence, {disagree[:5]} do not pass "
-                f"({'; '.join(judged.checks[n][1][:120] for n in disagree[:2])})",
+                f"({'; '.join(why[n][:120] for n in disagree[:2])})",
             )
 
         failures: list[tuple[str, HarnessError]] = []

@@ -79,11 +79,17 @@ def required_workloads(level: str) -> list[str]:
 
 
 def required_checks(profile: Profile, workload: str) -> list[str]:
-    """The checks a workload must execute and pass on ``profile`` (CUDA-only checks are not required on CPU)."""
+    """The checks a workload must execute and pass on ``profile``: CUDA-only checks are not required on CPU, and a
+    check of :data:`registry.REQUIRED_ONLY_ON` only on the profiles it names."""
     if workload == "release-smoke":
         return registry.required_smoke_checks(profile.device)
     names = [*registry.workload(workload).required_checks, CANDIDATE_BOUND]  # every workload's CLI ran the candidate
-    return [c for c in names if profile.device == "cuda" or c not in registry.CUDA_ONLY]
+    return [
+        c
+        for c in names
+        if (profile.device == "cuda" or c not in registry.CUDA_ONLY)
+        and profile.name in registry.REQUIRED_ONLY_ON.get((workload, c), (profile.name,))
+    ]
 
 
 def check_problems(checks: Checks, required: list[str]) -> list[str]:

@@ -47,6 +47,14 @@ SMOKE_CHECKS = [
 # Recorded while the qualification directory is written, after every CLI step.
 EVIDENCE_CHECKS = ("evidence_portable", "evidence_bounded")
 CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved"}
+# Workload checks required only on the profiles named (elsewhere their judge records them not_applicable, with why):
+# a speed ratio is a threshold only on a dedicated machine (the CUDA profiles; a shared CI CPU records it and shows
+# it), and only the release card's known-good stack is meant to include vLLM, whose policy-gradient boundary
+# `vllm_boundary` measures.
+REQUIRED_ONLY_ON: dict[tuple[str, str], tuple[str, ...]] = {
+    ("backend-matrix", "speed_thresholds"): ("rtx4080-wsl2-cu130", "h200-cu130"),
+    ("backend-matrix", "vllm_boundary"): ("rtx4080-wsl2-cu130",),
+}
 
 # `--set` overrides for the harness workload YAMLs, by profile device.
 DEVICE_OVERRIDES = {"cpu": ["models.device=cpu"], "cuda": ["models.device=cuda"]}
@@ -100,7 +108,7 @@ REGISTRY = WorkloadRegistry(
         ),
         WorkloadSpec(
             name="backend-matrix",
-            description="the preregistered 24-cell runtime matrix (harness/preregistration/backend-matrix-v2.json): "
+            description="the preregistered 24-cell runtime matrix (harness/preregistration/backend-matrix-v3.json): "
             "conformance, speed thresholds, policy refreshes per rollout backend, grouped trajectories, vLLM boundary",
             principal_record="backend-matrix.json",
             asset_role="subordinate",

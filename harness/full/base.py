@@ -50,16 +50,28 @@ class Context:
 
 @dataclass
 class Judgement:
-    """Check name -> (passed, detail) for exactly the registry's checks, and the figures the record keeps."""
+    """Check name -> (passed, detail) for the registry's checks the evidence decides, check name -> reason for those
+    it shows could not be measured on this profile (never ``passed``), and the figures the record keeps."""
 
     checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    inapplicable: dict[str, str] = field(default_factory=dict)
 
     def check(self, name: str, passed: bool, detail: str) -> bool:
-        if name in self.checks:
-            raise ValueError(f"check {name} judged twice")
+        self._undecided(name)
         self.checks[name] = (bool(passed), detail)
         return bool(passed)
+
+    def not_applicable(self, name: str, reason: str) -> None:
+        """``name`` measured nothing here, for ``reason``; the policy decides whether that fails the level."""
+        self._undecided(name)
+        if not reason:
+            raise ValueError(f"check {name} is not applicable without a reason")
+        self.inapplicable[name] = reason
+
+    def _undecided(self, name: str) -> None:
+        if name in self.checks or name in self.inapplicable:
+            raise ValueError(f"check {name} judged twice")
 
 
 class WorkloadFailure(HarnessError):

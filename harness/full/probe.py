@@ -92,6 +92,7 @@ def probe(args: argparse.Namespace) -> int:
                 "failures": checks.failures(),
                 "checks": [c.model_dump() for c in checks.executed],
                 "skipped": [c.model_dump() for c in checks.skipped],
+                "not_applicable": [c.model_dump() for c in checks.not_applicable],
                 "metrics": outcome.metrics,
             },
             indent=1,

@@ -18,9 +18,12 @@ last stderr line, whether a plan was written) it saves. ``judge_refreshes`` deci
   trajectories; a group's trajectories share ``group_id``, ``prompt_id``, prompt tokens and ``policy_version``
   (the updates before the cycle, as its metrics line says); sample indices 0..n-1 once each; group ids distinct
   across every group of the run;
-* ``vllm_boundary``: where vllm is absent, ``plan`` refused ``rollout.backend: vllm`` with one line naming that vllm
-  is not installed and wrote no plan (recorded ``vllm_backend: "not_run"`` with the reason, never "passed"); where
-  the plan was accepted, the vllm run's metrics must show ``old_logp`` recomputed by the trainer on every update.
+* ``vllm_boundary``: where the plan was accepted, the vllm run's metrics must show ``old_logp`` recomputed by the
+  trainer on every update. Where vllm is absent, ``plan`` must refuse ``rollout.backend: vllm`` with exactly one
+  stderr line naming that vllm is not installed, and write no plan; that refusal is kept as evidence, but it measures
+  nothing about vLLM's policy-gradient boundary, so the check is ``not_applicable`` with the reason (never
+  "passed"; the policy fails the level where it requires the check). Any other outcome (a traceback, a timeout,
+  a plan written, another reason) fails it: a crash is not a boundary.
 
 Torch-free and miniverl-free, like all of the harness.
 """
@@ -134,12 +137,14 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
     plan = "plan-refresh-vllm.json"
     result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], 1)
     inv = result.invocation
+    stderr = result.stderr.decode("utf-8", errors="replace")
     probe = {
         "step": inv.step,
         "argv": inv.argv,
         "exit_code": inv.exit_code,
         "timed_out": inv.timed_out,
         "stderr_last_line": inv.stderr_last_line,
+        "stderr_lines": sum(1 for line in stderr.splitlines() if line.strip()),
         "stdout_json": _redact(result.json(), ctx.cli),
         "plan_written": (ctx.work / plan).exists(),
     }
@@ -290,27 +295,33 @@ def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
         and code != 0
         and probe.get("timed_out") is False
         and probe.get("plan_written") is False
+        and count(probe.get("stderr_lines")) == 1
         and line.startswith(VLLM_REFUSAL_PREFIX)
         and VLLM_ABSENT_REASON in line
     )
     reason = line[len("miniverl: error: ") :] if line.startswith("miniverl: error: ") else line
     judgement.metrics["vllm_backend"] = "not_run" if refused else "failed"
     judgement.metrics["vllm_backend_reason"] = reason[:300]
+    if refused:
+        judgement.not_applicable(
+            "vllm_boundary",
+            f"{VLLM_ABSENT_REASON}: plan refused rollout.backend=vllm (exit {code}) in one line ({reason[:200]}); "
+            "nothing about vLLM's policy-gradient boundary was measured",
+        )
+        return
     judgement.check(
         "vllm_boundary",
-        refused,
-        (
-            f"vllm absent: plan refused rollout.backend=vllm (exit {code}): {reason}"
-            if refused
-            else f"plan with rollout.backend=vllm: exit {code!r}, plan written {probe.get('plan_written')!r}, "
-            f"last line {line[:200]!r} (expected a refusal naming that {VLLM_ABSENT_REASON})"
-        ),
+        False,
+        f"plan with rollout.backend=vllm: exit {code!r}, timed out {probe.get('timed_out')!r}, plan written "
+        f"{probe.get('plan_written')!r}, {probe.get('stderr_lines')!r} stderr lines, last {line[:200]!r} (expected "
+        f"a one-line refusal naming that {VLLM_ABSENT_REASON}, or the plan accepted where vllm is installed)",
     )
 
 
 def judge_refreshes(evidence: dict[str, Path], judgement: Judgement, profile: Profile, scale: Scale) -> None:
-    """Decide ``policy_refreshes``, ``grouped_trajectory_identity`` and ``vllm_boundary`` from the files only."""
-    del profile  # the same checks on every profile
+    """Decide ``policy_refreshes``, ``grouped_trajectory_identity`` and ``vllm_boundary`` from the files only (the
+    last may be ``not_applicable``: whether that fails the level is the policy's, per profile)."""
+    del profile  # the same judgement on every profile
     cycles = scale.policy_refreshes
     judgement.metrics["refresh_cycles_per_engine"] = cycles
     if not 1 <= cycles <= MAX_REFRESHES:

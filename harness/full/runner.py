@@ -49,9 +49,12 @@ class RunnerOptions:
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
-    """Record the judged checks; a required check the judge did not decide is recorded as skipped."""
+    """Record the judged checks and those the judge found not applicable (a required one then fails the level);
+    a required check the judge did not decide is recorded as skipped."""
     for name, (passed, detail) in judgement.checks.items():
         book.record(name, passed, detail)
+    for name, reason in judgement.inapplicable.items():
+        book.not_applicable_(name, reason)
     for name in registry.workload(workload.name).required_checks:
         if name not in book.required:
             book.not_applicable_(name, f"{profile.device} profile")

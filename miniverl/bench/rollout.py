@@ -25,6 +25,11 @@ step is the rollout copy's distinct weight bytes over the measured device-to-dev
 bandwidth (read + write bytes over time); ``pct_of_weight_bandwidth_bound`` is bound / measured.
 Peak reserved is ``torch.cuda.max_memory_reserved`` over the timed calls; each cell starts from an
 emptied cache with only the model resident and builds its own engine (fold, workspace, graphs).
+
+Then, per batch, the two paths of ``pair`` (both among ``paths``) are timed interleaved, ``pairs`` times
+A then B on the same prompts (:mod:`miniverl.bench.pairs`): ``comparisons`` holds every pair's two
+timings, its ratio, and the median, quartiles and range of those ratios, the speed figure that load on a
+shared machine cannot flip.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import Any
 import torch
 
 from miniverl.bench.common import package_version, save_partial
+from miniverl.bench.pairs import measure_pairs
 from miniverl.bench.rollout_args import PATHS, ROLLOUT_MODELS, add_rollout_arguments
 from miniverl.bench.rollout_render import evaluate_rollout_goals, render_rollout_markdown, render_rollout_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
@@ -66,6 +72,8 @@ class RolloutBenchOptions:
     repeats: int = 3
     slow_repeats: int = 1  # hf_loop, hf_generate and fast_eager take seconds per call
     paths: tuple[str, ...] = PATHS
+    pair: tuple[str, str] = ("fast", "hf_generate")  # timed interleaved, A then B, `pairs` times per batch
+    pairs: int = 5  # 0: no interleaved comparison
     check_every: int = 8
     seed: int = 0
     profile: bool = True
@@ -200,6 +208,51 @@ def measure(
     }
 
 
+def _unmeasurable(path: str, opts: RolloutBenchOptions, device: torch.device) -> str | None:
+    if path not in opts.paths:
+        return f"{path} is not among the measured paths"
+    if path == "trl":
+        return "trl's rollout is not measured"
+    if path == "fast_compiled" and device.type != "cuda":
+        return "compiled glue is measured on CUDA only"
+    return None
+
+
+def _compare(
+    model: Any,
+    prompts: list[list[int]],
+    opts: RolloutBenchOptions,
+    device: torch.device,
+    dtype: torch.dtype,
+    engine_kwargs: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """``opts.pair`` timed interleaved on ``prompts`` (:func:`miniverl.bench.pairs.measure_pairs`), fresh engines."""
+    from miniverl.rollout.engine import FastRolloutEngine
+
+    a, b = opts.pair
+    entry: dict[str, Any] = {"a": a, "b": b, "batch": len(prompts), "new_tokens": opts.new_tokens}
+    why = _unmeasurable(a, opts, device) or _unmeasurable(b, opts, device)
+    if why is not None:
+        return {**entry, "status": "not_run", "reason": why}
+    _release(device)
+    engines: dict[str, FastRolloutEngine] = {}
+    for path in (a, b):
+        if path in engine_kwargs:
+            engines[path] = FastRolloutEngine(device=device, dtype=dtype, **engine_kwargs[path])
+            engines[path].sync_policy(model, 0)
+    run_a, run_b = (_runners(path, model, prompts, opts, device, engines) for path in (a, b))
+    try:
+        entry.update(
+            measure_pairs(
+                run_a, run_b, pairs=opts.pairs, warmup=opts.warmup, expected_tokens=len(prompts) * opts.new_tokens,
+                sync=lambda: _sync(device),
+            )
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as exc:
+        entry.update(status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+    return entry
+
+
 def _profile_fast(run: Callable[[], int], device: torch.device) -> dict[str, Any]:
     from miniverl.bench.runtime import profile_update
 
@@ -237,6 +290,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "fast_compiled": {"compile_glue": True},
     }
     cells: list[dict[str, Any]] = []
+    comparisons: list[dict[str, Any]] = []
     profiler = None
     for batch in opts.batches:
         prompts = _prompts(batch, opts.prompt_tokens, vocab, opts.seed + batch)
@@ -280,6 +334,8 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             if opts.profile and path == "fast" and batch == max(opts.batches):
                 profiler = _profile_fast(run, device)
             del run, engines
+        if opts.pairs:
+            comparisons.append(_compare(model, prompts, opts, device, dtype, engine_kwargs))
     report: dict[str, Any] = {
         "format": FORMAT,
         "options": asdict(opts),
@@ -295,6 +351,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "weight_bandwidth_bound_ms_per_step": bound_ms,
         "fold_seconds": fold_seconds,
         "cells": cells,
+        "comparisons": comparisons,
         "seconds": time.perf_counter() - started,
     }
     report["goals"] = evaluate_rollout_goals(report)
@@ -330,10 +387,13 @@ def options_from_args(args: argparse.Namespace) -> RolloutBenchOptions:
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
         raise UsageError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+    pair = tuple(args.pair)
+    if len(pair) != 2 or len(set(pair)) != 2 or not set(pair) <= set(PATHS) - {"trl"}:
+        raise UsageError(f"--pair {','.join(pair)}: give two different paths A,B of {', '.join(PATHS[:-1])}")
     return RolloutBenchOptions(
         model=args.model, device=args.device, dtype=args.dtype, batches=args.batches, new_tokens=args.new_tokens,
         prompt_tokens=args.prompt_tokens, warmup=args.warmup, repeats=args.repeats, slow_repeats=args.slow_repeats,
-        paths=args.paths, profile=not args.no_profile,
+        paths=args.paths, pair=(pair[0], pair[1]), pairs=args.pairs, profile=not args.no_profile,
     )  # fmt: skip
 
 

@@ -25,5 +25,14 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--paths", type=lambda s: tuple(s.split(",")), default=PATHS, help=f"comma-separated of {','.join(PATHS)}"
     )
+    parser.add_argument(
+        "--pair",
+        type=lambda s: tuple(s.split(",")),
+        default=("fast", "hf_generate"),
+        help="A,B: two of --paths timed interleaved (ABAB...) for the ratio A/B; default fast,hf_generate",
+    )
+    parser.add_argument(
+        "--pairs", type=non_negative_int, default=5, help="interleaved A,B pairs per batch (median ratio; 0: none)"
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler summary")
     parser.add_argument("--out", required=True, help="output directory")

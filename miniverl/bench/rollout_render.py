@@ -84,6 +84,21 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(c['pct_of_weight_bandwidth_bound'])} | {_fmt(versus)} | "
             f"{_fmt(c['peak_reserved_gib'])} | {_fmt(c['first_call_seconds'])} |"
         )
+    comparisons = report.get("comparisons") or []
+    if comparisons:
+        lines += [
+            "",
+            "Interleaved pairs (A then B, repeated; the ratio is A's tokens/s over B's in each pair):",
+            "",
+            "| A / B | batch | pairs | median ratio | min | q1 | q3 | max |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    for c in comparisons:
+        if c["status"] != "measured":
+            lines.append(f"| {c['a']} / {c['b']} | {c['batch']} | {c['status']}: {c['reason']} | | | | | |")
+            continue
+        figures = " | ".join(_fmt(c[k]) for k in ("median_ratio", "min_ratio", "q1_ratio", "q3_ratio", "max_ratio"))
+        lines.append(f"| {c['a']} / {c['b']} | {c['batch']} | {len(c['pairs'])} | {figures} |")
     lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
     for g in report["goals"]:
         lines.append(f"| {g['name']} | {_fmt(g['observed'])} | {g['target']} | {g['status']} |")

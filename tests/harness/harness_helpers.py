@@ -342,6 +342,8 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
             else:
                 copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy
+        if spec.name == "backend-matrix":
+            _cuda_backend_matrix_stand_ins(evidence, scratch, profile)
         wheel = value["candidate"]["wheel"]["sha256"]
         outcome = judged(workload, evidence, profile, SCALES[profile.name], wheel_sha256=wheel)
         result, artifacts = write_workload(
@@ -358,6 +360,36 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
         results[spec.name] = result.model_dump(mode="json")
     value["artifacts"].sort(key=lambda a: a["path"])
     value["workloads"] = [results[w["name"]] for w in value["workloads"]]
+
+
+def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path], scratch: Path, profile: Any) -> None:
+    """Test stand-ins for what the H200 evidence lacks: interleaved pairs in its bench (it predates them; each pair
+    repeats the H200 cells' own median timings), and, where the profile requires the vLLM boundary (the release
+    card), a vllm plan accepted and its run's metrics showing old_logp recomputed on every update."""
+    from harness import policy
+    from harness.full.backend_matrix import load_preregistration
+    from harness.full.refresh import OLD_LOGP_RECOMPUTED
+
+    bench = json.loads(evidence["rollout_bench"].read_bytes())
+    b = load_preregistration()[0].speed.bench
+    seconds = {c["path"]: c["median_seconds"] for c in bench["cells"] if c["batch"] == b.batch}
+    fast, base = seconds[b.fast_path], seconds[b.baseline_path]
+    pairs = [{"a_seconds": fast, "b_seconds": base, "ratio": base / fast}] * b.pairs
+    entry = {"a": b.fast_path, "b": b.baseline_path, "batch": b.batch, "status": "measured", "order": "ABAB"}
+    bench["comparisons"] = [{**entry, "pairs": pairs, "median_ratio": base / fast}]
+    bench["options"].update(pair=[b.fast_path, b.baseline_path], pairs=b.pairs)
+    evidence["rollout_bench"].write_text(json.dumps(bench))
+    if "vllm_boundary" not in policy.required_checks(profile, "backend-matrix"):
+        return
+    probe = json.loads(evidence["refresh_vllm_plan"].read_bytes())
+    probe.update(exit_code=0, stderr_last_line="", stderr_lines=0, plan_written=True)
+    evidence["refresh_vllm_plan"].write_text(json.dumps(probe))
+    lines = [json.loads(line) for line in evidence["refresh_fast_metrics"].read_text().splitlines()]
+    for line in lines:
+        line["algorithm_metrics"][OLD_LOGP_RECOMPUTED] = 1.0
+    metrics = scratch / "v011/backend-matrix/refresh/vllm/metrics.jsonl"
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    evidence["refresh_vllm_metrics"] = metrics
 
 
 def registry_evidence_checks(record: Any) -> list[str]:

@@ -4,8 +4,10 @@ on one bad value, hostile evidence fails checks without raising, the preregistra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,8 @@ import pytest
 from harness import policy, registry
 from harness.full import backend_matrix as bm
 from harness.full import catalog
-from harness.full.runner import RunnerOptions, run_one
+from harness.full.base import Judgement, Workload
+from harness.full.runner import RunnerOptions, judged, run_one
 from harness.full.scales import SCALES
 from harness.jsonio import sha256_file
 from harness.proc import Redactor
@@ -64,19 +67,29 @@ def _cell(doc: Doc, objective: str, runtime: str, batch: Any) -> Doc:
 def test_the_judge_passes_on_real_cpu_reference_evidence() -> None:
     judgement = bm.judge(_evidence(), CPU, SCALES["cpu-reference"])
     decided = {name: passed for name, (passed, _) in judgement.checks.items()}
-    assert {k: decided[k] for k in ("all_cells_completed", "conformance", "speed_thresholds")} == {
+    assert {k: decided[k] for k in ("all_cells_completed", "conformance")} == {
         "all_cells_completed": True,
         "conformance": True,
-        "speed_thresholds": True,
     }, judgement.checks
     assert "teardown" not in decided  # CUDA only
     for fixture in (FIXTURES, FIXTURES / "h200-cu130"):
         assert all(portable(path) for path in _evidence(fixture).values())  # no local path in the evidence
     assert judgement.metrics["cells"] == 24
-    assert judgement.metrics["preregistration"] == "harness/preregistration/backend-matrix-v2.json"
+    assert judgement.metrics["preregistration"] == "harness/preregistration/backend-matrix-v3.json"
     assert judgement.metrics["preregistration_sha256"] == sha256_file(bm.PREREGISTRATION)
-    ratio = judgement.metrics["speed_ratio"]
-    assert isinstance(ratio, float) and ratio >= 2.0
+    # the speed figure is recorded and shown, never a threshold on the shared CPU
+    assert "speed_thresholds" not in decided and "speed_minimum_ratio" not in judgement.metrics
+    reason = judgement.inapplicable["speed_thresholds"]
+    assert "not dedicated" in reason and "median fast/hf_loop tokens/s over 9 interleaved pairs" in reason
+    bench = json.loads(_evidence()["rollout_bench"].read_text())
+    (pairs,) = [c["pairs"] for c in bench["comparisons"]]
+    ratios = [judgement.metrics[f"speed_pair_{n:02d}_ratio"] for n in range(1, 10)]
+    assert ratios == [p["b_seconds"] / p["a_seconds"] for p in pairs]  # every pair recorded, recomputed
+    assert judgement.metrics["speed_pairs"] == 9
+    assert judgement.metrics["speed_ratio"] == statistics.median(p["b_seconds"] / p["a_seconds"] for p in pairs)
+    assert [judgement.metrics[f"speed_pair_{n:02d}_fast_seconds"] for n in range(1, 10)] == [
+        p["a_seconds"] for p in pairs
+    ]
     for objective in ("sft", "kd", "opd"):
         value = judgement.metrics[f"{objective}_loss_abs_diff"]
         assert isinstance(value, float) and 0 <= value <= 1e-4
@@ -92,11 +105,14 @@ def _h200(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_the_judge_passes_on_real_h200_evidence_and_decides_teardown() -> None:
+    """The H200 evidence was captured before the bench timed interleaved pairs: its matrix and teardown pass, and
+    its speed check, a threshold on CUDA, fails for want of the pairs (cells alone never pass it)."""
     judgement = bm.judge(_evidence(H200_FIXTURES), H200, SCALES["h200-cu130"])
-    assert {n: p for n, (p, _) in judgement.checks.items() if n in MINE} == dict.fromkeys(MINE, True)
+    assert {n: p for n, (p, _) in judgement.checks.items() if n in MINE} == {**dict.fromkeys(MINE, True), **{
+        "speed_thresholds": False
+    }}  # fmt: skip
+    assert "0 interleaved fast/hf_loop comparisons at batch 4" in judgement.checks["speed_thresholds"][1]
     assert judgement.metrics["cuda_final_allocated_bytes"] == judgement.metrics["cuda_baseline_allocated_bytes"]
-    ratio = judgement.metrics["speed_ratio"]
-    assert isinstance(ratio, float) and ratio >= 3.0
     # CUDA evidence is not the CPU profile's: the matrix and the bench ran on another device and model.
     assert _failed(_evidence(H200_FIXTURES), CPU) == {"all_cells_completed", "speed_thresholds"}
     # and CPU evidence is not the H200's: model, device, and no cuda section for teardown.
@@ -114,9 +130,9 @@ def test_the_judge_passes_on_real_h200_evidence_and_decides_teardown() -> None:
 )
 def test_teardown_fails_on_one_bad_value(tmp_path: Path, cuda: Doc | None) -> None:
     evidence = _h200(tmp_path)
-    assert _failed(evidence, H200) == set()
+    assert _failed(evidence, H200) == {"speed_thresholds"}  # no interleaved pairs in this older evidence
     _edit(evidence["gate_report"], lambda d: d.update(cuda=None if cuda is None else {**d["cuda"], **cuda}))
-    assert _failed(evidence, H200) == {"teardown"}
+    assert _failed(evidence, H200) == {"teardown", "speed_thresholds"}
 
 
 # -- one bad value fails exactly its check --------------------------------------------------------------------------
@@ -155,13 +171,25 @@ def _set(objective: str, runtime: str, batch: Any, path: tuple[str, ...], value:
     return change
 
 
-def _bench_cell(path: str, key: str, value: Any) -> Callable[[Doc], None]:
-    def change(doc: Doc) -> None:
-        for cell in doc["cells"]:
-            if cell["path"] == path:
-                cell[key] = value
+def _comparison(doc: Doc) -> Doc:
+    (entry,) = doc["comparisons"]
+    return entry
 
-    return change
+
+def _pair(index: int, **values: Any) -> Callable[[Doc], None]:
+    return lambda d: _comparison(d)["pairs"][index].update(values)
+
+
+def _pairs(change: Callable[[list[Doc]], Any]) -> Callable[[Doc], None]:
+    return lambda d: change(_comparison(d)["pairs"])
+
+
+def _retime(doc: Doc, ratios: list[float]) -> None:
+    """Pairs whose baseline took ``ratio`` times the fast path's seconds, with the bench's own figures to match."""
+    entry = _comparison(doc)
+    fast = entry["pairs"][0]["a_seconds"]
+    entry["pairs"] = [{"a_seconds": fast, "b_seconds": fast * r, "ratio": (fast * r) / fast} for r in ratios]
+    entry["median_ratio"] = statistics.median(p["ratio"] for p in entry["pairs"])
 
 
 BAD_VALUES: dict[str, tuple[Callable[[dict[str, Path]], None], set[str]]] = {
@@ -235,19 +263,19 @@ BAD_VALUES: dict[str, tuple[Callable[[dict[str, Path]], None], set[str]]] = {
         _report(_set("opd", "dual_model", 2, ("observations", "grad_max_abs_diff"), None)),
         {"all_cells_completed", "conformance"},
     ),
-    # speed_thresholds: the ratio, the preregistered size, the device, the exit code
-    "fast engine slower": (_bench(_bench_cell("fast", "tokens_per_second", 1.0)), {"speed_thresholds"}),
-    "ratio just under 1": (
-        _bench(
-            lambda d: _bench_cell(
-                "fast",
-                "tokens_per_second",
-                0.99 * next(c["tokens_per_second"] for c in d["cells"] if c["path"] == "hf_loop"),
-            )(d)
-        ),
+    # speed_thresholds (on CPU a figure, not a threshold; but it must be the declared measurement, every pair recorded)
+    "a pair fewer than preregistered": (_bench(_pairs(lambda p: p.pop())), {"speed_thresholds"}),
+    "a pair's ratio not its timings": (_bench(_pair(3, ratio=9.0)), {"speed_thresholds"}),
+    "a median not the pairs'": (_bench(lambda d: _comparison(d).update(median_ratio=9.0)), {"speed_thresholds"}),
+    "a pair timed at zero": (_bench(_pair(0, a_seconds=0.0)), {"speed_thresholds"}),
+    "a pair's timing missing": (_bench(_pair(8, b_seconds=None)), {"speed_thresholds"}),
+    "pairs not measured": (
+        _bench(lambda d: _comparison(d).update(status="failed", reason="RuntimeError")),
         {"speed_thresholds"},
     ),
-    "hf loop not measured": (_bench(_bench_cell("hf_loop", "status", "skipped")), {"speed_thresholds"}),
+    "pairs not interleaved": (_bench(lambda d: _comparison(d).update(order="AABB")), {"speed_thresholds"}),
+    "no comparison": (_bench(lambda d: d.update(comparisons=[])), {"speed_thresholds"}),
+    "fewer pairs asked for": (_bench(lambda d: d["options"].update(pairs=3)), {"speed_thresholds"}),
     "a smaller bench": (_bench(lambda d: d["options"].update(new_tokens=8)), {"speed_thresholds"}),
     "bench on another device": (_bench(lambda d: d.update(device="cuda")), {"speed_thresholds"}),
     "bench exited 1": (_exit_code(bm.BENCH_STEP, 1), {"speed_thresholds"}),
@@ -262,6 +290,50 @@ def test_one_bad_value_fails_its_check(tmp_path: Path, case: str) -> None:
     change, expected = BAD_VALUES[case]
     change(evidence)
     assert _failed(evidence) == expected
+
+
+@pytest.mark.parametrize("ratios", [[0.5] * 9, [1.0] * 9, [0.9, 0.95, 0.96, 0.97, 0.99, 1.2, 1.3, 2.0, 4.0]])
+def test_on_the_shared_cpu_a_slow_ratio_is_recorded_never_judged(tmp_path: Path, ratios: list[float]) -> None:
+    """v2's CPU floor failed at 0.963 under load; on cpu-reference the median is now shown, not a threshold."""
+    evidence = _copy(tmp_path)
+    _edit(evidence["rollout_bench"], lambda d: _retime(d, ratios))
+    judgement = bm.judge(evidence, CPU, SCALES["cpu-reference"])
+    assert "speed_thresholds" not in judgement.checks
+    assert f": {statistics.median(ratios):.3g} (pairs" in judgement.inapplicable["speed_thresholds"]
+    assert judgement.metrics["speed_ratio"] == pytest.approx(statistics.median(ratios))
+
+
+def _as_cuda_bench(evidence: dict[str, Path], ratios: list[float]) -> None:
+    """The CPU bench relabelled as a CUDA run with the given per-pair ratios (a test stand-in, never harness code)."""
+
+    def change(doc: Doc) -> None:
+        _retime(doc, ratios)
+        doc["device"] = "cuda"
+
+    _edit(evidence["rollout_bench"], change)
+
+
+@pytest.mark.parametrize(
+    ("ratios", "passed"),
+    [
+        ([3.2] * 9, True),
+        ([3.0] * 9, True),
+        ([2.99] * 9, False),
+        # a neighbour's burst slowed 4 of the 9 pairs' fast halves: the median stays with the other 5
+        ([3.5, 3.6, 0.8, 3.4, 0.9, 3.5, 0.7, 3.6, 1.0], True),
+        # ... and a burst that helps 4 pairs cannot lift a slow engine over the minimum either
+        ([2.5, 2.6, 9.0, 2.4, 9.0, 2.5, 9.0, 2.6, 9.0], False),
+    ],
+)
+def test_on_cuda_the_median_of_the_pairs_is_the_threshold(tmp_path: Path, ratios: list[float], passed: bool) -> None:
+    evidence = _copy(tmp_path)
+    _as_cuda_bench(evidence, ratios)
+    for profile in (H200, PROFILES["rtx4080-wsl2-cu130"]):
+        judgement = bm.judge(evidence, profile, SCALES[profile.name])
+        assert "speed_thresholds" in policy.required_checks(profile, "backend-matrix")
+        ok, detail = judgement.checks["speed_thresholds"]
+        assert ok is passed, detail
+        assert judgement.metrics["speed_minimum_ratio"] == 3.0 and f"{statistics.median(ratios):.3g}" in detail
 
 
 def test_sft_has_its_preregistered_wider_loss_tolerance(tmp_path: Path) -> None:
@@ -321,13 +393,20 @@ def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, case: str
     for profile in (CPU, H200):
         assert _failed(evidence, profile), case
     assert _failed({}, CPU) == {"all_cells_completed", "conformance", "speed_thresholds"}
+    assert _failed({}, H200) == {"all_cells_completed", "conformance", "speed_thresholds", "teardown"}
 
 
 # -- the preregistration ----------------------------------------------------------------------------------------------
 def test_the_preregistration_is_committed_strict_and_its_schema_generated() -> None:
     prereg, digest = bm.load_preregistration()
     assert digest == sha256_file(bm.PREREGISTRATION) and len(prereg.cells) == 24
-    assert bm.PREREGISTRATION.relative_to(bm.REPO_ROOT).as_posix() == "harness/preregistration/backend-matrix-v2.json"
+    assert bm.PREREGISTRATION.relative_to(bm.REPO_ROOT).as_posix() == "harness/preregistration/backend-matrix-v3.json"
+    v2 = json.loads((bm.PREREGISTRATION.parent / "backend-matrix-v2.json").read_text())  # history, beside it
+    assert {k: v for k, v in v2.items() if k not in ("speed", "description", "issue")} == {
+        k: v
+        for k, v in json.loads(bm.PREREGISTRATION.read_text()).items()
+        if k not in ("speed", "description", "issue")
+    }  # v3 changes only how speed is measured and judged
     schema = json.loads(bm.PREREGISTRATION_SCHEMA.read_text())
     assert schema == json.loads(json.dumps(json_schema(bm.BackendMatrixPreregistration)))
     value = json.loads(bm.PREREGISTRATION.read_text())
@@ -343,7 +422,17 @@ def test_the_preregistration_is_committed_strict_and_its_schema_generated() -> N
         bm.BackendMatrixPreregistration.model_validate(
             {**value, "conformance": {**value["conformance"], "max_abs_diff": 1e-9}}
         )
-    assert {t.device: t.minimum_ratio for t in prereg.speed.thresholds} == {"cpu": 1.0, "cuda": 3.0}
+    assert {t.device: t.minimum_ratio for t in prereg.speed.thresholds} == {"cuda": 3.0}
+    assert prereg.speed.bench.pairs == 9
+    with pytest.raises(ValueError, match="greater than or equal to 5"):
+        bm.BackendMatrixPreregistration.model_validate(
+            {**value, "speed": {**value["speed"], "bench": {**value["speed"]["bench"], "pairs": 4}}}
+        )
+    cpu_floor = {"device": "cpu", "minimum_ratio": 1.0, "meaning": "x"}
+    with pytest.raises(ValueError):
+        bm.BackendMatrixPreregistration.model_validate(
+            {**value, "speed": {**value["speed"], "thresholds": [*value["speed"]["thresholds"], cpu_floor]}}
+        )
 
 
 def test_registry_and_catalog() -> None:
@@ -360,6 +449,10 @@ def test_registry_and_catalog() -> None:
     assert spec.provided and spec.provided_by == "harness/full/backend_matrix.py"
     assert catalog.implemented("backend-matrix") is bm.WORKLOAD
     assert "teardown" not in policy.required_checks(CPU, "backend-matrix")
+    # a speed threshold only on a dedicated machine: every CUDA profile, never the shared CPU
+    requiring = {n for n, p in PROFILES.items() if "speed_thresholds" in policy.required_checks(p, "backend-matrix")}
+    assert requiring == {n for n, p in PROFILES.items() if p.device == "cuda"} == {"h200-cu130", "rtx4080-wsl2-cu130"}
+    assert all(set(names) <= set(PROFILES) for names in registry.REQUIRED_ONLY_ON.values())
     assert all(m.startswith("v011/backend-matrix/") for m in bm.WORKLOAD.evidence.values())
     assert {"gate_report", "rollout_bench", "transcript"} <= set(bm.WORKLOAD.evidence)
 
@@ -408,9 +501,11 @@ def test_run_drives_the_cli_and_saves_portable_evidence(tmp_path: Path) -> None:
     )
     outcome = run_one(bm.WORKLOAD, opts)
     executed = {c.name: c.passed for c in outcome.book.checks().executed}
-    assert {k: executed.get(k) for k in ("all_cells_completed", "conformance", "speed_thresholds")} == dict.fromkeys(
-        ("all_cells_completed", "conformance", "speed_thresholds"), True
+    assert {k: executed.get(k) for k in ("all_cells_completed", "conformance")} == dict.fromkeys(
+        ("all_cells_completed", "conformance"), True
     ), outcome.book.checks()
+    napp = {c.name: c.reason for c in outcome.book.checks().not_applicable}
+    assert "not dedicated" in napp["speed_thresholds"]  # recorded and shown on the CPU profile
     assert {"gate_report", "rollout_bench", "transcript"} <= set(outcome.files)
     for _, path in outcome.files.values():
         assert portable(path), path
@@ -418,3 +513,42 @@ def test_run_drives_the_cli_and_saves_portable_evidence(tmp_path: Path) -> None:
     assert argv[0][:4] == ["gate", "equivalence", "--objectives", "sft,kd,opd"]
     assert argv[0][argv[0].index("--model") + 1] == "tiny" and argv[0][argv[0].index("--device") + 1] == "cpu"
     assert argv[1][:2] == ["bench", "rollout"] and argv[1][argv[1].index("--new-tokens") + 1] == "32"
+    assert argv[1][argv[1].index("--pairs") + 1] == "9" and argv[1][argv[1].index("--pair") + 1] == "fast,hf_loop"
+
+
+# -- a judge may find a check not applicable; the policy decides whether that fails the level ----------------------
+def _toy_judge(inapplicable: dict[str, str]) -> Callable[[dict[str, Path], Profile, Any], Judgement]:
+    def judge(evidence: dict[str, Path], profile: Profile, scale: Any) -> Judgement:
+        j = Judgement()
+        for name in registry.workload("backend-matrix").required_checks:
+            if name in inapplicable:
+                j.not_applicable(name, inapplicable[name])
+            else:
+                j.check(name, True, "stand-in")
+        return j
+
+    return judge
+
+
+def test_a_judged_not_applicable_check_is_recorded_and_fails_only_where_required() -> None:
+    toy = Workload(name="backend-matrix", evidence={"transcript": "t.json"}, run=lambda ctx: {}, judge=_toy_judge({}))
+    judgement = Judgement()
+    judgement.not_applicable("vllm_boundary", "vllm is not installed")
+    with pytest.raises(ValueError, match="judged twice"):
+        judgement.check("vllm_boundary", True, "x")
+    with pytest.raises(ValueError, match="without a reason"):
+        judgement.not_applicable("speed_thresholds", "")
+    teardown_na = dataclasses.replace(toy, judge=_toy_judge({"teardown": "no GPU"}))
+    for profile, workload, failures in (
+        (CPU, toy, []),
+        (H200, toy, []),
+        # the CPU profile does not require teardown: not applicable there is no failure; on CUDA it fails the level
+        (CPU, teardown_na, []),
+        (H200, teardown_na, ["required check teardown is not applicable: no GPU"]),
+    ):
+        outcome = judged(workload, {}, profile, SCALES[profile.name])
+        checks = outcome.book.checks()
+        assert checks.required == policy.required_checks(profile, "backend-matrix")
+        assert checks.failures() == failures, (profile.name, checks)
+        if workload is teardown_na:
+            assert [(c.name, c.reason) for c in checks.not_applicable] == [("teardown", "no GPU")]

@@ -2,7 +2,8 @@
 
 The fixtures under ``full_fixtures/backend-matrix/`` are real evidence captured from a cpu-reference run
 (``python -m harness workload backend-matrix --profile cpu-reference ...``), laid out by archive member. The judge
-passes on them; one bad value makes exactly the check it belongs to fail; hostile files never make it raise.
+passes on them (vLLM is absent there, so ``vllm_boundary`` is not applicable, never passed); one bad value makes
+exactly the check it belongs to fail; hostile files never make it raise.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 import pytest
 
-from harness.full import refresh
+from harness import policy
+from harness.full import backend_matrix, refresh
 from harness.full.base import Context, Judgement, WorkloadFailure
+from harness.full.runner import judged
 from harness.full.scales import SCALES
 from harness.profiles import PROFILES
 
@@ -44,6 +47,10 @@ def _judge(evidence: dict[str, Path]) -> Judgement:
 
 def _failed(judgement: Judgement) -> list[str]:
     return sorted(name for name, (ok, _) in judgement.checks.items() if not ok)
+
+
+def _decided(judgement: Judgement) -> set[str]:
+    return set(judgement.checks) | set(judgement.inapplicable)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -83,10 +90,14 @@ def test_the_captured_evidence_passes() -> None:
     evidence = {role: FIXTURES / member for role, member in refresh.REFRESH_EVIDENCE.items()}
     evidence = {role: path for role, path in evidence.items() if path.exists()}
     judgement = _judge(evidence)
-    assert set(judgement.checks) == set(CHECKS)
+    assert set(judgement.checks) == {"policy_refreshes", "grouped_trajectory_identity"}
     assert _failed(judgement) == [], judgement.checks
+    # vLLM is absent: the one-line refusal is kept, but nothing about its boundary was measured
+    assert list(judgement.inapplicable) == ["vllm_boundary"]
+    assert judgement.inapplicable["vllm_boundary"].startswith("vllm is not installed: plan refused")
     assert judgement.metrics["vllm_backend"] == "not_run"  # recorded, never "passed"
     assert "vllm is not installed" in str(judgement.metrics["vllm_backend_reason"])
+    assert json.loads(evidence["refresh_vllm_plan"].read_text())["stderr_lines"] == 1
     for engine in refresh.ENGINES:
         assert len(_lines(evidence[f"refresh_{engine}_metrics"])) == SCALE.policy_refreshes == 8
 
@@ -204,6 +215,11 @@ BAD: dict[str, tuple[str, Callable[[dict[str, Path]], None]]] = {
         "vllm_boundary",
         _edit_json("refresh_vllm_plan", lambda d: d.update(stderr_last_line=f"ModuleNotFoundError: {TRACEBACK}")),
     ),
+    "the right last line after a traceback": (
+        "vllm_boundary",
+        _edit_json("refresh_vllm_plan", lambda d: d.update(stderr_lines=12)),
+    ),
+    "no stderr line count": ("vllm_boundary", _edit_json("refresh_vllm_plan", lambda d: d.pop("stderr_lines"))),
     "no plan result": ("vllm_boundary", _drop("refresh_vllm_plan")),
 }
 
@@ -215,6 +231,7 @@ def test_one_bad_value_fails_exactly_its_check(case: str, tmp_path: Path) -> Non
     corrupt(evidence)
     judgement = _judge(evidence)
     assert _failed(judgement) == [check], judgement.checks
+    assert _decided(judgement) == set(CHECKS) and check not in judgement.inapplicable  # a failure: never n/a
 
 
 def test_a_failure_names_the_engine_and_step(tmp_path: Path) -> None:
@@ -285,8 +302,8 @@ def test_hostile_files_fail_without_raising(role: str, kind: str, tmp_path: Path
     evidence = _evidence(tmp_path)
     _hostile_files()[kind](evidence[role])
     judgement = _judge(evidence)
-    assert set(judgement.checks) == set(CHECKS)
-    assert HOSTILE_TARGETS[role] in _failed(judgement)
+    assert _decided(judgement) == set(CHECKS)
+    assert HOSTILE_TARGETS[role] in _failed(judgement)  # failed, never not_applicable
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
@@ -334,3 +351,51 @@ def test_the_evidence_layout_is_explicit_and_under_the_workloads_folder() -> Non
     assert fixture_files and fixture_files <= set(members)
     total = sum((FIXTURES / m).stat().st_size for m in fixture_files)
     assert total < 300_000
+
+
+def test_the_policy_requires_the_vllm_boundary_only_on_the_release_card() -> None:
+    """Only the release card's known-good stack is meant to include vLLM: there, a run without it (the boundary not
+    applicable) fails the backend-matrix level; on the H200 and CPU profiles it does not."""
+    requiring = {name for name, p in PROFILES.items() if "vllm_boundary" in policy.required_checks(p, "backend-matrix")}
+    assert requiring == {"rtx4080-wsl2-cu130"}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_not_applicable_fails_the_level_exactly_where_the_policy_requires_the_check(profile: str) -> None:
+    evidence = {role: FIXTURES / m for role, m in backend_matrix.EVIDENCE.items() if (FIXTURES / m).is_file()}
+    outcome = judged(backend_matrix.WORKLOAD, evidence, PROFILES[profile], SCALES[profile])
+    checks = outcome.book.checks()
+    napp = {c.name: c.reason for c in checks.not_applicable}
+    assert napp["vllm_boundary"].startswith("vllm is not installed")
+    required_na = [f for f in checks.failures() if f.startswith("required check vllm_boundary is not applicable")]
+    assert bool(required_na) == (profile == "rtx4080-wsl2-cu130"), checks.failures()
+
+
+def test_the_auditor_requires_the_record_to_say_not_applicable_where_the_evidence_does(
+    candidate: Path, smoke_qual: Path, known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend-matrix record that claims `vllm_boundary` executed and passed, where its evidence shows only the
+    refusal of an absent vLLM, is refused by the auditor's re-judging; the honest record (not applicable) passes."""
+    from harness_helpers import audit_args, fabricate_full
+
+    from harness.audit_cli import main as auditor_main
+    from harness.jsonio import canonical_bytes, sha256_file
+
+    qual = fabricate_full(smoke_qual, tmp_path / "qualification")
+    args = audit_args(candidate, qual, known_good, **{"--level": "full_qualification"})
+    assert auditor_main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    record = qual / "backend-matrix.json"
+    value = json.loads(record.read_bytes())
+    (na,) = [c for c in value["checks"]["not_applicable"] if c["name"] == "vllm_boundary"]
+    value["checks"]["not_applicable"].remove(na)
+    value["checks"]["executed"].append({"name": "vllm_boundary", "passed": True, "detail": "vllm boundary held"})
+    record.write_bytes(canonical_bytes(value) + b"\n")
+    q = json.loads((qual / "qualification.json").read_bytes())
+    for art in q["artifacts"]:
+        if art["path"] == record.name:
+            art.update(bytes=record.stat().st_size, sha256=sha256_file(record))
+    (qual / "qualification.json").write_bytes(canonical_bytes(q) + b"\n")
+    assert auditor_main(args) == 1
+    err = capsys.readouterr().err
+    assert "[workload_rejudged]" in err and "vllm_boundary" in err and "vllm is not installed" in err, err
