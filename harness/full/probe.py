@@ -16,8 +16,10 @@ from harness.full.catalog import implemented
 from harness.full.runner import RunnerOptions, run_one
 from harness.full.scales import SCALES
 from harness.install import model_wheel
+from harness.jsonio import sha256_file
 from harness.proc import Redactor
 from harness.profiles import get_profile
+from harness.verl_env import prepare as prepare_verl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="new or empty directory for the evidence, laid out as archive members")
     p.add_argument("--model-cache", help="MINIVERL_CACHE for the CLI")
     p.add_argument("--offline-wheels")
-    p.add_argument("--verl-python")
+    p.add_argument("--verl-python", help="python of verl 0.9.1's own environment (`make verl-env`)")
+    p.add_argument("--wheel", help="with --verl-python: the candidate wheel overlaid on verl's environment")
 
 
 SCRATCH_MARK = ".harness-workload-scratch"  # a --work directory holding it was made here and may be replaced
@@ -43,7 +46,11 @@ def _checked_inputs(args: argparse.Namespace) -> None:
     if not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: not a file (make one with `miniverl data sample --rows 8 --out F`)")
     if args.verl_python and not Path(args.verl_python).is_file():
-        raise UsageError(f"--verl-python {args.verl_python}: not a file (e.g. .nox/verl/bin/python after make verl)")
+        raise UsageError(
+            f"--verl-python {args.verl_python}: not a file (e.g. .nox/verl_env/bin/python after make verl-env)"
+        )
+    if args.verl_python and not (args.wheel and Path(args.wheel).is_file()):
+        raise UsageError("--verl-python needs --wheel WHEEL (the candidate overlaid on verl's environment)")
     if args.offline_wheels and not Path(args.offline_wheels).is_dir():
         raise UsageError(f"--offline-wheels {args.offline_wheels}: not a directory")
     work, out = Path(args.work), Path(args.out)
@@ -63,6 +70,14 @@ def probe(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / SCRATCH_MARK).write_text("python -m harness workload scratch; replaced by the next run\n")
+    verl_python = Path(args.verl_python).absolute() if args.verl_python else None
+    overlay = None
+    if verl_python is not None:
+        wheel = Path(args.wheel).absolute()
+        version = wheel.name.split("-")[1] if wheel.name.count("-") >= 4 else ""
+        overlay = prepare_verl(
+            verl_python, Path(args.venv).absolute() / "bin" / "python", wheel, sha256_file(wheel), version, work=work
+        ).overlay
     opts = RunnerOptions(
         venv=Path(args.venv).absolute(),
         root=work,
@@ -72,7 +87,8 @@ def probe(args: argparse.Namespace) -> int:
         scale=SCALES[profile.name],
         data_source=Path(args.data),
         model_wheel=model_wheel(Path(args.offline_wheels)) if args.offline_wheels else None,
-        verl_python=Path(args.verl_python).absolute() if args.verl_python else None,
+        verl_python=verl_python,
+        verl_overlay=overlay,
     )
     outcome = run_one(workload, opts)
     for member, source in outcome.files.values():

@@ -42,6 +42,7 @@ class RunnerOptions:
     data_source: Path  # the smoke's sampled prompts
     model_wheel: Path | None
     verl_python: Path | None
+    verl_overlay: Path | None = None  # the candidate overlaid on verl's environment (harness.verl_env)
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
@@ -69,6 +70,7 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
         data="data/prompts.parquet",
         model_wheel=opts.model_wheel,
         verl_python=opts.verl_python,
+        verl_overlay=opts.verl_overlay,
     )
     evidence: dict[str, Path] = {}
     failure: str | None = None
