@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError, InstallError, UsageError
-from harness.verl_env import MISSING, child_env, observed, prepare, prove, require_verl
+from harness.verl_env import MISSING, VerlEnv, child_env, observed, prepare, prove, require_verl
 
 
 def fake_verl_python(root: Path, *, version: str | None = "0.9.1", own_miniverl: str | None = None,
@@ -46,7 +46,7 @@ def _wheel(candidate: Path) -> tuple[Path, str, str]:
     return candidate / manifest["wheel"]["filename"], manifest["wheel"]["sha256"], manifest["version"]
 
 
-def _prepare(candidate: Path, python: Path, work: Path):  # type: ignore[no-untyped-def]
+def _prepare(candidate: Path, python: Path, work: Path) -> VerlEnv:
     wheel, sha, version = _wheel(candidate)
     work.mkdir(parents=True, exist_ok=True)
     return prepare(python, Path(sys.executable), wheel, sha, version, work=work)
