@@ -200,3 +200,20 @@ def test_full_with_a_verl_python_that_lacks_verl_stops_before_any_work(
     assert len(err) == 1 and err[0].startswith("harness: error: [verl_python] --verl-python"), err
     assert "make verl-env" in err[0]
     assert not (tmp_path / "q").exists() and not (tmp_path / "w").exists()
+
+
+def test_the_workload_probe_overlays_only_with_a_wheel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m harness workload --verl-python`` needs the candidate wheel to overlay (else one line, exit 2)."""
+    from harness.cli import main
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "miniverl").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "prompts.parquet").write_bytes(b"PAR1")
+    argv = ["workload", "ppo-rm-handoff", "--profile", "cpu-reference", "--venv", str(venv), "--data",
+            str(tmp_path / "prompts.parquet"), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
+            "--verl-python", str(fake_verl_python(tmp_path / "verl"))]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--verl-python needs --wheel" in err[0], err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "out").exists()
