@@ -6,7 +6,7 @@ NOX := $(TOOLS)/bin/nox
 PROFILE ?= cpu-reference
 LEVEL ?= release_smoke
 
-.PHONY: verl test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
+.PHONY: verl verl-env test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
 $(NOX):
 	$(PYTHON) -m venv $(TOOLS)
@@ -27,7 +27,9 @@ runtime-smoke: $(NOX)
 smoke: $(NOX)
 	$(NOX) -s smoke
 
-full: $(NOX)
+# The handoff diagnosis runs in verl 0.9.1's own venv (.nox/verl_env, the candidate overlaid by the harness):
+# `full` builds it first (once; later runs reuse it), so `--verl-python` is never missing.
+full: verl-env
 	$(NOX) -s full
 
 release-assets: $(NOX)
@@ -42,6 +44,10 @@ harness-tests: $(NOX)
 lint-workflows: $(NOX)
 	$(NOX) -s lint_workflows
 
-# The handoff check against the real verl 0.9.1 in its own venv (it pins transformers < 5.11).
+# verl 0.9.1's own venv from known-good/verl-0.9.1-cpu.txt (it pins transformers < 5.11), without miniverl.
+verl-env: $(NOX)
+	$(NOX) -s verl_env
+
+# The handoff tests against the real verl 0.9.1 in another venv of its own (that one holds the checkout, -e .).
 verl: $(NOX)
 	$(NOX) -s verl

@@ -58,15 +58,20 @@ def _option(args: list[str], flag: str, default: str) -> str:
 
 
 def _qualify(session: nox.Session, command: str) -> None:
-    session.install(*HARNESS, *BUILD_TOOLCHAIN)
     import time
     from pathlib import Path
 
     args = session.posargs or ["--profile", "cpu-reference"]
-    verl = Path(".nox/verl/bin/python")
-    if command == "full" and "--verl-python" not in args and verl.is_file():
-        # `make verl` built verl 0.9.1's own venv; the handoff diagnosis runs there (recorded in the evidence).
-        args = [*args, "--verl-python", str(verl)]
+    if command == "full" and "--verl-python" not in args:
+        # The handoff diagnosis runs in verl 0.9.1's own venv (`nox -s verl_env`); the harness overlays the
+        # candidate wheel's miniverl on it. Never dropped silently: without it, stop before any work.
+        if not VERL_ENV_PYTHON.is_file():
+            session.error(
+                f"{VERL_ENV_PYTHON} is missing: run `make verl-env` (or `make full`, which builds it first), "
+                "or pass `-- --verl-python PATH`"
+            )
+        args = [*args, "--verl-python", str(VERL_ENV_PYTHON.absolute())]
+    session.install(*HARNESS, *BUILD_TOOLCHAIN)
     started = time.time()
     session.run("python", "-m", "harness", command, *args, success_codes=[0, 1])
     record = Path("out/qualification/qualification.json")
@@ -141,23 +146,19 @@ def lint_workflows(session: nox.Session) -> None:
     session.run("zizmor", "--offline", ".github/workflows")
 
 
-# --- verl handoff (owned by miniverl/handoff): verl 0.9.1 in its own venv ------------------------------
+# --- verl 0.9.1 in its own venvs: `verl_env` for the qualification, `verl` for the handoff tests -------
 VERL_STACK = "known-good/verl-0.9.1-cpu.txt"
 VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytest==9.2.0")
+VERL_ENV_PYTHON = __import__("pathlib").Path(".nox/verl_env/bin/python")
 
 
-@nox.session(python=PYTHON)
-def verl(session: nox.Session) -> None:
-    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`.
-
-    The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml and the PPO
-    (compiler v2) ones of examples/ppo-verl-smollm2.yaml and of a tiny PPO run (actor and critic adapters).
-    """
+def _install_verl(session: nox.Session, *extra: str) -> None:
+    """verl 0.9.1's pinned CPU stack (the lock), refusing any CUDA wheel before pip installs anything."""
     import json
     from pathlib import Path
 
     report = Path(session.create_tmp()) / "pip-dry-run.json"
-    install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS, "-e", ".")
+    install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS, *extra)
     session.run("python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", str(report), *install)
     planned = json.loads(report.read_text())["install"]
     cuda = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in planned if _is_cuda(p)]
@@ -167,6 +168,29 @@ def verl(session: nox.Session) -> None:
     # verl 0.9.1's wheel installs a top-level `tests` package that shadows this repository's tests/;
     # verl never imports it at run time, so the session venv drops it.
     session.run("python", "-c", _DROP_VERL_TESTS)
+
+
+@nox.session(python=PYTHON)
+def verl_env(session: nox.Session) -> None:
+    """verl 0.9.1's own venv for `full` (`.nox/verl_env`): the lock only, no miniverl. The harness overlays the
+    candidate wheel's miniverl on it (`--target` + PYTHONPATH), so the diagnosis runs the bytes being qualified."""
+    _install_verl(session)
+    session.run(
+        "python",
+        "-c",
+        "import verl; assert verl.__version__ == '0.9.1', verl.__version__; print('verl', verl.__version__)",
+    )
+
+
+@nox.session(python=PYTHON)
+def verl(session: nox.Session) -> None:
+    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`.
+
+    The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml and the PPO
+    (compiler v2) ones of examples/ppo-verl-smollm2.yaml and of a tiny PPO run (actor and critic adapters).
+    Its own venv: these tests import the checkout's miniverl (`-e .`), which `verl_env` must not hold.
+    """
+    _install_verl(session, "-e", ".")
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_handoff_verl.py",
         *session.posargs, env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl"},

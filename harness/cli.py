@@ -45,19 +45,23 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
         keep_work=args.keep_work,
         model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
         grpo=not args.skip_grpo,
-        verl_python=_verl_python(getattr(args, "verl_python", None)),
+        verl_python=_verl_python(getattr(args, "verl_python", None), required=level == "full_qualification"),
     )
-    return run_smoke(opts)
+    return run_smoke(opts)  # at the full level it first checks that verl_python imports verl 0.9.1
 
 
-def _verl_python(value: str | None) -> Path | None:
-    """An interpreter whose environment has verl 0.9.1 (`make verl` builds one); the path itself is not resolved
-    so that a venv's python stays the venv's."""
+def _verl_python(value: str | None, *, required: bool) -> Path | None:
+    """An interpreter whose environment has verl 0.9.1 (`make verl-env` builds one); the path itself is not
+    resolved, so a venv's python stays the venv's (and a wrapper script stays the wrapper)."""
+    from harness.verl_env import MISSING
+
     if value is None:
+        if required:
+            raise UsageError(MISSING, check="verl_python")
         return None
     path = Path(value).absolute()
     if not path.is_file():
-        raise UsageError(f"--verl-python {value!r} is not a file", check="verl_python")
+        raise UsageError(f"--verl-python {value!r} is not a file; {MISSING}", check="verl_python")
     return path
 
 
@@ -216,7 +220,11 @@ def parser() -> argparse.ArgumentParser:
             help="skip the GRPO cycle (local diagnosis only: the auditor's policy requires it)",
         )
         if name == "full":
-            s.add_argument("--verl-python", help="python of an environment with verl 0.9.1 (for `diagnose`)")
+            s.add_argument(
+                "--verl-python",
+                help="required: python of verl 0.9.1's own environment (`make verl-env`: .nox/verl_env/bin/python); "
+                "the handoff diagnosis runs there with the candidate overlaid",
+            )
     st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
     st.add_argument("action", choices=["check", "record", "describe"])
     st.add_argument("--status", choices=["measured", "declared"], default="declared", help="describe only")

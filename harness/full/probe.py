@@ -16,9 +16,11 @@ from harness.full.catalog import implemented
 from harness.full.runner import RunnerOptions, run_one
 from harness.full.scales import SCALES
 from harness.install import model_wheel
+from harness.jsonio import sha256_file
 from harness.origin import installed_from, origin_facts, probe_origin
 from harness.proc import Redactor
 from harness.profiles import get_profile
+from harness.verl_env import prepare as prepare_verl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="new or empty directory for the evidence, laid out as archive members")
     p.add_argument("--model-cache", help="MINIVERL_CACHE for the CLI")
     p.add_argument("--offline-wheels")
-    p.add_argument("--verl-python")
+    p.add_argument("--verl-python", help="python of verl 0.9.1's own environment (`make verl-env`)")
+    p.add_argument("--wheel", help="with --verl-python: the candidate wheel overlaid on verl's environment")
 
 
 SCRATCH_MARK = ".harness-workload-scratch"  # a --work directory holding it was made here and may be replaced
@@ -44,7 +47,11 @@ def _checked_inputs(args: argparse.Namespace) -> None:
     if not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: not a file (make one with `miniverl data sample --rows 8 --out F`)")
     if args.verl_python and not Path(args.verl_python).is_file():
-        raise UsageError(f"--verl-python {args.verl_python}: not a file (e.g. .nox/verl/bin/python after make verl)")
+        raise UsageError(
+            f"--verl-python {args.verl_python}: not a file (e.g. .nox/verl_env/bin/python after make verl-env)"
+        )
+    if args.verl_python and not (args.wheel and Path(args.wheel).is_file()):
+        raise UsageError("--verl-python needs --wheel WHEEL (the candidate overlaid on verl's environment)")
     if args.offline_wheels and not Path(args.offline_wheels).is_dir():
         raise UsageError(f"--offline-wheels {args.offline_wheels}: not a directory")
     work, out = Path(args.work), Path(args.out)
@@ -66,6 +73,13 @@ def probe(args: argparse.Namespace) -> int:
     (work / SCRATCH_MARK).write_text("python -m harness workload scratch; replaced by the next run\n")
     venv = Path(args.venv).absolute()
     redact = Redactor({"work": work / args.name, "venv": venv})
+    origin = origin_facts(probe_origin(venv, work, redact))
+    verl_python = Path(args.verl_python).absolute() if args.verl_python else None
+    verl = None
+    if verl_python is not None:
+        wheel = Path(args.wheel).absolute()
+        version = wheel.name.split("-")[1] if wheel.name.count("-") >= 4 else ""
+        verl = prepare_verl(verl_python, venv / "bin" / "python", wheel, sha256_file(wheel), version, work=work)
     opts = RunnerOptions(
         venv=venv,
         root=work,
@@ -75,8 +89,10 @@ def probe(args: argparse.Namespace) -> int:
         scale=SCALES[profile.name],
         data_source=Path(args.data),
         model_wheel=model_wheel(Path(args.offline_wheels)) if args.offline_wheels else None,
-        verl_python=Path(args.verl_python).absolute() if args.verl_python else None,
-        installed=installed_from(origin := origin_facts(probe_origin(venv, work, redact))),
+        verl_python=verl_python,
+        verl_overlay=verl.overlay if verl is not None else None,
+        installed=installed_from(origin),
+        verl_installed=verl.installed(str(origin.get("wheel_sha256"))) if verl is not None else None,
         # a development run binds to the wheel installed in --venv (it qualifies nothing)
         wheel_sha256=str(origin.get("wheel_sha256")),
     )

@@ -46,6 +46,8 @@ class RunnerOptions:
     verl_python: Path | None
     installed: InstalledFrom | None  # the origin proof's binding, stamped on every CLI invocation
     wheel_sha256: str  # the candidate manifest's wheel: every invocation's binding must name it
+    verl_overlay: Path | None = None  # the candidate overlaid on verl's environment (harness.verl_env)
+    verl_installed: InstalledFrom | None = None  # the overlay's binding, stamped on every `-m miniverl` there
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
@@ -78,6 +80,8 @@ def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
         data="data/prompts.parquet",
         model_wheel=opts.model_wheel,
         verl_python=opts.verl_python,
+        verl_overlay=opts.verl_overlay,
+        verl_installed=opts.verl_installed,
     )
     evidence: dict[str, Path] = {}
     failure: str | None = None

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness import verl_env
 from harness.full import runs
 from harness.full.base import Context, Scale
 from harness.full.reading import count, finite, read_json, read_jsonl
@@ -99,8 +100,9 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeout: float = 900) -> CliResult:
     """``PYTHON -m miniverl ARGS`` in another environment (verl's), recorded in the workload's transcript with
-    its interpreter in argv, so the transcript says which environment ran it."""
-    env = clean_env(ctx.cli.extra_env, path_prefix=python.parent)
+    its interpreter in argv, so the transcript says which environment ran it. The candidate overlay
+    (``ctx.verl_overlay``) comes first on PYTHONPATH, so the miniverl it runs is the candidate's."""
+    env = clean_env({**ctx.cli.extra_env, **verl_env.child_env(ctx.verl_overlay)}, path_prefix=python.parent)
     start = time.monotonic()
     timed_out = False
     try:
@@ -119,9 +121,11 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
     except OSError as exc:
         code, out, err = 127, b"", f"cannot execute {python.name}: {exc.strerror}".encode()
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+    interpreter = verl_label(ctx, python)
+    installed = ctx.verl_installed.model_copy(update={"executable": interpreter}) if ctx.verl_installed else None
     invocation = Invocation(
         step=step,
-        argv=[verl_label(ctx, python), "-m", "miniverl", *ctx.cli.redact.argv(args)],
+        argv=[interpreter, "-m", "miniverl", *ctx.cli.redact.argv(args)],
         exit_code=code,
         duration_seconds=round(time.monotonic() - start, 3),
         timed_out=timed_out,
@@ -130,7 +134,7 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
         stderr_bytes=len(err),
         stderr_sha256=sha256_bytes(err),
         stderr_last_line=ctx.cli.redact.text(lines[-1][:300]) if lines else "",
-        installed=ctx.verl_installed,
+        installed=installed,
     )
     result = CliResult(invocation, out, err)
     ctx.cli.results.append(result)
@@ -143,14 +147,19 @@ def verl_label(ctx: Context, python: Path) -> str:
 
 
 def diagnose_environment(ctx: Context) -> dict[str, Any]:
-    """Which environment diagnoses the bundle: verl's own venv (``ctx.verl_python``), or none."""
+    """Which environment diagnoses the bundle: verl's own venv (``ctx.verl_python``) with the candidate overlaid,
+    or none; and which verl and miniverl that interpreter imports (probed now, the overlay named, no local path)."""
     if ctx.verl_python is None:
         return {"verl_python": None, "reason": "no environment with verl 0.9.1 was given (ctx.verl_python is None)"}
     python = Path(ctx.verl_python)
     inside = python.is_relative_to(ctx.cli.venv)
+    reason = "the candidate's venv" if inside else "verl 0.9.1's own environment"
+    if ctx.verl_overlay is not None:
+        reason += ", the candidate wheel overlaid first on PYTHONPATH"
     return {
         "verl_python": verl_label(ctx, python),
-        "reason": "the candidate's venv" if inside else "a separate venv with verl 0.9.1 (`make verl`)",
+        "reason": reason,
+        **verl_env.observed(python, ctx.verl_overlay, cwd=ctx.work),
     }
 
 

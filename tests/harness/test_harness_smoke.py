@@ -64,10 +64,25 @@ def test_full_fails_closed_when_the_workloads_cannot_pass(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
     """The stand-in CLI passes the smoke but knows none of the full workloads' commands: every workload is run,
-    judged and recorded as failed with its reasons, and the qualification fails naming them."""
-    from harness import registry
+    judged and recorded as failed with its reasons, and the qualification fails naming them. verl's environment
+    is a stand-in too (a wrapper over this interpreter with a fake verl 0.9.1); the candidate is overlaid on it,
+    and the evidence says the handoff diagnosis imported the candidate's miniverl from the overlay."""
+    from test_harness_verl_env import fake_verl_python
 
-    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, level="full_qualification") == 1
+    from harness import registry
+    from harness.profiles import PROFILES
+    from harness.smoke import SmokeOptions, run_smoke
+
+    opts = SmokeOptions(
+        profile=PROFILES["cpu-reference"],
+        out=tmp_path / "q",
+        level="full_qualification",
+        candidate=candidate,
+        repo=fake_repo,
+        known_good_dir=known_good,
+        verl_python=fake_verl_python(tmp_path / "verl", own_miniverl="9.9.9"),
+    )
+    assert run_smoke(opts) == 1
     q = _q(tmp_path / "q")
     assert q["level"] == "full_qualification" and q["status"] == "failed"
     by_name = {w["name"]: w for w in q["workloads"]}
@@ -75,9 +90,28 @@ def test_full_fails_closed_when_the_workloads_cannot_pass(
     assert by_name["release-smoke"]["status"] == "passed"
     for spec in registry.REGISTRY.workloads[1:]:
         assert by_name[spec.name]["status"] == "failed" and by_name[spec.name]["reasons"], spec.name
+        assert "was not run" not in " ".join(by_name[spec.name]["reasons"]), spec.name
         record = _q(tmp_path / "q", spec.principal_record)
         assert record["status"] == "failed" and record["name"] == spec.name
     assert any(r.startswith("check run_completed failed") for r in q["reasons"])
+    version = json.loads((candidate / "candidate-manifest.json").read_bytes())["version"]
+    environment = json.loads(
+        (tmp_path / "q" / "evidence" / "v013" / "ppo-rm-handoff" / "diagnose-environment.json").read_bytes()
+    )
+    assert environment["miniverl_file"] == "<verl-overlay>/miniverl/__init__.py"
+    assert (environment["verl_version"], environment["miniverl_version"]) == ("0.9.1", version)
+
+
+def test_full_refuses_to_start_without_verls_environment(
+    candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
+) -> None:
+    """Without verl 0.9.1's environment the handoff checks could never pass: one usage error, nothing written."""
+    from harness.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, level="full_qualification")
+    assert err.value.check == "verl_python" and err.value.exit_code == 2
+    assert not (tmp_path / "q").exists()
 
 
 def test_a_dirty_checkout_cannot_qualify(candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,59 @@ def test_ci_runs_the_ci_script() -> None:
     assert "pull_request_target" not in ci[True]
     runs = [s.get("run") for job in ci["jobs"].values() for s in job["steps"]]
     assert "bash .ci/run" in runs
+
+
+FULL = "${{ inputs.level == 'full' }}"
+VERL_VENV = "${GITHUB_WORKSPACE}/verl"
+VERL_LOCK = "known-good/verl-0.9.1-cpu.txt"
+
+
+def _commands(step: dict[str, Any]) -> list[list[str]]:
+    """A step's script as shell words, one list per command line (backslash continuations joined)."""
+    script = step.get("run", "").replace("\\\n", " ")
+    return [shlex.split(line) for line in script.splitlines() if line.strip()]
+
+
+def _option(words: list[str], flag: str) -> str | None:
+    return words[words.index(flag) + 1] if flag in words[:-1] else None
+
+
+def _find(steps: list[dict[str, Any]], match: Any) -> list[tuple[int, list[str]]]:
+    return [(i, words) for i, step in enumerate(steps) for words in _commands(step) if match(words)]
+
+
+def test_the_full_level_builds_verls_venv_from_the_lock(gpu: dict[Any, Any]) -> None:
+    steps = _steps(gpu["jobs"]["qualify"])
+    venv = _find(steps, lambda w: w == ["python3.12", "-m", "venv", VERL_VENV])
+    assert len(venv) == 1
+    at = venv[0][0]
+    assert steps[at]["if"] == FULL and steps[at]["working-directory"] == "src"  # the lock is the checkout's
+    pip = _find(steps, lambda w: w[:4] == [f"{VERL_VENV}/bin/python", "-m", "pip", "install"])
+    assert [i for i, _ in pip] == [at, at]
+    (_, torch), (_, stack) = pip
+    assert _option(torch, "--index-url") == "https://download.pytorch.org/whl/cpu" and "--no-deps" in torch
+    assert torch[-1] == "torch==2.13.0"
+    assert _option(stack, "--constraint") == VERL_LOCK and "verl==0.9.1" in stack and "--index-url" not in stack
+    assert "-e" not in stack and not any(w.startswith(".") for w in stack[4:])  # no miniverl: the harness overlays it
+    check = _find(steps, lambda w: w[:2] == [f"{VERL_VENV}/bin/python", "-c"])
+    assert [i for i, _ in check] == [at] and "verl.__version__ == '0.9.1'" in check[0][1][2]
+    lock = (WORKFLOWS.parents[1] / VERL_LOCK).read_text().splitlines()
+    assert "verl==0.9.1" in lock and "torch==2.13.0" in lock
+    cleanup = _find(steps, lambda w: w[:3] == ["for", "target", "in"])
+    assert len(cleanup) == 1 and "verl" in cleanup[0][1][3 : cleanup[0][1].index("do")]
+    assert cleanup[0][0] < at
+
+
+def test_harness_full_receives_verls_python(gpu: dict[Any, Any]) -> None:
+    steps = _steps(gpu["jobs"]["qualify"])
+    harness = _find(steps, lambda w: w[1:3] == ["-m", "harness"] and w[3] in ("smoke", "full"))
+    by_level = {w[3]: (i, w) for i, w in harness}
+    assert sorted(w[3] for _, w in harness) == ["full", "smoke"]
+    at, full = by_level["full"]
+    assert steps[at]["if"] == FULL
+    assert _option(full, "--verl-python") == f"{VERL_VENV}/bin/python"
+    assert _option(full, "--profile") == "rtx4080-wsl2-cu130"
+    venv_at = _find(steps, lambda w: w == ["python3.12", "-m", "venv", VERL_VENV])[0][0]
+    assert venv_at < at
+    at, smoke = by_level["smoke"]
+    assert steps[at]["if"] == "${{ inputs.level == 'smoke' }}" and "--verl-python" not in smoke
