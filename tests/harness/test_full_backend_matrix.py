@@ -498,6 +498,8 @@ def test_run_drives_the_cli_and_saves_portable_evidence(tmp_path: Path) -> None:
         data_source=data,
         model_wheel=None,
         verl_python=None,
+        installed=None,
+        wheel_sha256="0" * 64,
     )
     outcome = run_one(bm.WORKLOAD, opts)
     executed = {c.name: c.passed for c in outcome.book.checks().executed}

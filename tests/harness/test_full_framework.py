@@ -63,6 +63,8 @@ def _options(tmp_path: Path) -> RunnerOptions:
         data_source=data,
         model_wheel=None,
         verl_python=None,
+        installed=None,
+        wheel_sha256=WHEEL,
     )
 
 
@@ -70,9 +72,10 @@ def test_a_judged_workload_becomes_a_record_whose_status_follows_its_checks(tmp_
     outcome = run_one(_toy(0.5), _options(tmp_path))
     checks = outcome.book.checks()
     assert checks.required == policy.required_checks(CPU, "pg-k1")
-    assert {c.name for c in checks.executed} == {"run_completed", "reward_varies_within_group"}
+    decided = {"run_completed", "reward_varies_within_group", "candidate_bound"}
+    assert {c.name for c in checks.executed} == decided
     # The toy judge leaves two required checks undecided: they are skipped, so the record cannot pass.
-    assert {c.name for c in checks.skipped} == set(checks.required) - {"run_completed", "reward_varies_within_group"}
+    assert {c.name for c in checks.skipped} == set(checks.required) - decided
     assert set(outcome.files) == {"figures", "transcript"}
     assert outcome.metrics["scale"] == "reduced" and outcome.metrics["reward_std"] == 0.5
     staging = tmp_path / "qual"
@@ -92,7 +95,8 @@ def test_a_judged_workload_becomes_a_record_whose_status_follows_its_checks(tmp_
 def test_a_bad_value_fails_the_judged_check(tmp_path: Path) -> None:
     outcome = run_one(_toy(0.0), _options(tmp_path))
     failed = [c for c in outcome.book.checks().executed if not c.passed]
-    assert [c.name for c in failed] == ["reward_varies_within_group"]
+    # the toy ran no CLI: its empty transcript binds nothing to the candidate
+    assert sorted(c.name for c in failed) == ["candidate_bound", "reward_varies_within_group"]
 
 
 def test_a_run_that_cannot_go_on_is_a_failed_check_not_a_crash(tmp_path: Path) -> None:
