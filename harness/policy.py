@@ -83,13 +83,21 @@ def required_checks(profile: Profile, workload: str) -> list[str]:
     check of :data:`registry.REQUIRED_ONLY_ON` only on the profiles it names."""
     if workload == "release-smoke":
         return registry.required_smoke_checks(profile.device)
-    names = [*registry.workload(workload).required_checks, CANDIDATE_BOUND]  # every workload's CLI ran the candidate
+    names = registry.workload(workload).required_checks
     return [
         c
         for c in names
         if (profile.device == "cuda" or c not in registry.CUDA_ONLY)
         and profile.name in registry.REQUIRED_ONLY_ON.get((workload, c), (profile.name,))
     ]
+
+
+def record_checks(profile: Profile, workload: str) -> list[str]:
+    """The checks a workload's record must hold passed: what its judge decides (:func:`required_checks`) and, for a
+    full workload, ``candidate_bound`` (every CLI invocation of its transcript ran the candidate), which the runner
+    and the auditor decide for every workload alike."""
+    checks = required_checks(profile, workload)
+    return checks if workload == "release-smoke" else [*checks, CANDIDATE_BOUND]
 
 
 def check_problems(checks: Checks, required: list[str]) -> list[str]:

@@ -112,7 +112,7 @@ def judged(
 ) -> Outcome:
     """Judge ``evidence`` into an outcome whose checks are the policy's for ``workload`` on ``profile``; every CLI
     invocation of its transcript must have run the candidate wheel ``wheel_sha256`` (``candidate_bound``)."""
-    book = CheckBook(policy.required_checks(profile, workload.name))
+    book = CheckBook(policy.record_checks(profile, workload.name))
     judgement = workload.judge(evidence, profile, scale)
     book.record(BOUND, *transcript_bound(evidence.get("transcript"), wheel_sha256))
     if failure is not None:

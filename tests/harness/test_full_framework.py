@@ -71,7 +71,7 @@ def _options(tmp_path: Path) -> RunnerOptions:
 def test_a_judged_workload_becomes_a_record_whose_status_follows_its_checks(tmp_path: Path) -> None:
     outcome = run_one(_toy(0.5), _options(tmp_path))
     checks = outcome.book.checks()
-    assert checks.required == policy.required_checks(CPU, "pg-k1")
+    assert checks.required == policy.record_checks(CPU, "pg-k1")
     decided = {"run_completed", "reward_varies_within_group", "candidate_bound"}
     assert {c.name for c in checks.executed} == decided
     # The toy judge leaves two required checks undecided: they are skipped, so the record cannot pass.
