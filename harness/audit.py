@@ -313,11 +313,14 @@ class Auditor:
             judged = workload.judge(evidence, profile, scale)
             recorded = {c.name: c.passed for c in record.checks.executed}
             disagree = sorted(n for n, (ok, _) in judged.checks.items() if recorded.get(n) is not ok or not ok)
+            recorded_na = {c.name for c in record.checks.not_applicable}
+            disagree += sorted(n for n in judged.not_measured if n not in recorded_na)
+            why = {**{n: detail for n, (_, detail) in judged.checks.items()}, **judged.not_measured}
             require(
                 not disagree,
                 "workload_rejudged",
                 f"{spec.name}: re-judged from its evidence, {disagree[:5]} do not pass "
-                f"({'; '.join(judged.checks[n][1][:120] for n in disagree[:2])})",
+                f"({'; '.join(why[n][:120] for n in disagree[:2])})",
             )
         return f"{len(registry.REGISTRY.workloads) - 1} full workload records bound, within policy, and re-judged"
 

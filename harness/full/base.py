@@ -47,16 +47,25 @@ class Context:
 
 @dataclass
 class Judgement:
-    """Check name -> (passed, detail) for exactly the registry's checks, and the figures the record keeps."""
+    """Check name -> (passed, detail) for exactly the registry's checks, the checks that measured nothing on this
+    profile (name -> why), and the figures the record keeps."""
 
     checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    not_measured: dict[str, str] = field(default_factory=dict)
 
     def check(self, name: str, passed: bool, detail: str) -> bool:
-        if name in self.checks:
+        if name in self.checks or name in self.not_measured:
             raise ValueError(f"check {name} judged twice")
         self.checks[name] = (bool(passed), detail)
         return bool(passed)
+
+    def not_applicable(self, name: str, reason: str) -> None:
+        """``name`` measured nothing here (recorded not_applicable with ``reason``, never passed; a required
+        check that is not applicable fails the level)."""
+        if name in self.checks or name in self.not_measured:
+            raise ValueError(f"check {name} judged twice")
+        self.not_measured[name] = reason
 
 
 class WorkloadFailure(HarnessError):

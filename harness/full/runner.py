@@ -45,9 +45,12 @@ class RunnerOptions:
 
 
 def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
-    """Record the judged checks; a required check the judge did not decide is recorded as skipped."""
+    """Record the judged checks and those the judge found not applicable (with its reason); a required check the
+    judge did not decide is recorded as skipped."""
     for name, (passed, detail) in judgement.checks.items():
         book.record(name, passed, detail)
+    for name, reason in judgement.not_measured.items():
+        book.not_applicable_(name, reason[:500])
     for name in registry.workload(workload.name).required_checks:
         if name not in book.required:
             book.not_applicable_(name, f"{profile.device} profile")
