@@ -106,6 +106,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if handoff["status"] == "compiles":
         digests = f"IR {handoff['ir_digest'][:16]}, rules {handoff['rules_digest'][:16]}"
         human += f"\nhandoff: {handoff['compiler']} ({digests})"
+        if plan.config.get("models", {}).get("student", {}).get("quantization") == "nf4":
+            human += "; NF4 not carried over: verl trains on the full-precision base (nf4_not_carried_over)"
     else:
         human += f"\nhandoff {handoff['status']} ({handoff['refusal']['code']}) by {handoff['compiler']}"
     _emit(args, payload, human)

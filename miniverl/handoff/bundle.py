@@ -10,7 +10,8 @@ Layout (every path relative to the bundle; no absolute path is written anywhere)
     model/                      the base model directory (local models only)
     ir.json  rules.json         the compiled IR and the rules table (canonical JSON)
     launch.sh                   python -m verl.trainer.main_ppo with this config
-    manifest.json               every file's sha256, the IR and rules digests (written last)
+    manifest.json               every file's sha256, the IR and rules digests, the quantization
+                                carried over or not (written last)
 
 The bundle is built in a temporary sibling directory and renamed into place; an existing
 ``--out`` is refused.
@@ -107,7 +108,9 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
                 model_id=ir.model.model_id,
                 revision=ir.model.revision,
                 identity_digest=ir.model.identity_digest,
+                dtype=ir.model.dtype,
             ),
+            quantization=ir.model.quantization,
             adapter=adapter,
             config_name=config_name(ir),
             launch="bash launch.sh",
@@ -135,6 +138,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         "manifest_sha256": sha256_file(out / MANIFEST_NAME),
         "files": sorted(manifest.files),
         "deviations": manifest.deviations,
+        "quantization": manifest.quantization.model_dump(mode="json"),
         **({"direct_config": direct.model_dump(mode="json")} if direct is not None else {}),
     }
 

@@ -1,7 +1,9 @@
 """Compiler ``verl-rl-v0.9-single-gpu-v1``: a miniverl GRPO plan -> :class:`ExperimentIR`.
 
 Every decision here follows a rule of ``rules_v1.json``; a field verl cannot express exactly
-raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation).
+raises the rule's :class:`~miniverl.handoff.rules.HandoffRefusal` (never an approximation), except
+where a ``drop_with_note`` rule compiles it and records what is not carried over (NF4 base weights:
+verl trains on the full-precision base; ``model.quantization`` and a deviation say so).
 PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` (direct-config,
 :mod:`miniverl.handoff.native`) imports a native verl YAML into a plan that v1 then exports.
 """
@@ -32,6 +34,7 @@ from miniverl.handoff.ir import (
     ModelBindingIR,
     OptimIR,
     PpoIR,
+    QuantizationIR,
     RewardIR,
     RewardModelIR,
     RewardTermIR,
@@ -39,7 +42,7 @@ from miniverl.handoff.ir import (
     ScheduleIR,
     SourceIR,
 )
-from miniverl.handoff.rules import refuse
+from miniverl.handoff.rules import note, refuse
 from miniverl.records import PlanRecord
 
 #: verl's compute_grpo_outcome_advantage epsilon (fixed in verl 0.9).
@@ -163,7 +166,7 @@ def build_ir(
             needs_response_token_count=any(t.name in TOKEN_COUNT_REWARDS or ":" in t.name for t in terms),
             reward_model=_reward_model_ir(plan, config),
         ),
-        deviations=_deviations(config),
+        deviations=_deviations(config, compiler),
     )
 
 
@@ -188,8 +191,6 @@ def common_refusals(config: MiniverlConfig, compiler: str) -> None:
         raise refuse("gguf_weights", f"models.student.path: {student.path}", compiler=compiler)
     if student.source == "hub" and not IMMUTABLE_REVISION.match(student.revision or ""):
         raise refuse("mutable_revision", f"revision {student.revision!r}", compiler=compiler)
-    if student.quantization == "nf4":
-        raise refuse("nf4_quantization", "models.student.quantization: nf4", compiler=compiler)
     lora = student.lora
     if lora is None or not lora.enabled:
         raise refuse("lora_disabled", compiler=compiler)
@@ -272,6 +273,7 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
         identity_digest=sha256_json(plan.models.get("student", {})),
         dtype=config.models.dtype,
         gradient_checkpointing=config.train.activation_checkpointing > 0,
+        quantization=QuantizationIR.of(student.quantization),
     )
 
 
@@ -284,10 +286,12 @@ def _reward_model_ir(plan: PlanRecord, config: MiniverlConfig) -> RewardModelIR 
     return RewardModelIR(spec=kept, identity=dict(plan.models["reward"]), weight=weight)
 
 
-def _deviations(config: MiniverlConfig) -> tuple[str, ...]:
+def _deviations(config: MiniverlConfig, compiler: CompilerId) -> tuple[str, ...]:
     out = [
         "engine_numerics: FSDP actor and vLLM rollout kernels (bitwise results differ from miniverl's HF eager path)"
     ]
+    if config.models.student.quantization == "nf4":
+        out.append(note("nf4_not_carried_over", compiler))
     if config.models.reward is not None:
         out.append(
             "reward_model_unbatched: verl calls the reward function once per response, so the reward "

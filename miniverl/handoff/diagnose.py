@@ -14,7 +14,8 @@
 9. a bundled base model directory is present (``model_missing``); with it, verl's RLHFDataset
    loads the Parquet and ``compute_score`` is called once (``verl_dataset_failed``).
 
-``launch_status`` is ``ready`` or the first blocker's code.
+``launch_status`` is ``ready`` or the first blocker's code. ``quantization`` is the manifest's: an NF4
+run is launched on the same base in full precision (not a blocker: the rules compile it, with a note).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def diagnose(bundle: Path) -> dict[str, Any]:
     checks["model"] = {
         "binding": manifest.model.binding,
         "resolved": "in the bundle" if manifest.model.binding == "bundle" else "by launch.sh at launch time",
+        "dtype": manifest.model.dtype,
     }
     status = "ready" if not blockers else blockers[0]["code"]
     return {
@@ -122,6 +124,7 @@ def diagnose(bundle: Path) -> dict[str, Any]:
         "ir_digest": manifest.ir_digest,
         "rules_digest": manifest.rules_digest,
         "verl_version": verl_version,
+        "quantization": manifest.quantization.model_dump(mode="json"),
         "checks": checks,
         "ray_started": False,
     }

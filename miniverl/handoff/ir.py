@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miniverl.canonical import sha256_json
 
@@ -43,6 +43,29 @@ class SourceIR(IRModel):
     miniverl_version: str
 
 
+class QuantizationIR(IRModel):
+    """The base weights' quantization in miniverl (``trained``) and in verl (``handed_off``).
+
+    verl 0.9 has no NF4 base weights: an NF4 plan or run is handed off on the same base model in
+    full precision (``models.dtype``), rule ``nf4_not_carried_over``. ``carried_over`` is true iff
+    the two agree; the bundle manifest, ``handoff --json`` and ``diagnose`` report this object.
+    """
+
+    trained: Literal["none", "nf4"]
+    handed_off: Literal["none"] = "none"
+    carried_over: bool
+
+    @model_validator(mode="after")
+    def _carried_over_iff_equal(self) -> QuantizationIR:
+        if self.carried_over != (self.trained == self.handed_off):
+            raise ValueError(f"carried_over must be {self.trained == self.handed_off} (trained {self.trained})")
+        return self
+
+    @classmethod
+    def of(cls, trained: Literal["none", "nf4"]) -> QuantizationIR:
+        return cls(trained=trained, carried_over=trained == "none")
+
+
 class ModelBindingIR(IRModel):
     """How the policy's base weights reach verl.
 
@@ -50,6 +73,7 @@ class ModelBindingIR(IRModel):
     ``revision`` with huggingface_hub (verl's HFModelConfig has no revision key).
     ``builtin``: an embedded miniverl model, resolved at launch with ``miniverl models fetch``.
     ``bundle``: the base directory is copied into the bundle as ``model/``.
+    Always the unquantized base at ``dtype``; ``quantization`` says what miniverl trained over.
     """
 
     binding: Literal["hub", "builtin", "bundle"]
@@ -58,6 +82,7 @@ class ModelBindingIR(IRModel):
     identity_digest: str
     dtype: Literal["float32", "bfloat16", "float16"]
     gradient_checkpointing: bool
+    quantization: QuantizationIR
 
 
 class LoraIR(IRModel):

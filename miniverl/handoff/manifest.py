@@ -1,5 +1,8 @@
 """The bundle manifest (``manifest.json``): every file's sha256 plus the IR and rules digests.
 
+``quantization`` (the IR's ``model.quantization``) says whether the base weights' quantization was
+carried over to verl: an NF4 run is handed off on the same base in full precision (``model.dtype``).
+
 Its JSON Schema is ``manifests/handoff/bundle-manifest.schema.json`` (a test fails on drift).
 """
 
@@ -14,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from miniverl.canonical import sha256_file
 from miniverl.config.strict import loads_json
 from miniverl.errors import UsageError
+from miniverl.handoff.ir import QuantizationIR
 
 SHA256 = Field(pattern=r"^[0-9a-f]{64}$")
 MANIFEST_NAME = "manifest.json"
@@ -56,10 +60,13 @@ class CriticAdapterBinding(_Strict):
 
 
 class ModelBinding(_Strict):
+    """The base model verl loads: always unquantized, at ``dtype`` (``BundleManifest.quantization``)."""
+
     binding: Literal["hub", "builtin", "bundle"]
     model_id: str | None
     revision: str | None
     identity_digest: str = SHA256
+    dtype: Literal["float32", "bfloat16", "float16"]
 
 
 class DirectConfigEvidence(_Strict):
@@ -85,6 +92,7 @@ class BundleManifest(_Strict):
     rules_digest: str = SHA256
     source: BundleSource
     model: ModelBinding
+    quantization: QuantizationIR
     adapter: AdapterBinding | None
     config_name: str
     launch: str
@@ -100,6 +108,16 @@ class BundleManifest(_Strict):
             if isinstance(out, dict) and out.get(key, 0) is None:
                 out.pop(key)
         return out
+
+
+def quantization_note(quantization: QuantizationIR, dtype: str) -> str | None:
+    """The human line for a quantization that was not carried over (None when it was)."""
+    if quantization.carried_over:
+        return None
+    return (
+        f"note: trained on {quantization.trained.upper()} base weights; verl loads the {dtype} base "
+        "(quantization not carried over)"
+    )
 
 
 def file_entries(root: Path) -> dict[str, BundleFile]:

@@ -154,7 +154,10 @@ RULES: tuple[ImportRule, ...] = (
 BINDINGS: dict[str, str] = {
     "model": "actor_rollout_ref.model.path: a local directory, a hub id@40-hex revision or a builtin name",
     "device": "auto, cpu or cuda (models.device)",
-    "quantization": "none or nf4 (models.student.quantization; nf4 is refused again at handoff)",
+    "quantization": (
+        "none or nf4 (models.student.quantization; nf4 is handed off on the full-precision base, "
+        "rule nf4_not_carried_over)"
+    ),
     "trajectory_batch_size": "auto or a number (train.trajectory_batch_size; micro-batching only)",
     "batch_size": "rollout generation batch (rollout.batch_size)",
 }

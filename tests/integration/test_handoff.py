@@ -58,6 +58,9 @@ def test_handoff_from_plan(cli, write_config, tiny_model_dir, prompts, workdir: 
     plan_digest = json.loads(Path("plan.json").read_text())["plan_digest"]
     assert manifest["source"] == {"kind": "plan", "plan_digest": plan_digest, "run_id": None, "checkpoint_step": None}
     assert manifest["model"]["binding"] == "bundle" and manifest["adapter"] is None
+    assert manifest["model"]["dtype"] == "float32"
+    carried = {"trained": "none", "handed_off": "none", "carried_over": True}
+    assert manifest["quantization"] == handed["quantization"] == carried
     listed = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(manifest["files"]) == listed
     for name, entry in manifest["files"].items():

@@ -95,6 +95,17 @@ def test_run_bundle_with_adapter_is_ready(cli, write_config, tiny_model_dir, pro
     assert report["checks"]["adapter"]["r"] == 4 and report["checks"]["overlay"]["applied"]
 
 
+def test_nf4_plan_bundle_is_ready_on_the_full_precision_base(cli, write_config, tiny_model_dir, prompts, workdir):
+    config = tiny_config(tiny_model_dir)
+    config["models"]["student"]["quantization"] = "nf4"
+    bundle = _bundle(cli, write_config(config), "bundle")  # a plan: no NF4 weights loaded here
+    code, report = _diagnose(cli, bundle)
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    assert report["quantization"] == {"trained": "nf4", "handed_off": "none", "carried_over": False}
+    human = cli("diagnose", str(bundle))
+    assert "note: trained on NF4 base weights; verl loads the float32 base (quantization not carried over)" in human.out
+
+
 @pytest.mark.parametrize(("mode", "estimator"), [("loss", "low_var_kl"), ("reward", "k1")])
 def test_grpo_kl_bundle_is_ready_with_verls_reference(
     cli, write_config, tiny_model_dir, prompts, workdir, mode, estimator

@@ -133,6 +133,49 @@ def test_ir_maps_the_grpo_fields() -> None:
     assert _compile(train__trajectory_batch_size="auto").rollout.micro_batch_per_gpu == 8
 
 
+def test_an_nf4_plan_compiles_on_the_full_precision_base_and_says_so() -> None:
+    plain, nf4 = _compile(), _compile(models__student__quantization="nf4")
+    assert plain.model.quantization.model_dump() == {"trained": "none", "handed_off": "none", "carried_over": True}
+    assert nf4.model.quantization.model_dump() == {"trained": "nf4", "handed_off": "none", "carried_over": False}
+    # the same base model (hub id, revision, identity) and precision: only the quantization record differs
+    same = {"quantization"}
+    assert nf4.model.model_dump(exclude=same) == plain.model.model_dump(exclude=same)
+    assert nf4.model.dtype == "bfloat16"
+    notes = [d for d in nf4.deviations if d.startswith("nf4_not_carried_over: ")]
+    assert len(notes) == 1 and "dequantization error" in notes[0]
+    assert not any(d.startswith("nf4_not_carried_over") for d in plain.deviations)
+    # verl's config does not depend on the quantization miniverl trained over
+    assert emit_verl_config(nf4) == emit_verl_config(plain)
+    rule = next(r for r in load_rules().rules if r.code == "nf4_not_carried_over")
+    assert (rule.action, rule.field) == ("drop_with_note", "models.student.quantization")
+    assert rule.when == "quantization == nf4"
+
+
+def test_quantization_record_holds_carried_over_to_its_definition() -> None:
+    from miniverl.handoff.ir import QuantizationIR
+
+    with pytest.raises(ValueError, match="carried_over must be False"):
+        QuantizationIR(trained="nf4", carried_over=True)
+    with pytest.raises(ValueError, match="carried_over must be True"):
+        QuantizationIR(trained="none", carried_over=False)
+    with pytest.raises(ValueError):
+        QuantizationIR.model_validate({"trained": "nf4", "handed_off": "nf4", "carried_over": True})
+
+
+def test_a_coded_rule_needs_its_code_and_notes_come_only_from_drop_with_note_rules() -> None:
+    from miniverl.handoff.rules import Rule, note, refusal_rule
+
+    assert note("nf4_not_carried_over").startswith("nf4_not_carried_over: verl 0.9 has no NF4 base weights")
+    with pytest.raises(KeyError):
+        note("grpo_eps")  # a refusal is never turned into a note
+    with pytest.raises(KeyError):
+        refusal_rule("nf4_not_carried_over")  # nor a note into a refusal
+    coded = [r for r in load_rules().rules if r.action in ("refuse", "drop_with_note")]
+    assert all(r.code for r in coded)
+    assert not [r for r in load_rules().rules if r.action not in ("refuse", "drop_with_note") and r.code]
+    assert Rule(field="f", action="drop_with_note", verl_keys=(), reason="r", code="c").code == "c"
+
+
 def test_ir_forbids_unknown_fields() -> None:
     data = _compile().model_dump(mode="json")
     data["rollout"]["surprise"] = 1
@@ -143,7 +186,6 @@ def test_ir_forbids_unknown_fields() -> None:
 @pytest.mark.parametrize(
     ("changes", "code"),
     [
-        ({"models__student__quantization": "nf4"}, "nf4_quantization"),
         ({"models__student__lora": {"r": 8, "alpha": 16, "dropout": 0.1}}, "lora_dropout"),
         ({"models__student__lora": {"r": 8, "alpha": 12.5}}, "lora_alpha_not_integer"),
         ({"models__student__lora": {"enabled": False}}, "lora_disabled"),

@@ -112,7 +112,6 @@ def test_critic_lora_value_head_is_refused_where_verls_critic_head_is_not_score(
             {"models__critic": {"source": "hub", "model_id": "org/critic", "revision": HUB_REVISION}},
             "critic_other_base",
         ),
-        ({"models__student__quantization": "nf4"}, "nf4_quantization"),
         ({"models__critic": {"source": "student", "lora": {"r": 4, "dropout": 0.1}}}, "critic_lora_dropout"),
         ({"models__critic": {"source": "student", "lora": {"r": 4, "alpha": 6.5}}}, "critic_lora_alpha_not_integer"),
         (
@@ -137,6 +136,16 @@ def test_v2_refusals_name_their_rule(changes: dict[str, Any], code: str) -> None
     with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
     assert caught.value.code == code
+
+
+def test_an_nf4_ppo_plan_compiles_with_the_v2_note() -> None:
+    config = _ppo(models__student__quantization="nf4")
+    ir = compile_plan_ir(_plan(config), config)
+    assert ir.compiler == COMPILER_V2
+    assert ir.model.quantization.model_dump() == {"trained": "nf4", "handed_off": "none", "carried_over": False}
+    assert any(d.startswith("nf4_not_carried_over: ") for d in ir.deviations)
+    plain = _ppo()
+    assert compile_plan_ir(_plan(plain), plain).model.quantization.carried_over is True
 
 
 def test_ppo_ir_maps_gae_epochs_mini_batches_and_the_critic() -> None:
