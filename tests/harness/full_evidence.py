@@ -44,17 +44,22 @@ SCALED_WORKLOADS = {
 CUDA_NULL = re.compile(rb'"cuda":(\s*)null')
 NO_QUANTIZATION = re.compile(rb'"quantization":(\s*)"none"')
 CPU_DEVICE = re.compile(rb'"device":(\s*)"cpu"')
+# `handoff --json` of an unquantized run (canonical JSON), and of the same run trained NF4 (not carried over).
+HANDOFF_UNQUANTIZED = b'"quantization":{"carried_over":true,"handed_off":"none","trained":"none"}'
+HANDOFF_NF4 = b'"quantization":{"carried_over":false,"handed_off":"none","trained":"nf4"}'
 
 
 def as_cuda_bytes(data: bytes, workload: str, role: str, scale: Scale) -> bytes:
     """CPU evidence as a CUDA run at ``scale`` records it: only the bytes that say "no CUDA" (`"cuda": null`
-    becomes CUDA_FIGURES; in a plan, `"device": "cpu"` becomes "cuda"), NF4 where the scale trains it, and in a
-    scaled workload's plan the scale's rollout sizes. Every other byte, digests and manifests included, stays: a test
-    stand-in for evidence no CPU can produce, never written by harness code."""
+    becomes CUDA_FIGURES; in a plan, `"device": "cpu"` becomes "cuda"), NF4 where the scale trains it (and a
+    handoff's quantization object: trained nf4, not carried over), and in a scaled workload's plan the scale's
+    rollout sizes. Every other byte, digests and manifests included, stays: a test stand-in for evidence no CPU
+    can produce, never written by harness code."""
     figures = json.dumps(CUDA_FIGURES, sort_keys=True).encode()
     data = CUDA_NULL.sub(lambda m: b'"cuda":' + m.group(1) + figures, data)
     if scale.quantization == "nf4" and workload in NF4_WORKLOADS:
         data = NO_QUANTIZATION.sub(lambda m: b'"quantization":' + m.group(1) + b'"nf4"', data)
+        data = data.replace(HANDOFF_UNQUANTIZED, HANDOFF_NF4)
     plan = role == "plan" or role.endswith("_plan")
     if plan:  # a plan's device; elsewhere (a bundle manifest's bindings, say) a hash binds the bytes
         data = CPU_DEVICE.sub(lambda m: b'"device":' + m.group(1) + b'"cuda"', data)
