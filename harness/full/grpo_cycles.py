@@ -5,7 +5,8 @@ NF4 base weights where the profile's scale declares ``quantization: nf4``. Both 
 (the harness's own per-tensor digests of the adapter after each update) after rewards varied within a group and
 advantages were nonzero (re-derived from the kept trajectories the checkpoint commits); on CUDA the peak reserved
 memory stays under the profile's threshold. Then ``miniverl handoff RUN --out bundle --json`` must compile the run
-into the verl plan ``verl-rl-v0.9-single-gpu-v1``.
+into the verl plan ``verl-rl-v0.9-single-gpu-v1``, and say that the quantization it trained at is handed off as
+none (NF4 is not carried over: verl 0.9 receives the full-precision base).
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def run(ctx: Context) -> dict[str, Path]:
     return runs.existing(files)
 
 
+def handed_off(trained: str) -> dict[str, object]:
+    """What ``handoff --json`` must say of the quantization of a run trained at ``trained``: verl receives the
+    unquantized base, so NF4 is never carried over (rule ``nf4_not_carried_over``)."""
+    return {"trained": trained, "handed_off": "none", "carried_over": trained == "none"}
+
+
 def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
     j = Judgement()
     r = runs.Run(evidence, "summary", "metrics", "grpo")
@@ -94,11 +101,17 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     out = read_json(evidence.get("handoff_output")) or {}
     compiler = out.get("compiler")
     handoff_exit = runs.exits(evidence).get("handoff")
+    quantization = out.get("quantization")
+    want_handoff = handed_off(want_quant)
     j.check(
         "verl_plan_compiled",
-        handoff_exit == [0] and compiler == COMPILER,
-        f"`miniverl handoff` exit {handoff_exit}, compiler {runs.short(compiler)!r} (want {COMPILER!r})",
+        handoff_exit == [0] and compiler == COMPILER and quantization == want_handoff,
+        f"`miniverl handoff` exit {handoff_exit}, compiler {runs.short(compiler)!r} (want {COMPILER!r}), "
+        f"quantization {quantization if isinstance(quantization, dict) and len(str(quantization)) < 200 else '?'} "
+        f"(want {want_handoff}: verl 0.9 has no NF4 base, so an NF4 run is handed off on the full-precision base)",
     )
+    carried = quantization.get("carried_over") if isinstance(quantization, dict) else None
+    j.metrics["handoff_quantization_carried_over"] = carried if isinstance(carried, bool) else None
     for key in ("ir_digest", "rules_digest"):
         value = out.get(key)
         j.metrics[f"handoff_{key}"] = value if isinstance(value, str) and _DIGEST.match(value) else None
