@@ -1,5 +1,7 @@
 """v0.13 PPO/RM/handoff (issue 11): PPO with a critic and a reward-model role on the embedded SmolLM2, through the
-installed CLI; a tensor-exact resume of actor, critic and optimizers; a verl 0.9 handoff bundle diagnosed locally.
+installed CLI; a tensor-exact resume of actor, critic and optimizers (by the harness's own sha256 of the checkpoint
+files, taken before the work dir goes); a verl 0.9 handoff bundle diagnosed locally. On a CPU profile the reward
+model's offload after each scoring phase measures nothing: ``reward_model_offloaded`` is not applicable there.
 
 Steps: plan (2 cycles) and plan (1 cycle) of ``harness/workloads/ppo-rm-handoff.yaml`` at the scale's sizes;
 run 2 cycles; run 1 cycle, then ``run --resume --extend 1``; ``handoff`` of the 2-cycle run; ``diagnose`` of
