@@ -3,9 +3,12 @@ directory outside the checkout, with the packaged inputs (``miniverl init --exam
 the wheel).
 
 For each case: init -> plan (validate) -> dry run -> train 2 cycles -> inspect -> report -> replay (1 cycle,
-then ``run --resume --extend 1``; its checkpoint must hold the 2-cycle run's tensors byte for byte) -> export ->
+then ``run --resume --extend 1``; its checkpoint must hold the 2-cycle run's tensors byte for byte, by the
+harness's own sha256 of the files) -> export ->
 handoff -> diagnose (in verl's own venv, ``ctx.verl_python``). The exact CLI invocations are
 :data:`PRODUCT_WORKFLOW_INVOCATIONS` (25); the judge accepts a transcript of exactly those, in order, each exit 0.
+On a CPU profile no GPU memory exists, so ``vram_measured`` is not applicable (never passed);
+``walkthrough_record`` checks that the summaries say so.
 
 Evidence: ``v014/product-workflows/walkthrough.json`` (:class:`Walkthrough`: per case rewards, losses, wall time,
 peak memory, model revisions and its invocations) next to the small files the judge reads. The runner's record
