@@ -46,7 +46,9 @@ SMOKE_CHECKS = [
 ]
 # Recorded while the qualification directory is written, after every CLI step.
 EVIDENCE_CHECKS = ("evidence_portable", "evidence_bounded")
-CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved"}
+# Checks that measure the GPU: on a CPU profile they measure nothing, so they are not required there (a judge
+# records them not_applicable with the reason, never passed).
+CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved", "vram_measured", "reward_model_offloaded"}
 # Workload checks required only on the profiles named (elsewhere their judge records them not_applicable, with why):
 # a speed ratio is a threshold only on a dedicated machine (the CUDA profiles; a shared CI CPU records it and shows
 # it), and only the release card's known-good stack is meant to include vLLM, whose policy-gradient boundary
@@ -150,6 +152,7 @@ REGISTRY = WorkloadRegistry(
                 "gae_nontrivial",
                 "resume_tensor_exact",
                 "reward_model",
+                "reward_model_offloaded",
                 "handoff",
             ],
             provided=True,

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness.full import runs
+from harness.full import runs, statehash
 from harness.full import walkthrough as wt
 from harness.full.base import Context, Judgement, Scale, Workload, WorkloadFailure
 from harness.full.reading import count, file_sha256, finite, read_json
@@ -97,6 +97,7 @@ EVIDENCE = {
         "replay_summary": "replay/summary.json",
         "replay_metrics": "replay/metrics.jsonl",
         "replay_checkpoint_2": "replay/checkpoint-2.json",
+        "state_hashes": "state-hashes.json",
         "handoff": "handoff.json",
         "bundle_manifest": "bundle/manifest.json",
         "bundle_native": "bundle/native.yaml",
@@ -146,10 +147,12 @@ def run(ctx: Context) -> dict[str, Path]:
     for step, (source, _) in REFUSALS.items():
         plan(step, source, f"{step}.json")
     run_dir, replay_dir = work / "runs" / RUN_ID, work / "runs" / REPLAY_ID
+    taken: dict[str, statehash.Taken | None] = {}
     if planned.ok:
         keep("run_output", wt.keep_json(ctx, train("run", "plan.json", RUN_ID), "run-output.json"))
         checkpoint = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
         keep("checkpoint_2", wt.keep_file(ctx, checkpoint, "run/checkpoint-2.json"))
+        taken["checkpoint_2"] = statehash.take(checkpoint.parent)  # before the resume goes on from it
         inspect = ["inspect", f"runs/{RUN_ID}", "--json"]
         keep("inspect_2", wt.keep_json(ctx, cli("inspect_2", inspect), "inspect-2.json"))
         resumed = train("resume_extend", "plan.json", RUN_ID, "--resume", "--extend", str(EXTEND))
@@ -166,6 +169,8 @@ def run(ctx: Context) -> dict[str, Path]:
     keep("replay_metrics", wt.keep_file(ctx, replay_dir / "metrics.jsonl", "replay/metrics.jsonl"))
     replay_checkpoint = wt.checkpoint_dir(replay_dir, CYCLES) / "checkpoint.json"
     keep("replay_checkpoint_2", wt.keep_file(ctx, replay_checkpoint, "replay/checkpoint-2.json"))
+    taken["replay_checkpoint_2"] = statehash.take(replay_checkpoint.parent)
+    keep("state_hashes", statehash.write_taken(wt.evidence_dir(ctx) / "state-hashes.json", taken))
     handoff = cli("handoff", ["handoff", f"runs/{RUN_ID}", "--out", "bundle", "--json"], timeout=1800)
     keep("handoff", wt.keep_json(ctx, handoff, "handoff.json"))
     bundle = work / "bundle"
@@ -333,9 +338,8 @@ def _resume_exact(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, f
     replay = runs.Run(evidence, "replay_summary", "replay_metrics", "grpo")
     done, done_why = replay.completed(CYCLES)
     resumed_from = (replay.summary or {}).get("resumed_from_step")
-    a, b = evidence.get("checkpoint_2"), evidence.get("replay_checkpoint_2")
-    state_ok, state_why = runs.same_state(a, b, CYCLES)
-    exact, exact_why = wt.replay_exact(a, b, "grpo")
+    state_ok, state_why = runs.same_state(evidence, "checkpoint_2", "replay_checkpoint_2", CYCLES)
+    exact, exact_why = wt.replay_exact(evidence, "checkpoint_2", "replay_checkpoint_2", "grpo")
     straight = runs.stable_lines(final.lines[:CYCLES])
     lines_ok = final.why is None and replay.why is None and len(straight) == CYCLES
     lines_ok = lines_ok and straight == runs.stable_lines(replay.lines)

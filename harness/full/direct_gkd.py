@@ -3,8 +3,8 @@
 On-policy distillation with the forward-KL top-k objective (``distill.objective: topk_tail``, ``divergence:
 forward_kl``) on the embedded SmolLM2, the teacher being the same frozen base with privileged context. Run A: two
 cycles. Run B: one cycle, then ``run --resume --extend 1``. The final checkpoints must hold the same adapter,
-optimizer and RNG state and the metrics lines must agree; then ``miniverl export`` of run B must reload with
-PEFT within the harness's logit tolerance for the run's dtype.
+optimizer and RNG state (by the harness's own sha256) and the metrics lines must agree; then ``miniverl export``
+of run B must reload with PEFT within the harness's logit tolerance for the run's dtype.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ EVIDENCE = {
     "b_summary": f"{FOLDER}/run-b/summary.json",
     "b_metrics": f"{FOLDER}/run-b/metrics.jsonl",
     "b_checkpoint": f"{FOLDER}/run-b/checkpoint.json",
+    "state_hashes": f"{FOLDER}/state-hashes.json",
     "export_output": f"{FOLDER}/export/export-output.json",
     "export_manifest": f"{FOLDER}/export/miniverl-manifest.json",
 }
@@ -62,6 +63,9 @@ def run(ctx: Context) -> dict[str, Path]:
         b_summary=b / "summary.json",
         b_metrics=b / "metrics.jsonl",
         b_checkpoint=runs.checkpoint_json(b, CYCLES),
+    )
+    files["state_hashes"] = runs.state_hashes(
+        ctx, {"a_checkpoint": files["a_checkpoint"].parent, "b_checkpoint": files["b_checkpoint"].parent}
     )
     return runs.existing(files)
 
@@ -126,7 +130,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     first = runs.section(read_json(evidence.get("b_first_output")), "summary")
     first_ok = first.get("status") == "completed" and first.get("updates") == FIRST
     resumed_from = (b.summary or {}).get("resumed_from_step")
-    state_ok, state_why = runs.same_state(evidence.get("a_checkpoint"), evidence.get("b_checkpoint"), CYCLES)
+    state_ok, state_why = runs.same_state(evidence, "a_checkpoint", "b_checkpoint", CYCLES)
     lines_ok, lines_why = runs.same_metrics(a, b)
     j.check(
         "resume_tensor_exact",

@@ -2,9 +2,11 @@
 
 The deterministic target-length formatting reward (plus the calculator's exact answer) on the embedded SmolLM2,
 NF4 base weights where the profile's scale declares ``quantization: nf4``. Both updates must change the adapter
-after rewards varied within a group and advantages were nonzero; on CUDA the peak reserved memory stays under
-the profile's threshold. Then ``miniverl handoff RUN --out bundle --json`` must compile the run into the verl
-plan ``verl-rl-v0.9-single-gpu-v1``.
+(the harness's own per-tensor digests of the adapter after each update) after rewards varied within a group and
+advantages were nonzero (re-derived from the kept trajectories the checkpoint commits); on CUDA the peak reserved
+memory stays under the profile's threshold. Then ``miniverl handoff RUN --out bundle --json`` must compile the run
+into the verl plan ``verl-rl-v0.9-single-gpu-v1``, and say that the quantization it trained at is handed off as
+none (NF4 is not carried over: verl 0.9 receives the full-precision base).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ EVIDENCE = {
     "summary": f"{FOLDER}/summary.json",
     "metrics": f"{FOLDER}/metrics.jsonl",
     "handoff_output": f"{FOLDER}/handoff-output.json",
+    "checkpoint_1": f"{FOLDER}/checkpoint-1.json",
+    "checkpoint_2": f"{FOLDER}/checkpoint-2.json",
+    "trajectories_1": f"{FOLDER}/cycle-000001.jsonl",
+    "trajectories_2": f"{FOLDER}/cycle-000002.jsonl",
+    "state_hashes": f"{FOLDER}/state-hashes.json",
 }
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -39,7 +46,7 @@ def run(ctx: Context) -> dict[str, Path]:
         "plan",
         YAML,
         "plan.json",
-        [f"train.cycles={CYCLES}"],
+        [f"train.cycles={CYCLES}", runs.KEEP_BOTH_CHECKPOINTS],
         min_new_tokens=runs.GRPO_MIN_NEW_TOKENS,
         quantize=True,
     )
@@ -50,16 +57,30 @@ def run(ctx: Context) -> dict[str, Path]:
             files["handoff_output"] = runs.save_output(ctx, "handoff.json", handed)
     d = runs.run_dir(ctx, "g")
     files.update(plan=d / "plan.json", summary=d / "summary.json", metrics=d / "metrics.jsonl")
+    files.update(runs.update_evidence(d, CYCLES))
+    files["state_hashes"] = runs.state_hashes(
+        ctx,
+        {f"checkpoint_{step}": runs.checkpoint_json(d, step).parent for step in range(1, CYCLES + 1)},
+        tensors=True,
+    )
     return runs.existing(files)
+
+
+def handed_off(trained: str) -> dict[str, object]:
+    """What ``handoff --json`` must say of the quantization of a run trained at ``trained``: verl receives the
+    unquantized base, so NF4 is never carried over (rule ``nf4_not_carried_over``)."""
+    return {"trained": trained, "handed_off": "none", "carried_over": trained == "none"}
 
 
 def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
     j = Judgement()
     r = runs.Run(evidence, "summary", "metrics", "grpo")
-    runs.reward_varies(j, r)
-    runs.nonzero_advantages(j, r)
+    trajectories, kept_why = runs.kept_trajectories(evidence, CYCLES)
+    runs.reward_varies(j, r, trajectories, kept=kept_why)
+    runs.nonzero_advantages(j, r, trajectories, kept=kept_why)
     done, done_why = r.completed(CYCLES)
-    moved, deltas = runs.positive_each(r, "adapter_delta_norm")
+    changed, changed_why = runs.adapter_changed_each_update(evidence, CYCLES)
+    moved, deltas = runs.positive_each(r, "adapter_delta_norm")  # secondary: what the run reports agrees
     want_quant = scale.quantization or "none"
     plan = read_json(evidence.get("plan"))
     planned_quant = runs.section(plan, "config", "models", "student").get("quantization")
@@ -70,8 +91,9 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     exits = runs.exits(evidence).get("run")
     j.check(
         "two_updates_changed",
-        done and moved and len(deltas) == CYCLES and quant_ok and sized and exits == [0],
-        f"run exit {exits}; {done_why}; adapter delta norm per update {deltas}; quantization planned "
+        done and changed and moved and len(deltas) == CYCLES and quant_ok and sized and exits == [0],
+        f"run exit {exits}; {done_why}; harness digests: {changed_why}; run reports adapter delta norm per update "
+        f"{deltas}; quantization planned "
         f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r}); "
         f"{sized_why}",
     )
@@ -79,11 +101,17 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     out = read_json(evidence.get("handoff_output")) or {}
     compiler = out.get("compiler")
     handoff_exit = runs.exits(evidence).get("handoff")
+    quantization = out.get("quantization")
+    want_handoff = handed_off(want_quant)
     j.check(
         "verl_plan_compiled",
-        handoff_exit == [0] and compiler == COMPILER,
-        f"`miniverl handoff` exit {handoff_exit}, compiler {runs.short(compiler)!r} (want {COMPILER!r})",
+        handoff_exit == [0] and compiler == COMPILER and quantization == want_handoff,
+        f"`miniverl handoff` exit {handoff_exit}, compiler {runs.short(compiler)!r} (want {COMPILER!r}), "
+        f"quantization {quantization if isinstance(quantization, dict) and len(str(quantization)) < 200 else '?'} "
+        f"(want {want_handoff}: verl 0.9 has no NF4 base, so an NF4 run is handed off on the full-precision base)",
     )
+    carried = quantization.get("carried_over") if isinstance(quantization, dict) else None
+    j.metrics["handoff_quantization_carried_over"] = carried if isinstance(carried, bool) else None
     for key in ("ir_digest", "rules_digest"):
         value = out.get(key)
         j.metrics[f"handoff_{key}"] = value if isinstance(value, str) and _DIGEST.match(value) else None

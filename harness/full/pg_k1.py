@@ -26,18 +26,35 @@ EVIDENCE = {
     "plan": f"{FOLDER}/plan.json",
     "summary": f"{FOLDER}/summary.json",
     "metrics": f"{FOLDER}/metrics.jsonl",
+    "checkpoint_1": f"{FOLDER}/checkpoint-1.json",
+    "checkpoint_2": f"{FOLDER}/checkpoint-2.json",
+    "trajectories_1": f"{FOLDER}/cycle-000001.jsonl",
+    "trajectories_2": f"{FOLDER}/cycle-000002.jsonl",
+    "state_hashes": f"{FOLDER}/state-hashes.json",
 }
 STEPS = {"plan": 0, "run": 0}
 
 
 def run(ctx: Context) -> dict[str, Path]:
     planned, _ = runs.plan(
-        ctx, "plan", YAML, "plan.json", [f"train.cycles={CYCLES}"], min_new_tokens=runs.GRPO_MIN_NEW_TOKENS
+        ctx,
+        "plan",
+        YAML,
+        "plan.json",
+        [f"train.cycles={CYCLES}", runs.KEEP_BOTH_CHECKPOINTS],
+        min_new_tokens=runs.GRPO_MIN_NEW_TOKENS,
     )
     if planned.ok:
         runs.run(ctx, "run", "plan.json", "pg")
     d = runs.run_dir(ctx, "pg")
-    return runs.existing({"plan": d / "plan.json", "summary": d / "summary.json", "metrics": d / "metrics.jsonl"})
+    files = {"plan": d / "plan.json", "summary": d / "summary.json", "metrics": d / "metrics.jsonl"}
+    files.update(runs.update_evidence(d, CYCLES))
+    files["state_hashes"] = runs.state_hashes(
+        ctx,
+        {f"checkpoint_{step}": runs.checkpoint_json(d, step).parent for step in range(1, CYCLES + 1)},
+        tensors=True,
+    )
+    return runs.existing(files)
 
 
 def kl_config(plan: dict[str, Any] | None) -> tuple[bool, str]:
@@ -73,14 +90,18 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         steps_ok and done and config_ok and sized,
         f"{steps_why}; {done_why}; {config_why}; {sized_why}",
     )
-    runs.reward_varies(j, r)
-    runs.nonzero_advantages(j, r)
+    trajectories, kept_why = runs.kept_trajectories(evidence, CYCLES)
+    runs.reward_varies(j, r, trajectories, kept=kept_why)
+    runs.nonzero_advantages(j, r, trajectories, kept=kept_why)
+    changed, changed_why = runs.adapter_changed_each_update(evidence, CYCLES)
+    # secondary: what the run itself reports agrees with the harness's digests
     moved, deltas = runs.positive_each(r, "adapter_delta_norm")
     each = (r.summary or {}).get("adapter_changed_each_update")
     j.check(
         "adapter_changed",
-        moved and len(deltas) == CYCLES and each is True,
-        f"adapter delta norm per update {deltas}; summary adapter_changed_each_update {each is True}",
+        changed and moved and len(deltas) == CYCLES and each is True,
+        f"harness digests: {changed_why}; run reports adapter delta norm per update {deltas}, "
+        f"adapter_changed_each_update {each is True}",
     )
     kls = [finite(v) for v in r.column("kl")]
     later = kls[1:]

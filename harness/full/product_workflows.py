@@ -3,9 +3,12 @@ directory outside the checkout, with the packaged inputs (``miniverl init --exam
 the wheel).
 
 For each case: init -> plan (validate) -> dry run -> train 2 cycles -> inspect -> report -> replay (1 cycle,
-then ``run --resume --extend 1``; its checkpoint must hold the 2-cycle run's tensors byte for byte) -> export ->
+then ``run --resume --extend 1``; its checkpoint must hold the 2-cycle run's tensors byte for byte, by the
+harness's own sha256 of the files) -> export ->
 handoff -> diagnose (in verl's own venv, ``ctx.verl_python``). The exact CLI invocations are
 :data:`PRODUCT_WORKFLOW_INVOCATIONS` (25); the judge accepts a transcript of exactly those, in order, each exit 0.
+On a CPU profile no GPU memory exists, so ``vram_measured`` is not applicable (never passed);
+``walkthrough_record`` checks that the summaries say so.
 
 Evidence: ``v014/product-workflows/walkthrough.json`` (:class:`Walkthrough`: per case rewards, losses, wall time,
 peak memory, model revisions and its invocations) next to the small files the judge reads. The runner's record
@@ -130,6 +133,7 @@ EVIDENCE: dict[str, str] = {
             ("diagnose", "diagnose.json"),
         )
     },
+    "state_hashes": f"{FOLDER}/state-hashes.json",
 }
 
 
@@ -209,6 +213,12 @@ def run(ctx: Context) -> dict[str, Path]:
             )
             source = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
             keep(f"{case}_{prefix}checkpoint", wt.keep_file(ctx, source, f"{case}/{folder}/checkpoint-2.json"))
+    labelled = {
+        f"{case}_{prefix}checkpoint": wt.checkpoint_dir(ctx.work / case / "runs" / run_id, CYCLES)
+        for case in CASES
+        for prefix, run_id in (("", RUN), ("replay_", REPLAY))
+    }
+    keep("state_hashes", wt.keep_state_hashes(ctx, "state-hashes.json", labelled))
     cases = [_figures(case, out, ctx) for case in CASES]
     walk = Walkthrough(
         kind="miniverl.product-walkthrough",
@@ -315,7 +325,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     replay: list[str] = []
     replay_ok = True
     for case in CASES:
-        ok, why = wt.replay_exact(evidence.get(f"{case}_checkpoint"), evidence.get(f"{case}_replay_checkpoint"), case)
+        ok, why = wt.replay_exact(evidence, f"{case}_checkpoint", f"{case}_replay_checkpoint", case)
         replay_ok = replay_ok and ok
         replay.append(f"{case}: {why}")
     j.check("tensor_replay", replay_ok, "2-cycle run vs 1 cycle + --resume --extend 1: " + "; ".join(replay))
@@ -347,13 +357,17 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         )
     j.check("records_unduplicated", undup_ok, "; ".join(undup))
 
-    vram_ok, vram_why = _vram(evidence, profile)
-    j.check("vram_measured", vram_ok, vram_why)
+    if profile.device == "cuda":
+        vram_ok, vram_why = _vram(evidence)
+        j.check("vram_measured", vram_ok, vram_why)
+    else:
+        j.not_applicable("vram_measured", VRAM_NOT_MEASURED)
 
     walk = _walkthrough(evidence.get("walkthrough"))
     w_ok, w_why = _walkthrough_agrees(walk, evidence, invocations)
     s_ok, s_why = _planned_as_declared(evidence, profile, scale)
-    j.check("walkthrough_record", w_ok and s_ok, f"{w_why}; {s_why}")
+    d_ok, d_why = _ran_on_profile(evidence, profile)
+    j.check("walkthrough_record", w_ok and s_ok and d_ok, f"{w_why}; {s_why}; {d_why}")
 
     for case in CASES:
         summary = read_json(evidence.get(f"{case}_summary")) or {}
@@ -393,9 +407,11 @@ def _diff(steps: list[str], want: list[str]) -> str:
     return f"missing {want[len(steps) :][:4]}" if len(steps) < len(want) else f"extra {steps[len(want) :][:4]}"
 
 
-def _vram(evidence: dict[str, Path], profile: Profile) -> tuple[bool, str]:
-    """CUDA: every run summary has positive peak reserved/allocated bytes. CPU: no VRAM exists, and every summary
-    says so (device cpu, no cuda block): a CPU-profile run that claims a GPU fails."""
+VRAM_NOT_MEASURED = "cpu profile: no GPU memory to measure (walkthrough_record checks the summaries' device)"
+
+
+def _vram(evidence: dict[str, Path]) -> tuple[bool, str]:
+    """CUDA: every run summary has positive peak reserved/allocated bytes."""
     figures: list[str] = []
     ok = True
     for case in CASES:
@@ -406,19 +422,30 @@ def _vram(evidence: dict[str, Path], profile: Profile) -> tuple[bool, str]:
                 figures.append(f"{case} {prefix or 'run_'}summary missing")
                 continue
             cuda = summary.get("cuda")
-            if profile.device == "cuda":
-                peaks = [count(cuda.get(k)) if isinstance(cuda, dict) else None
-                         for k in ("peak_reserved_bytes", "peak_allocated_bytes")]  # fmt: skip
-                good = all(p is not None and p > 0 for p in peaks)
-                figures.append(f"{case} {prefix or 'run_'}peak reserved/allocated {peaks}")
-            else:
-                good = summary.get("device") == "cpu" and cuda is None
-                figures.append(
-                    f"{case} {prefix or 'run_'}device {str(summary.get('device'))[:10]}, cuda {cuda is not None}"
-                )
+            peaks = [count(cuda.get(k)) if isinstance(cuda, dict) else None
+                     for k in ("peak_reserved_bytes", "peak_allocated_bytes")]  # fmt: skip
+            ok = ok and all(p is not None and p > 0 for p in peaks)
+            figures.append(f"{case} {prefix or 'run_'}peak reserved/allocated {peaks}")
+    return ok, "CUDA peaks measured; " + "; ".join(figures)
+
+
+def _ran_on_profile(evidence: dict[str, Path], profile: Profile) -> tuple[bool, str]:
+    """CPU profile: every run summary names the CPU and holds no cuda block (a CPU-profile run that claims a GPU
+    fails). CUDA profile: every summary holds a cuda block (its peaks are judged by vram_measured)."""
+    figures: list[str] = []
+    ok = True
+    for case in CASES:
+        for prefix in ("", "replay_"):
+            summary = read_json(evidence.get(f"{case}_{prefix}summary")) or {}
+            cuda = summary.get("cuda")
+            good = (
+                isinstance(cuda, dict) if profile.device == "cuda" else summary.get("device") == "cpu" and cuda is None
+            )
             ok = ok and good
-    where = "CUDA peaks measured" if profile.device == "cuda" else "CPU profile: no VRAM to measure"
-    return ok, f"{where}; " + "; ".join(figures)
+            figures.append(
+                f"{case} {prefix or 'run_'}device {str(summary.get('device'))[:10]}, cuda block {cuda is not None}"
+            )
+    return ok, f"summaries of a {profile.device!r} profile's runs: " + ", ".join(figures)
 
 
 def _walkthrough_agrees(

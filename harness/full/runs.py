@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
+from harness.full import statehash
 from harness.full.base import Context, Judgement, Scale
-from harness.full.reading import count, finite, read_json, transcript_steps
+from harness.full.reading import count, file_sha256, finite, read_json, read_jsonl, transcript_steps
 from harness.jsonio import canonical_bytes
 from harness.proc import HARNESS_DIR
 from harness.records import Profile
@@ -181,34 +183,98 @@ def steps_ok(evidence: dict[str, Path], wanted: dict[str, int]) -> tuple[bool, s
     return not bad, "transcript: " + (f"unexpected exits {bad}" if bad else f"{sorted(wanted)} exited as expected")
 
 
-def checkpoint_digests(path: Path | None) -> dict[str, str] | None:
-    """``files`` name -> sha256 of a checkpoint.json, or None when it is not one."""
-    doc = read_json(path)
-    files = doc.get("files") if doc is not None else None
-    if doc is None or doc.get("kind") != "miniverl.checkpoint" or not isinstance(files, dict):
-        return None
-    out: dict[str, str] = {}
-    for name, entry in files.items():
-        sha = entry.get("sha256") if isinstance(entry, dict) else None
-        if not isinstance(sha, str) or len(sha) != 64:
+def state_hashes(ctx: Context, checkpoints: dict[str, Path], *, tensors: bool = False) -> Path:
+    """The harness's own sha256 of each labelled checkpoint's files (label = the evidence role of its kept
+    checkpoint.json; ``tensors``: and each adapter tensor's), written while the work dir still holds them:
+    ``outputs/state-hashes.json``."""
+    return statehash.write_state_hashes(ctx.work / "outputs" / "state-hashes.json", checkpoints, tensors=tensors)
+
+
+def same_state(
+    evidence: dict[str, Path], a: str, b: str, step: int, names: tuple[str, ...] = STATE_FILES
+) -> tuple[bool, str]:
+    """Checkpoints ``a`` and ``b`` (evidence roles of kept checkpoint.json files, and their labels in
+    ``state_hashes``) are of ``step`` and hold equal state files by the harness's own sha256; and each kept
+    checkpoint.json states exactly the harness's digests (a product that misreports its files fails)."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    same, same_why = statehash.same_files(hashes, a, b, names, step=step)
+    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (a, b)]
+    steps = [(read_json(evidence.get(role)) or {}).get("step") for role in (a, b)]
+    ok = same and all(agrees for agrees, _ in told) and steps == [step, step]
+    return ok, (
+        f"checkpoint.json steps {[short(s) for s in steps]} (want {step}); {same_why}; "
+        + "; ".join(why for _, why in told)
+    )
+
+
+def trajectory_rows(evidence: dict[str, Path], roles: list[str]) -> dict[int, list[dict[str, Any]]] | None:
+    """Update (1-based) -> the trajectories of that update, from the kept ``cycle-NNNNNN.jsonl`` files, or None."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for step, role in enumerate(roles, start=1):
+        rows = read_jsonl(evidence.get(role))
+        if not rows:
             return None
-        out[name] = sha
+        out[step] = rows
     return out
 
 
-def same_state(a: Path | None, b: Path | None, step: int) -> tuple[bool, str]:
-    """Both checkpoint.json files are of ``step`` and hold equal sha256 for adapter, optimizer and RNG state."""
-    da, db = checkpoint_digests(a), checkpoint_digests(b)
-    steps = [(read_json(p) or {}).get("step") for p in (a, b)]
-    if da is None or db is None:
-        return False, f"a checkpoint.json is missing or not a checkpoint (readable: {da is not None}, {db is not None})"
-    missing = [n for n in STATE_FILES if n not in da or n not in db]
-    differ = [n for n in STATE_FILES if n in da and n in db and da[n] != db[n]]
-    others = sorted(n for n in set(da) | set(db) if n not in STATE_FILES and da.get(n) != db.get(n))
-    ok = not missing and not differ and steps == [step, step]
+ADAPTER = "adapter/adapter_model.safetensors"
+# Both updates' checkpoints must survive the run for the harness to hash the adapter after each of them.
+KEEP_BOTH_CHECKPOINTS = "checkpoint.keep_last=2"
+
+
+def update_evidence(run: Path, updates: int) -> dict[str, Path]:
+    """Each update's kept checkpoint.json and trajectories file (roles ``checkpoint_N``, ``trajectories_N``)."""
+    files: dict[str, Path] = {}
+    for step in range(1, updates + 1):
+        files[f"checkpoint_{step}"] = checkpoint_json(run, step)
+        files[f"trajectories_{step}"] = run / "trajectories" / f"cycle-{step:06d}.jsonl"
+    return files
+
+
+def kept_trajectories(evidence: dict[str, Path], updates: int) -> tuple[dict[int, list[dict[str, Any]]] | None, str]:
+    """Update -> its trajectories, from the kept files, provided the last checkpoint commits exactly those files
+    (the harness's sha256 of each is the one checkpoint.json names); else None and why."""
+    roles = [f"trajectories_{step}" for step in range(1, updates + 1)]
+    committed, why = trajectories_committed(evidence, f"checkpoint_{updates}", roles)
+    rows = trajectory_rows(evidence, roles) if committed else None
+    return rows, why if committed and rows is not None else why + ("" if rows is not None else "; unreadable")
+
+
+def adapter_changed_each_update(evidence: dict[str, Path], updates: int) -> tuple[bool, str]:
+    """From the harness's own per-tensor digests of the adapter after each update: the first update moved a
+    lora_B tensor off its all-zero init, each later one changed a tensor digest; and every kept checkpoint.json
+    states exactly the harness's file digests."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    results = [
+        statehash.adapter_moved(hashes, f"checkpoint_{step - 1}" if step > 1 else None, f"checkpoint_{step}", ADAPTER)
+        for step in range(1, updates + 1)
+    ]
+    told = [
+        statehash.product_agrees(hashes, f"checkpoint_{step}", evidence.get(f"checkpoint_{step}"))
+        for step in range(1, updates + 1)
+    ]
+    ok = all(moved for moved, _ in results) and all(agrees for agrees, _ in told)
+    return ok, "; ".join(why for _, why in results + told)
+
+
+def trajectories_committed(evidence: dict[str, Path], checkpoint_role: str, roles: list[str]) -> tuple[bool, str]:
+    """The kept trajectory files are the ones the checkpoint commits: the harness's sha256 of each equals the
+    digest the checkpoint.json names for it (and that checkpoint.json is one the harness hashed)."""
+    doc = read_json(evidence.get(checkpoint_role))
+    listed = doc.get("trajectories") if doc is not None else None
+    if not isinstance(listed, dict):
+        return False, f"{checkpoint_role} lists no trajectories"
+    wrong = [
+        step
+        for step, role in enumerate(roles, start=1)
+        if file_sha256(evidence.get(role)) is None
+        or listed.get(f"cycle-{step:06d}.jsonl") != file_sha256(evidence.get(role))
+    ]
+    ok = not wrong and len(listed) == len(roles)
     return ok, (
-        f"checkpoint steps {[short(s) for s in steps]} (want {step}); state files missing {missing}, differing "
-        f"{differ}; other files differing (informational) {others[:4]}"
+        f"{len(roles)} kept trajectory files "
+        + ("are the ones the checkpoint commits" if ok else f"NOT the ones the checkpoint commits (updates {wrong})")
     )
 
 
@@ -235,15 +301,54 @@ def positive_each(run: Run, key: str) -> tuple[bool, list[Any]]:
     return ok, [short(v) for v in values][:8]
 
 
-def reward_varies(j: Judgement, run: Run) -> None:
+def _group_std_max(rows: list[dict[str, Any]]) -> float | None:
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        reward, group = finite(row.get("reward")), row.get("group_id")
+        if reward is None or not isinstance(group, str):
+            return None
+        groups.setdefault(group, []).append(reward)
+    return max(statistics.pstdev(values) for values in groups.values()) if groups else None
+
+
+def _nonzero(rows: list[dict[str, Any]]) -> int | None:
+    advantages = [finite(row.get("advantage")) for row in rows]
+    return None if any(a is None for a in advantages) else sum(a != 0 for a in advantages if a is not None)
+
+
+def reward_varies(
+    j: Judgement, run: Run, trajectories: dict[int, list[dict[str, Any]]] | None = None, *, kept: str | None = None
+) -> None:
+    """Every update's largest within-group reward std is > 0; where the workload ``kept`` its trajectories
+    (``trajectories``: None when they are missing or unreadable), re-derived from their rewards (population std
+    per group_id) and equal to what the metrics line says."""
     ok, values = positive_each(run, "reward_std_within_group_max")
-    j.check("reward_varies_within_group", ok, f"per update, the largest within-group reward std {values}")
+    detail = f"per update, the largest within-group reward std {values}"
+    if kept is not None:
+        derived = [_group_std_max(rows) for _, rows in sorted((trajectories or {}).items())]
+        agree = len(derived) == len(run.lines) and all(
+            d is not None and d > 0 and math.isclose(d, finite(v) or -1.0, rel_tol=1e-9, abs_tol=1e-12)
+            for d, v in zip(derived, run.column("reward_std_within_group_max"), strict=False)
+        )
+        ok = ok and agree
+        detail += f"; {kept}: re-derived {[short(d) for d in derived][:8]} ({'agree' if agree else 'DISAGREE'})"
+    j.check("reward_varies_within_group", ok, detail)
 
 
-def nonzero_advantages(j: Judgement, run: Run, trajectories: dict[str, list[dict[str, Any]]] | None = None) -> None:
+def nonzero_advantages(
+    j: Judgement, run: Run, trajectories: dict[int, list[dict[str, Any]]] | None = None, *, kept: str | None = None
+) -> None:
+    """Every update has trajectories with a nonzero advantage; where the workload ``kept`` its trajectories,
+    counted from their advantages and equal to the metrics line's count."""
     ok, values = positive_each(run, "nonzero_advantages")
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in run.column("nonzero_advantages"))
-    j.check("nonzero_advantages", ok and ints, f"per update, trajectories with a nonzero advantage {values}")
+    detail = f"per update, trajectories with a nonzero advantage {values}"
+    if kept is not None:
+        derived = [_nonzero(rows) for _, rows in sorted((trajectories or {}).items())]
+        agree = derived == run.column("nonzero_advantages") and all((d or 0) > 0 for d in derived)
+        ok = ok and agree
+        detail += f"; {kept}: counted {derived[:8]} ({'agree' if agree else 'DISAGREE'})"
+    j.check("nonzero_advantages", ok and ints, detail)
 
 
 def cuda_block(summary: dict[str, Any] | None) -> dict[str, int] | None:

@@ -3,7 +3,8 @@
 Run A: the 2-cycle plan, uninterrupted. Run B: the same plan, started as a child process and sent SIGTERM as soon
 as its first checkpoint committed (``checkpoints/step-000001/checkpoint.json`` exists); it must stop with the
 documented interrupted exit (130), and ``miniverl run --resume`` must finish it. The final checkpoints of A and B
-must hold the same adapter, optimizer and RNG state (sha256 in checkpoint.json), and B's metrics lines must equal
+must hold the same adapter, optimizer and RNG state (the harness's own sha256 of the files, taken before the
+work dir goes; each checkpoint.json must state exactly those digests), and B's metrics lines must equal
 A's in everything but time and memory figures.
 """
 
@@ -36,6 +37,7 @@ EVIDENCE = {
     "b_summary": f"{FOLDER}/run-b/summary.json",
     "b_metrics": f"{FOLDER}/run-b/metrics.jsonl",
     "b_checkpoint": f"{FOLDER}/run-b/checkpoint.json",
+    "state_hashes": f"{FOLDER}/state-hashes.json",
 }
 STEPS = {"plan": 0, "run_a": 0, "run_b_resume": 0}  # the interrupted step is judged by resume_tensor_exact
 
@@ -73,6 +75,9 @@ def run(ctx: Context) -> dict[str, Path]:
         files[f"{label}_summary"] = d / "summary.json"
         files[f"{label}_metrics"] = d / "metrics.jsonl"
         files[f"{label}_checkpoint"] = runs.checkpoint_json(d, CYCLES)
+    files["state_hashes"] = runs.state_hashes(
+        ctx, {f"{label}_checkpoint": runs.checkpoint_json(runs.run_dir(ctx, label), CYCLES).parent for label in "ab"}
+    )
     return runs.existing(files)
 
 
@@ -115,7 +120,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     resumed_from = (b.summary or {}).get("resumed_from_step")
     resume_out = read_json(evidence.get("b_resume_output")) or {}
     resumed = resume_out.get("status") == "completed" and "resumed" not in resume_out
-    state_ok, state_why = runs.same_state(evidence.get("a_checkpoint"), evidence.get("b_checkpoint"), CYCLES)
+    state_ok, state_why = runs.same_state(evidence, "a_checkpoint", "b_checkpoint", CYCLES)
     lines_ok, lines_why = runs.same_metrics(a, b)
     # Every update moved the adapter: the optimizer state the resume restores is not trivially zero.
     moved, deltas = runs.positive_each(a, "adapter_delta_norm")

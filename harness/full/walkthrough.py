@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import verl_env
-from harness.full import runs
+from harness.full import runs, statehash
 from harness.full.base import Context, Scale
 from harness.full.reading import count, finite, read_json, read_jsonl
 from harness.jsonio import canonical_bytes, sha256_bytes
@@ -210,51 +210,56 @@ def steps_of(lines: list[dict[str, Any]]) -> list[Any]:
     return [line.get("step") for line in lines]
 
 
-def checkpoint_files(path: Path | None) -> dict[str, str] | None:
-    """A checkpoint.json's file -> sha256 map (each a 64-hex digest), or None."""
-    doc = read_json(path)
-    files = doc.get("files") if doc is not None else None
-    if not isinstance(files, dict) or not files:
-        return None
-    out: dict[str, str] = {}
-    for name, entry in files.items():
-        digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if not isinstance(digest, str) or not SHA256.match(digest):
-            return None
-        out[name] = digest
-    return out
+def keep_state_hashes(ctx: Context, name: str, checkpoints: dict[str, Path]) -> Path:
+    """The harness's own sha256 of each labelled checkpoint directory's files (label = the evidence role of its
+    kept checkpoint.json), taken while the work dir still holds them."""
+    return statehash.write_state_hashes(evidence_dir(ctx) / name, checkpoints)
 
 
-def replay_exact(run: Path | None, replay: Path | None, algorithm: str) -> tuple[bool, str]:
-    """Two checkpoints of the same step hold byte-identical tensors: every ``.safetensors`` file of both has the
-    same sha256, and the algorithm's actor/critic/optimizer files are among them."""
-    a_doc, b_doc = read_json(run), read_json(replay)
-    a, b = checkpoint_files(run), checkpoint_files(replay)
-    if a is None or b is None or a_doc is None or b_doc is None:
-        return False, "a checkpoint.json is missing or unreadable"
-    step_a, step_b = count(a_doc.get("step")), count(b_doc.get("step"))
-    if step_a is None or step_a < 1 or step_a != step_b:
-        return False, f"checkpoint steps {a_doc.get('step')} vs {b_doc.get('step')} (want the same step >= 1)"
-    tensors_a = {k: v for k, v in a.items() if k.endswith(TENSOR_SUFFIX)}
-    tensors_b = {k: v for k, v in b.items() if k.endswith(TENSOR_SUFFIX)}
+def replay_exact(evidence: dict[str, Path], run: str, replay: str, algorithm: str) -> tuple[bool, str]:
+    """Two checkpoints of the same step hold byte-identical tensors by the harness's own sha256: every
+    ``.safetensors`` file of both is the same, and the algorithm's actor/critic/optimizer files are among them;
+    and each kept checkpoint.json (roles ``run``, ``replay``) states exactly the harness's digests."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    a, why_a = statehash.checkpoint(hashes, run)
+    b, why_b = statehash.checkpoint(hashes, replay)
+    if a is None or b is None:
+        return False, why_a or why_b
+    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (run, replay)]
+    lies = "; ".join(why for agrees, why in told if not agrees)
+    if lies:
+        return False, lies
+    if a.step < 1 or a.step != b.step:
+        return False, f"checkpoint steps {a.step} vs {b.step} (want the same step >= 1)"
+    tensors_a = {k: v.sha256 for k, v in a.files.items() if k.endswith(TENSOR_SUFFIX)}
+    tensors_b = {k: v.sha256 for k, v in b.files.items() if k.endswith(TENSOR_SUFFIX)}
     missing = [k for k in REPLAY_REQUIRED.get(algorithm, ("?",)) if k not in tensors_a or k not in tensors_b]
     if missing:
-        return False, f"step {step_a}: {missing} not in both checkpoints"
+        return False, f"step {a.step}: {missing} not in both checkpoints"
     if set(tensors_a) != set(tensors_b):
-        return False, f"step {step_a}: tensor files differ: {sorted(set(tensors_a) ^ set(tensors_b))[:6]}"
+        return False, f"step {a.step}: tensor files differ: {sorted(set(tensors_a) ^ set(tensors_b))[:6]}"
     differ = sorted(k for k in tensors_a if tensors_a[k] != tensors_b[k])
     if differ:
-        return False, f"step {step_a}: sha256 differs for {differ[:6]}"
-    return True, f"step {step_a}: {len(tensors_a)} tensor files byte-identical ({', '.join(sorted(tensors_a))})"
+        return False, f"step {a.step}: the harness's sha256 differs for {differ[:6]}"
+    return True, (
+        f"step {a.step}: {len(tensors_a)} tensor files byte-identical by the harness's sha256 "
+        f"({', '.join(sorted(tensors_a))}); both checkpoint.json files state the harness's digests"
+    )
 
 
-def changed(before: Path | None, after: Path | None, names: Iterable[str]) -> tuple[bool, str]:
-    """Each named checkpoint file has a different sha256 at ``after`` than at ``before``."""
-    a, b = checkpoint_files(before), checkpoint_files(after)
+def changed(evidence: dict[str, Path], before: str, after: str, names: Iterable[str]) -> tuple[bool, str]:
+    """Each named checkpoint file has a different sha256 (the harness's own) at ``after`` than at ``before``,
+    and both kept checkpoint.json files state the harness's digests."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    a, why_a = statehash.checkpoint(hashes, before)
+    b, why_b = statehash.checkpoint(hashes, after)
     if a is None or b is None:
-        return False, "a checkpoint.json is missing or unreadable"
-    same = [n for n in names if n not in a or n not in b or a[n] == b[n]]
-    return not same, ("unchanged or missing between the checkpoints: " + ", ".join(same)) if same else "changed"
+        return False, why_a or why_b
+    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (before, after)]
+    lies = "; ".join(why for agrees, why in told if not agrees)
+    same = [n for n in names if n not in a.files or n not in b.files or a.files[n].sha256 == b.files[n].sha256]
+    why = ("unchanged or missing between the checkpoints: " + ", ".join(same)) if same else "changed"
+    return not same and not lies, why + (f"; {lies}" if lies else " (the harness's sha256)")
 
 
 def unduplicated(lines: list[dict[str, Any]] | None, checkpoint: Path | None, updates: int) -> tuple[bool, str]:

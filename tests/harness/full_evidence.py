@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -43,17 +44,22 @@ SCALED_WORKLOADS = {
 CUDA_NULL = re.compile(rb'"cuda":(\s*)null')
 NO_QUANTIZATION = re.compile(rb'"quantization":(\s*)"none"')
 CPU_DEVICE = re.compile(rb'"device":(\s*)"cpu"')
+# `handoff --json` of an unquantized run (canonical JSON), and of the same run trained NF4 (not carried over).
+HANDOFF_UNQUANTIZED = b'"quantization":{"carried_over":true,"handed_off":"none","trained":"none"}'
+HANDOFF_NF4 = b'"quantization":{"carried_over":false,"handed_off":"none","trained":"nf4"}'
 
 
 def as_cuda_bytes(data: bytes, workload: str, role: str, scale: Scale) -> bytes:
     """CPU evidence as a CUDA run at ``scale`` records it: only the bytes that say "no CUDA" (`"cuda": null`
-    becomes CUDA_FIGURES; in a plan, `"device": "cpu"` becomes "cuda"), NF4 where the scale trains it, and in a
-    scaled workload's plan the scale's rollout sizes. Every other byte, digests and manifests included, stays: a test
-    stand-in for evidence no CPU can produce, never written by harness code."""
+    becomes CUDA_FIGURES; in a plan, `"device": "cpu"` becomes "cuda"), NF4 where the scale trains it (and a
+    handoff's quantization object: trained nf4, not carried over), and in a scaled workload's plan the scale's
+    rollout sizes. Every other byte, digests and manifests included, stays: a test stand-in for evidence no CPU
+    can produce, never written by harness code."""
     figures = json.dumps(CUDA_FIGURES, sort_keys=True).encode()
     data = CUDA_NULL.sub(lambda m: b'"cuda":' + m.group(1) + figures, data)
     if scale.quantization == "nf4" and workload in NF4_WORKLOADS:
         data = NO_QUANTIZATION.sub(lambda m: b'"quantization":' + m.group(1) + b'"nf4"', data)
+        data = data.replace(HANDOFF_UNQUANTIZED, HANDOFF_NF4)
     plan = role == "plan" or role.endswith("_plan")
     if plan:  # a plan's device; elsewhere (a bundle manifest's bindings, say) a hash binds the bytes
         data = CPU_DEVICE.sub(lambda m: b'"device":' + m.group(1) + b'"cuda"', data)
@@ -62,6 +68,24 @@ def as_cuda_bytes(data: bytes, workload: str, role: str, scale: Scale) -> bytes:
             pattern = re.compile(rb'"' + key.encode() + rb'":(\s*)\d+')
             data = pattern.sub(lambda m, k=key, v=value: f'"{k}":'.encode() + m.group(1) + str(v).encode(), data)
     return data
+
+
+def forge_checkpoint(
+    state_hashes: Path, listing: Path, label: str, name: str, sha256: str, *, product: bool, harness: bool
+) -> None:
+    """File ``name`` of checkpoint ``label`` gets ``sha256`` in the product's checkpoint.json (``product``) and/or
+    in the harness's state-hashes record (``harness``); the record's binding to that checkpoint.json is forged to
+    match, so only what the two say about the file is changed."""
+    if product:
+        doc = json.loads(listing.read_text())
+        doc["files"][name]["sha256"] = sha256
+        listing.write_text(json.dumps(doc))
+    record = json.loads(state_hashes.read_text())
+    entry = record["checkpoints"][label]
+    entry["checkpoint_json_sha256"] = hashlib.sha256(listing.read_bytes()).hexdigest()
+    if harness:
+        entry["files"][name]["sha256"] = sha256
+    state_hashes.write_text(json.dumps(record))
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,74 @@ class EvidenceKit:
     def digest(self, role: str, name: str) -> Callable[[Path], None]:
         """An edit: checkpoint manifest ``role`` lists another sha256 for file ``name``."""
         return lambda root: self.edit_json(root, role, lambda d: d["files"][name].update(sha256="0" * 64))
+
+    def harness_hash(self, label: str, name: str, sha256: str = "0" * 64) -> Callable[[Path], None]:
+        """An edit: the harness's own hash of file ``name`` in checkpoint ``label`` (state-hashes.json) is
+        ``sha256`` (a checkpoint whose bytes differ from what the other run, or the product, holds)."""
+        return lambda root: self.edit_json(
+            root, "state_hashes", lambda d: d["checkpoints"][label]["files"][name].update(sha256=sha256)
+        )
+
+    def forged(self, label: str, name: str, sha256: str = "f" * 64, *, product: bool = True, harness: bool = True
+               ) -> Callable[[Path], None]:  # fmt: skip
+        """An edit (:func:`forge_checkpoint`): with both, a checkpoint that really holds other bytes, told
+        consistently; with ``product`` alone, a product that misstates a file the harness hashed."""
+        return lambda root: forge_checkpoint(
+            self.path(root, "state_hashes"), self.path(root, label), label, name, sha256, product=product,
+            harness=harness,
+        )  # fmt: skip
+
+    def tensors_as(
+        self, label: str, source: str, name: str = "adapter/adapter_model.safetensors"
+    ) -> Callable[[Path], None]:
+        """An edit: checkpoint ``label``'s per-tensor digests of adapter ``name`` are those of ``source`` (an
+        update that left every adapter tensor as it was)."""
+
+        def change(doc: dict[str, Any]) -> None:
+            doc["checkpoints"][label]["tensors"][name] = doc["checkpoints"][source]["tensors"][name]
+
+        return lambda root: self.edit_json(root, "state_hashes", change)
+
+    def refused(self, label: str) -> Callable[[Path], None]:
+        """An edit: the harness could not hash checkpoint ``label`` (recorded with its reason)."""
+
+        def change(doc: dict[str, Any]) -> None:
+            del doc["checkpoints"][label]
+            doc["refused"][label] = "adapter_model.safetensors: safetensors header length 9 does not fit the file"
+
+        return lambda root: self.edit_json(root, "state_hashes", change)
+
+    def zero_lora_b(self, label: str, name: str = "adapter/adapter_model.safetensors") -> Callable[[Path], None]:
+        """An edit: every lora_B tensor of checkpoint ``label``'s adapter hashes as all-zero bytes (the initial
+        LoRA: an update that did not move it)."""
+
+        def change(doc: dict[str, Any]) -> None:
+            for tensor, entry in doc["checkpoints"][label]["tensors"][name].items():
+                if "lora_B" in tensor:
+                    entry["sha256"] = hashlib.sha256(bytes(entry["bytes"])).hexdigest()
+
+        return lambda root: self.edit_json(root, "state_hashes", change)
+
+    def forge_trajectories(
+        self, step: int, change: Callable[[list[dict[str, Any]]], None], checkpoint: str = "checkpoint_2"
+    ) -> Callable[[Path], None]:
+        """An edit: update ``step``'s kept trajectories changed by ``change``, with the chain of digests above it
+        forged to match (the checkpoint.json names the new file's sha256, and the harness's record names that
+        checkpoint.json's): only what the rows say is wrong."""
+
+        def edit(root: Path) -> None:
+            path = self.path(root, f"trajectories_{step}")
+            rows = [json.loads(x) for x in path.read_text().splitlines()]
+            change(rows)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            self.edit_json(root, checkpoint, lambda d: d["trajectories"].update({f"cycle-{step:06d}.jsonl": digest}))
+            listing = hashlib.sha256(self.path(root, checkpoint).read_bytes()).hexdigest()
+            self.edit_json(
+                root, "state_hashes", lambda d: d["checkpoints"][checkpoint].update(checkpoint_json_sha256=listing)
+            )
+
+        return edit
 
     def spoil(self, root: Path, role: str, kind: str) -> None:
         """Hostile evidence for ``role``: one of HOSTILE (no file, a directory, garbled bytes, 17 MiB, brackets

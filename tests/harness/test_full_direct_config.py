@@ -168,6 +168,10 @@ BAD: dict[str, list[Edit]] = {
         _invocation("plan_mini_batches_2", stderr_last_line="miniverl: error: handoff refused (unknown_native_key): x"),
     ],
     "resume_tensor_exact": [
+        KIT.forged("replay_checkpoint_2", "optimizer.safetensors"),  # the replay really holds other bytes
+        KIT.forged("checkpoint_2", "adapter/adapter_model.safetensors"),
+        KIT.forged("checkpoint_2", "rng.safetensors", product=False),  # the product misstates what it wrote
+        KIT.refused("replay_checkpoint_2"),
         _digest("replay_checkpoint_2", "optimizer.safetensors"),
         _digest("replay_checkpoint_2", "rng.safetensors"),
         _digest("checkpoint_2", "adapter/adapter_model.safetensors"),

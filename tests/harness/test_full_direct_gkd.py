@@ -63,6 +63,10 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         lambda root: _edit_json(root, "a_plan", lambda d: d["config"]["models"].update(device="auto")),
     ],
     "resume_tensor_exact": [
+        KIT.forged("b_checkpoint", "adapter/adapter_model.safetensors"),  # run B really holds other bytes
+        KIT.forged("a_checkpoint", "rng.safetensors"),
+        KIT.forged("a_checkpoint", "optimizer.safetensors", product=False),  # the product misstates its file
+        KIT.refused("b_checkpoint"),
         _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
         _digest("a_checkpoint", "optimizer.safetensors"),
         _digest("b_checkpoint", "rng.safetensors"),

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from pathlib import Path
 
 import pytest
 
 from harness import policy, registry
 from harness.errors import HarnessError
-from harness.full import catalog
+from harness.full import catalog, statehash
 from harness.full.base import Context, Judgement, Scale, Workload
-from harness.full.runner import RunnerOptions, run_one
+from harness.full.runner import RunnerOptions, judged, run_one
 from harness.full.scales import SCALES
 from harness.proc import Redactor
 from harness.profiles import PROFILES
@@ -105,6 +107,38 @@ def test_a_run_that_cannot_go_on_is_a_failed_check_not_a_crash(tmp_path: Path) -
     assert "workload_run" in failed and "could not be started" in failed["workload_run"]
 
 
+def _judged_not_applicable(name: str) -> Workload:
+    """A judge that decides every required check but finds ``name`` measured nothing here."""
+
+    def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
+        j = Judgement()
+        for check in registry.workload("pg-k1").required_checks:
+            if check != name:
+                j.check(check, True, "measured")
+        j.not_applicable(name, "nothing to measure on this device")
+        return j
+
+    return Workload(name="pg-k1", evidence={"transcript": "v011/pg-k1/transcript.json"}, run=lambda c: {}, judge=judge)
+
+
+def test_a_not_applicable_check_is_recorded_with_its_reason_and_a_required_one_fails_the_level() -> None:
+    workload = _judged_not_applicable("kl_measured")
+    outcome = judged(workload, {}, CPU, SCALES["cpu-reference"])
+    checks = outcome.book.checks()
+    assert {c.name: c.reason for c in checks.not_applicable} == {"kl_measured": "nothing to measure on this device"}
+    assert "kl_measured" not in {c.name for c in checks.executed}
+    assert checks.failures() == ["required check kl_measured is not applicable: nothing to measure on this device"]
+
+
+def test_a_check_is_judged_once_whether_measured_or_not() -> None:
+    j = Judgement()
+    j.not_applicable("teardown", "cpu")
+    with pytest.raises(ValueError, match="judged twice"):
+        j.check("teardown", True, "x")
+    with pytest.raises(ValueError, match="judged twice"):
+        j.not_applicable("teardown", "cpu")
+
+
 def test_undeclared_evidence_is_refused(tmp_path: Path) -> None:
     with pytest.raises(HarnessError, match="does not declare"):
         run_one(_toy(0.5, extra_role=True), _options(tmp_path))
@@ -142,3 +176,97 @@ def test_failures_so_far_ignore_checks_not_yet_decided() -> None:
     book.record("b", False, "bad")
     book.skip("c", "an earlier step failed")
     assert book.failures_so_far() == ["check b failed: bad", "required check c was skipped: an earlier step failed"]
+
+
+# -- statehash: the harness's own hashes of checkpoint files ---------------------------------------------------
+
+
+def _safetensors(tensors: dict[str, tuple[str, list[int], bytes]], *, header: bytes | None = None) -> bytes:
+    """A safetensors file written by hand (no torch): 8-byte little-endian header length, JSON header, data."""
+    entries, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    head = header if header is not None else json.dumps(entries).encode()
+    return struct.pack("<Q", len(head)) + head + data
+
+
+def _checkpoint(root: Path, lora_b: bytes, *, step: int = 1) -> Path:
+    (root / "adapter").mkdir(parents=True)
+    adapter = _safetensors(
+        {"m.lora_A.weight": ("F32", [2, 2], bytes(range(16))), "m.lora_B.weight": ("F32", [2, 2], lora_b)}
+    )
+    (root / "adapter" / "adapter_model.safetensors").write_bytes(adapter)
+    (root / "rng.safetensors").write_bytes(_safetensors({}))
+    files = {
+        name: {"bytes": (root / name).stat().st_size, "sha256": hashlib.sha256((root / name).read_bytes()).hexdigest()}
+        for name in ("adapter/adapter_model.safetensors", "rng.safetensors")
+    }
+    (root / "checkpoint.json").write_text(json.dumps({"kind": "miniverl.checkpoint", "step": step, "files": files}))
+    return root
+
+
+def test_state_hashes_hash_each_listed_file_and_each_adapter_tensor(tmp_path: Path) -> None:
+    init = _checkpoint(tmp_path / "init", bytes(16))
+    moved = _checkpoint(tmp_path / "moved", b"\x01" + bytes(15), step=2)
+    labelled = {"init": init, "moved": moved, "gone": tmp_path / "x"}
+    out = statehash.write_state_hashes(tmp_path / "sh.json", labelled, tensors=True)
+    hashes = statehash.read_state_hashes(out)
+    assert hashes is not None and set(hashes.checkpoints) == {"init", "moved"} and not hashes.refused
+    table = hashes.checkpoints["moved"].tensors["adapter/adapter_model.safetensors"]
+    assert table["m.lora_B.weight"].sha256 == hashlib.sha256(b"\x01" + bytes(15)).hexdigest()
+    assert table["m.lora_A.weight"].shape == [2, 2] and table["m.lora_A.weight"].bytes == 16
+    name = "adapter/adapter_model.safetensors"
+    assert statehash.adapter_moved(hashes, None, "moved", name)[0]
+    assert not statehash.adapter_moved(hashes, None, "init", name)[0]  # lora_B all zero: the initial LoRA
+    assert statehash.adapter_moved(hashes, "init", "moved", name)[0]
+    assert not statehash.adapter_moved(hashes, "moved", "moved", name)[0]  # identical digests: nothing changed
+    assert statehash.product_agrees(hashes, "moved", moved / "checkpoint.json")[0]
+    assert not statehash.product_agrees(hashes, "moved", init / "checkpoint.json")[0]  # not the one hashed
+    assert not statehash.same_files(hashes, "init", "moved", [name])[0]
+    assert not statehash.hash_checkpoint(moved).tensors  # per-tensor digests only where a judge asks for them
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"\x05\x00", "shorter than a safetensors header length"),
+        (struct.pack("<Q", 1 << 40) + b"{}", "does not fit the file"),
+        (struct.pack("<Q", 3) + b"{x}", "not strict JSON"),
+        (_safetensors({}, header=b"[1, 2]"), "not a JSON object"),
+        (_safetensors({}, header=b'{"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'), "does not fit"),
+        (_safetensors({}, header=b'{"t": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}') + b"x", "dtype"),
+        (_safetensors({}, header=b'{"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}') + bytes(4), "shape"),
+        (_safetensors({}, header=b'{"t": {"dtype": "F32", "shape": [1]}}'), "dtype/shape/data_offsets"),
+    ],
+)
+def test_a_malformed_safetensors_file_is_refused_with_one_reason(tmp_path: Path, content: bytes, why: str) -> None:
+    root = _checkpoint(tmp_path / "c", bytes(16))
+    (root / "adapter" / "adapter_model.safetensors").write_bytes(content)
+    with pytest.raises(statehash.StateHashError, match=why):
+        statehash.hash_checkpoint(root, tensors=True)
+    taken = statehash.write_state_hashes(tmp_path / "sh.json", {"c": root}, tensors=True)
+    hashes = statehash.read_state_hashes(taken)
+    assert hashes is not None and not hashes.checkpoints and why.split()[0] in hashes.refused["c"]
+    assert not statehash.same_files(hashes, "c", "c", ["rng.safetensors"])[0]
+
+
+def test_a_listed_file_outside_the_checkpoint_or_behind_a_symlink_is_refused(tmp_path: Path) -> None:
+    root = _checkpoint(tmp_path / "c", bytes(16))
+    (tmp_path / "elsewhere").write_bytes(b"x")
+    (root / "rng.safetensors").unlink()
+    (root / "rng.safetensors").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(statehash.StateHashError, match="symlink"):
+        statehash.hash_checkpoint(root)
+    doc = json.loads((root / "checkpoint.json").read_text())
+    doc["files"]["../elsewhere"] = doc["files"].pop("rng.safetensors")
+    (root / "checkpoint.json").write_text(json.dumps(doc))
+    with pytest.raises(statehash.StateHashError, match="not a relative path"):
+        statehash.hash_checkpoint(root)
+
+
+@pytest.mark.parametrize("content", [b"", b"{}", b'{"kind": "harness.state-hashes", "extra": 1}', b"\xff"])
+def test_a_state_hashes_file_that_is_not_one_reads_as_none(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "sh.json").write_bytes(content)
+    assert statehash.read_state_hashes(tmp_path / "sh.json") is None
+    assert not statehash.same_files(None, "a", "b", ["x"])[0]

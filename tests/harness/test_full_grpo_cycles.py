@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
@@ -30,6 +31,7 @@ def _on_cuda(root: Path, peak: int = 2 << 30) -> None:
     KIT.cuda("summary", peak=peak)(root)
     _edit_json(root, "summary", lambda d: d.update(quantization="nf4"))
     _edit_json(root, "plan", lambda d: d["config"]["models"]["student"].update(quantization="nf4"))
+    _set("handoff_output", "quantization", grpo_cycles.handed_off("nf4"))(root)
 
 
 def test_the_real_cpu_evidence_passes_every_required_check() -> None:
@@ -45,16 +47,32 @@ def test_the_evidence_members_are_declared_and_small() -> None:
     assert all(m.startswith("v012/grpo-cycles/") for m in members)
 
 
+def _same_rewards(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        row["reward"] = 0.5
+
+
+def _one_advantage_zero(rows: list[dict[str, Any]]) -> None:
+    next(row for row in rows if row["advantage"] != 0)["advantage"] = 0.0
+
+
 BAD: dict[str, list[Callable[[Path], None]]] = {
     "reward_varies_within_group": [
         lambda root: _edit_line(root, "metrics", 0, "reward_std_within_group_max", 0.0),
         lambda root: _edit_line(root, "metrics", 1, "reward_std_within_group_max", -1.0),
+        KIT.forge_trajectories(1, _same_rewards),  # the trajectories' rewards do not vary as the metrics say
     ],
     "nonzero_advantages": [
         lambda root: _edit_line(root, "metrics", 1, "nonzero_advantages", 0),
         lambda root: _edit_line(root, "metrics", 0, "nonzero_advantages", True),
+        KIT.forge_trajectories(1, _one_advantage_zero),  # counted from the trajectories: one fewer than said
     ],
     "two_updates_changed": [
+        KIT.tensors_as("checkpoint_2", "checkpoint_1"),  # the second update left every adapter tensor as it was
+        KIT.zero_lora_b("checkpoint_1"),  # the first update left the initial LoRA (lora_B all zero)
+        KIT.refused("checkpoint_2"),
+        _digest("checkpoint_1", "adapter/adapter_model.safetensors"),  # the product misstates its adapter file
+        KIT.harness_hash("checkpoint_2", "optimizer.safetensors"),  # ... or the harness found other bytes
         lambda root: _edit_line(root, "metrics", 1, "adapter_delta_norm", 0.0),
         lambda root: _edit_line(root, "metrics", 0, "adapter_delta_norm", None),
         _set("summary", "updates", 1),
@@ -66,6 +84,9 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
     "verl_plan_compiled": [
         _set("handoff_output", "compiler", "verl-rl-v0.8-multi-gpu"),
         _exit("handoff", 1),
+        _set("handoff_output", "quantization", None),  # no word on what verl receives
+        _set("handoff_output", "quantization", {"trained": "none", "handed_off": "none", "carried_over": False}),
+        _set("handoff_output", "quantization", grpo_cycles.handed_off("nf4")),  # not what this run trained
     ],
 }
 
@@ -79,12 +100,27 @@ def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int)
 
 
 def test_on_a_cuda_nf4_profile_quantization_and_peak_memory_are_judged(ev: Path) -> None:
-    assert _failed(ev, CUDA) == {"two_updates_changed", "peak_reserved"}  # unquantized on the CPU, no cuda block
+    # unquantized on the CPU (its run and its handoff), no cuda block
+    assert _failed(ev, CUDA) == {"two_updates_changed", "verl_plan_compiled", "peak_reserved"}
     KIT.plans_on(ev, CUDA)
     _on_cuda(ev)
     assert _failed(ev, CUDA) == set() and "peak_reserved" in _judge(ev, CUDA)
     _on_cuda(ev, peak=int(14.6 * (1 << 30)))
     assert _failed(ev, CUDA) == {"peak_reserved"}
+
+
+def test_an_nf4_run_must_say_its_quantization_is_not_carried_over(ev: Path) -> None:
+    KIT.plans_on(ev, CUDA)
+    _on_cuda(ev)
+    assert _failed(ev, CUDA) == set()
+    assert W.judge(_evidence(ev), CUDA, SCALES[CUDA.name]).metrics["handoff_quantization_carried_over"] is False
+    for claimed in (
+        {"trained": "nf4", "handed_off": "nf4", "carried_over": True},  # verl 0.9 has no NF4 base
+        {"trained": "nf4", "handed_off": "none", "carried_over": True},
+        grpo_cycles.handed_off("none"),  # the handoff of an unquantized run
+    ):
+        _set("handoff_output", "quantization", claimed)(ev)
+        assert _failed(ev, CUDA) == {"verl_plan_compiled"}, claimed
 
 
 def test_handoff_digests_are_recorded_when_present(ev: Path) -> None:

@@ -40,6 +40,15 @@ def _plan_grpo(key: str, value: Any) -> Callable[[Path], None]:
     return lambda root: _edit_json(root, "plan", lambda d: d["config"]["algorithm"]["grpo"].update({key: value}))
 
 
+def _same_rewards(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        row["reward"] = 0.5
+
+
+def _one_advantage_zero(rows: list[dict[str, Any]]) -> None:
+    next(row for row in rows if row["advantage"] != 0)["advantage"] = 0.0
+
+
 BAD: dict[str, list[Callable[[Path], None]]] = {
     "run_completed": [
         _exit("run", 1),
@@ -62,12 +71,20 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
     "reward_varies_within_group": [
         lambda root: _edit_line(root, "metrics", 0, "reward_std_within_group_max", 0.0),
         lambda root: _edit_line(root, "metrics", 1, "reward_std_within_group_max", None),
+        KIT.forge_trajectories(1, _same_rewards),  # the trajectories' rewards do not vary as the metrics say
+        KIT.forge_trajectories(2, _same_rewards),
     ],
     "nonzero_advantages": [
         lambda root: _edit_line(root, "metrics", 1, "nonzero_advantages", 0),
         lambda root: _edit_line(root, "metrics", 0, "nonzero_advantages", 2.5),
+        KIT.forge_trajectories(2, _one_advantage_zero),  # counted from the trajectories: one fewer than said
     ],
     "adapter_changed": [
+        KIT.tensors_as("checkpoint_2", "checkpoint_1"),  # the second update left every adapter tensor as it was
+        KIT.zero_lora_b("checkpoint_1"),  # the first update left the initial LoRA (lora_B all zero)
+        KIT.refused("checkpoint_1"),
+        _digest("checkpoint_2", "adapter/adapter_model.safetensors"),  # the product misstates its adapter file
+        _digest("checkpoint_1", "optimizer.safetensors"),
         lambda root: _edit_line(root, "metrics", 1, "adapter_delta_norm", 0.0),
         _set("summary", "adapter_changed_each_update", False),
     ],
@@ -85,6 +102,12 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
 def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
     BAD[check][index](ev)
     assert _failed(ev) == {check}
+
+
+def test_trajectories_that_are_not_the_committed_ones_fail_both_checks_that_read_them(ev: Path) -> None:
+    path = _path(ev, "trajectories_1")
+    path.write_text(path.read_text().replace('"advantage":', '"advantage": ', 1))  # other bytes, same rows
+    assert _failed(ev) == {"reward_varies_within_group", "nonzero_advantages"}
 
 
 def test_a_nan_in_the_metrics_fails_without_raising(ev: Path) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import HOSTILE, EvidenceKit
+from full_evidence import CUDA, HOSTILE, EvidenceKit, forge_checkpoint
 
 from harness import policy
+from harness.full import ppo_rm_handoff
 from harness.full.ppo_rm_handoff import WORKLOAD
 from harness.full.scales import SCALES
 from harness.profiles import PROFILES
@@ -68,13 +69,21 @@ def _step(step: str, **values: Any) -> Callable[[dict[str, Path]], None]:
 
 
 def _same_as_step2(name: str) -> Callable[[dict[str, Path]], None]:
-    """Checkpoint 1 holds checkpoint 2's digest of ``name``: that update changed nothing."""
+    """The harness found checkpoint 2's bytes of ``name`` in checkpoint 1 too (and the product says so): that
+    update changed nothing."""
 
     def mutate(ev: dict[str, Path]) -> None:
-        after = json.loads(ev["checkpoint_2"].read_text())["files"][name]["sha256"]
-        _edit_json(ev["checkpoint_1"], lambda d: d["files"][name].update(sha256=after))
+        after = json.loads(ev["state_hashes"].read_text())["checkpoints"]["checkpoint_2"]["files"][name]["sha256"]
+        forge_checkpoint(
+            ev["state_hashes"], ev["checkpoint_1"], "checkpoint_1", name, after, product=True, harness=True
+        )
 
     return mutate
+
+
+def _forged(label: str, name: str, *, product: bool = True, harness: bool = True) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: forge_checkpoint(ev["state_hashes"], ev[label], label, name, "f" * 64, product=product,
+                                       harness=harness)  # fmt: skip
 
 
 def _algo(key: str, value: Any, index: int = 1, role: str = "metrics") -> Callable[[dict[str, Path]], None]:
@@ -109,15 +118,14 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("returns_zero", "gae_nontrivial", _algo("critic/returns/mean", 0.0, 0)),
     ("no_nonzero_advantages", "gae_nontrivial", _line("metrics", 0, nonzero_advantages=0)),
     ("resumed_critic_optimizer_differs", "resume_tensor_exact",
-     lambda ev: _edit_json(ev["resumed_checkpoint_2"],
-                           lambda d: d["files"]["critic_optimizer.safetensors"].update(sha256="0" * 64))),
+     _forged("resumed_checkpoint_2", "critic_optimizer.safetensors")),
     ("resumed_adapter_differs", "resume_tensor_exact",
-     lambda ev: _edit_json(ev["resumed_checkpoint_2"],
-                           lambda d: d["files"]["adapter/adapter_model.safetensors"].update(sha256="1" * 64))),
+     _forged("resumed_checkpoint_2", "adapter/adapter_model.safetensors")),
+    ("harness_found_other_resumed_rng", "resume_tensor_exact",
+     _forged("resumed_checkpoint_2", "rng.safetensors")),
     ("resume_exit_1", "resume_tensor_exact", _step("resume_extend", exit_code=1)),
     ("rm_score_not_deterministic", "reward_model", _rm_score),
     ("rm_constant", "reward_model", _algo("reward_model/std", 0.0, 0, "resumed_metrics")),
-    ("rm_not_offloaded", "reward_model", _algo("reward_model/offloaded_after_phase", 0.0, 1)),
     ("launch_blocked", "handoff", _top("diagnose", launch_status="compose_failed")),
     ("compiler_v1", "handoff", _top("handoff", compiler="verl-rl-v0.9-single-gpu-v1")),
     ("manifest_digest_differs", "handoff", _manifest_digest),
@@ -165,6 +173,41 @@ def test_a_plan_not_at_the_declared_scale_fails_every_check_of_that_run(
     evidence = _copy(tmp_path)
     mutate(evidence)
     assert _failed(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _forged("checkpoint_2", "critic_params.safetensors", harness=False),  # the product misstates a file
+        _forged("checkpoint_2", "state.json", product=False),  # ... or the harness found other bytes
+        lambda ev: ev["state_hashes"].unlink(),
+    ],
+    ids=["product_misstates", "harness_found_other_bytes", "no_harness_hashes"],
+)
+def test_a_checkpoint_the_harness_cannot_vouch_for_fails_every_check_that_reads_it(
+    tmp_path: Path, mutate: Callable[[dict[str, Path]], None]
+) -> None:
+    evidence = _copy(tmp_path)
+    mutate(evidence)
+    assert _failed(evidence) == {"actor_updates", "critic_updates", "resume_tensor_exact", "reward_model"}
+
+
+def test_on_cpu_the_reward_model_offload_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
+    judged = WORKLOAD.judge(_copy(tmp_path), CPU, SCALE)
+    assert "reward_model_offloaded" not in judged.checks and "reward_model_offloaded" not in CHECKS
+    assert judged.inapplicable == {"reward_model_offloaded": ppo_rm_handoff.OFFLOAD_NOT_MEASURED}
+    assert "reward_model_offloaded" in policy.required_checks(CUDA, "ppo-rm-handoff")
+
+
+def test_on_cuda_the_reward_model_offload_is_judged_from_both_runs(tmp_path: Path) -> None:
+    root = KIT.as_cuda(FIXTURES, tmp_path / "cuda")
+    judged = WORKLOAD.judge(KIT.evidence(root), CUDA, SCALES[CUDA.name])
+    assert judged.checks["reward_model_offloaded"][0] and not judged.inapplicable
+    for index, role in ((1, "metrics"), (0, "resumed_metrics")):
+        _algo("reward_model/offloaded_after_phase", 0.0, index, role)(KIT.evidence(root))
+        judged = WORKLOAD.judge(KIT.evidence(root), CUDA, SCALES[CUDA.name])
+        assert {n for n, (ok, _) in judged.checks.items() if not ok} == {"reward_model_offloaded"}
+        _algo("reward_model/offloaded_after_phase", 1.0, index, role)(KIT.evidence(root))
 
 
 def test_every_check_is_seen_failing() -> None:

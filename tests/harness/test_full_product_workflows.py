@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import HOSTILE, EvidenceKit
+from full_evidence import HOSTILE, EvidenceKit, forge_checkpoint
 
 from harness import policy, registry
+from harness.full import product_workflows
 from harness.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
 from harness.full.scales import SCALES
 from harness.profiles import PROFILES
@@ -60,6 +61,11 @@ def _digest(role: str, name: str) -> Callable[[dict[str, Path]], None]:
     return lambda ev: _edit_json(ev[role], lambda doc: doc["files"][name].update(sha256="0" * 64))
 
 
+def _forged(label: str, name: str, *, product: bool = True) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: forge_checkpoint(ev["state_hashes"], ev[label], label, name, "f" * 64, product=product,
+                                       harness=True)  # fmt: skip
+
+
 def _duplicate_line(ev: dict[str, Path]) -> None:
     path = ev["grpo_replay_metrics"]
     lines = path.read_text().splitlines(keepends=True)
@@ -74,6 +80,10 @@ def _cuda_on_cpu(ev: dict[str, Path]) -> None:
     _edit_json(ev["ppo_replay_summary"], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
 
 
+def _on_device(role: str, device: str) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev[role], lambda doc: doc.update(device=device))
+
+
 def _walk(edit: Callable[[Any], None]) -> Callable[[dict[str, Path]], None]:
     return lambda ev: _edit_json(ev["walkthrough"], edit)
 
@@ -84,11 +94,15 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("fetch_renamed", "cli_invocations", _fetch(step="doctor")),
     ("fetch_unhashed", "cli_invocations", _fetch(stdout_sha256="not-a-digest")),
     ("fetch_missing", "cli_invocations", _drop_fetch),
-    ("ppo_critic_replay_differs", "tensor_replay", _digest("ppo_replay_checkpoint", "critic_params.safetensors")),
-    ("grpo_optimizer_replay_differs", "tensor_replay", _digest("grpo_replay_checkpoint", "optimizer.safetensors")),
+    ("ppo_critic_replay_differs", "tensor_replay", _forged("ppo_replay_checkpoint", "critic_params.safetensors")),
+    ("grpo_optimizer_replay_differs", "tensor_replay", _forged("grpo_replay_checkpoint", "optimizer.safetensors")),
+    ("ppo_product_misstates", "tensor_replay", _digest("ppo_checkpoint", "critic_params.safetensors")),
+    ("grpo_harness_other_bytes", "tensor_replay", _forged("grpo_checkpoint", "rng.safetensors", product=False)),
+    ("no_harness_hashes", "tensor_replay", lambda ev: ev["state_hashes"].unlink()),
     ("metrics_line_duplicated", "records_unduplicated", _duplicate_line),
     ("checkpoint_listed_twice", "records_unduplicated", _duplicate_checkpoint),
-    ("cuda_block_on_cpu", "vram_measured", _cuda_on_cpu),
+    ("cuda_block_on_cpu", "walkthrough_record", _cuda_on_cpu),
+    ("device_misreported", "walkthrough_record", _on_device("grpo_summary", "cuda")),
     ("reward_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0]["rewards"].__setitem__(0, 9.0))),
     ("exit_misreported", "walkthrough_record", _walk(lambda d: d["cases"][1]["invocations"][0].update(exit_code=1))),
     ("models_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0].update(models={}))),
@@ -143,6 +157,14 @@ def test_one_bad_value_fails_exactly_its_check(
     evidence = _copy(tmp_path)
     mutate(evidence)
     assert _failed(evidence) == {check}
+
+
+def test_on_cpu_vram_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
+    judged = WORKLOAD.judge(_copy(tmp_path), CPU, SCALES[CPU.name])
+    assert judged.inapplicable == {"vram_measured": product_workflows.VRAM_NOT_MEASURED}
+    assert "vram_measured" not in CHECKS and "vram_measured" in policy.required_checks(
+        PROFILES["h200-cu130"], "product-workflows"
+    )
 
 
 def test_every_check_is_seen_failing() -> None:

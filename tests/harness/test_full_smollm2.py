@@ -59,6 +59,16 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
         lambda root: _edit_json(root, "plan", lambda d: d["config"]["models"].update(device="auto")),
     ],
     "resume_tensor_exact": [
+        KIT.forged("b_checkpoint", "adapter/adapter_model.safetensors"),  # run B really holds other bytes
+        KIT.forged("a_checkpoint", "rng.safetensors"),
+        # the harness's own hashes differ from what checkpoint.json, the product's, says
+        KIT.harness_hash("b_checkpoint", "adapter/adapter_model.safetensors"),
+        KIT.harness_hash("a_checkpoint", "optimizer.safetensors"),
+        KIT.harness_hash("b_checkpoint", "rng.safetensors"),
+        KIT.refused("a_checkpoint"),
+        # the product's checkpoint.json states a digest the harness did not find (in both runs alike)
+        lambda root: [_digest(r, "adapter/adapter_model.safetensors")(root) for r in ("a_checkpoint", "b_checkpoint")],
+        lambda root: [_digest(r, "state.json")(root) for r in ("a_checkpoint", "b_checkpoint")],
         _digest("b_checkpoint", "adapter/adapter_model.safetensors"),
         _digest("a_checkpoint", "optimizer.safetensors"),
         _digest("b_checkpoint", "rng.safetensors"),
