@@ -65,22 +65,28 @@ VENV, CHECKOUT = "<venv>", "<checkout>"
 def probe_origin(venv: Path, cwd: Path, redact: Redactor) -> dict[str, Any]:
     """Run the probe with ``<venv>/bin/python -I`` and look up ``miniverl`` on the venv's PATH; returns what they
     found with every path redacted (``<venv>/...``): the evidence :func:`judge_origin` decides from."""
-    python = venv / "bin" / "python"
-    done = run([python, "-I", "-c", ORIGIN_SCRIPT], cwd=cwd, env=clean_env(), timeout=300)
-    info: dict[str, Any]
-    if done.returncode != 0:
-        info = {"import_error": redact.text(last_line(done.stderr))}
-    else:
-        info = json.loads(done.stdout)
-        for key in ("file", "purelib", "scripts", "prefix"):
-            info[key] = redact.text(str(Path(info[key]).resolve()))
-        direct = info.get("direct_url")
-        if isinstance(direct, dict) and isinstance(direct.get("url"), str):
-            direct["url"] = redact.text(direct["url"])
-        info["record_bad_names"] = [redact.text(str(n)) for n in info.get("record_bad_names", [])]
+    info = _import_probe(venv / "bin" / "python", cwd, redact)
     bin_dir = venv / "bin"
     found = shutil.which("miniverl", path=str(bin_dir) + ":" + clean_env().get("PATH", ""))
     info["which"] = redact.text(str(Path(found).parent.resolve() / Path(found).name)) if found else None
+    return info
+
+
+def _import_probe(python: Path, cwd: Path, redact: Redactor) -> dict[str, Any]:
+    """The probe script's findings (paths redacted), or ``{"import_error": why}``."""
+    try:
+        done = run([python, "-I", "-c", ORIGIN_SCRIPT], cwd=cwd, env=clean_env(), timeout=300)
+    except OSError as exc:
+        return {"import_error": f"cannot execute the venv's python: {exc.strerror}"}
+    if done.returncode != 0:
+        return {"import_error": redact.text(last_line(done.stderr))}
+    info: dict[str, Any] = json.loads(done.stdout)
+    for key in ("file", "purelib", "scripts", "prefix"):
+        info[key] = redact.text(str(Path(info[key]).resolve()))
+    direct = info.get("direct_url")
+    if isinstance(direct, dict) and isinstance(direct.get("url"), str):
+        direct["url"] = redact.text(direct["url"])
+    info["record_bad_names"] = [redact.text(str(n)) for n in info.get("record_bad_names", [])]
     return info
 
 

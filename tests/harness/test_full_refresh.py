@@ -363,7 +363,7 @@ def test_the_policy_requires_the_vllm_boundary_only_on_the_release_card() -> Non
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_not_applicable_fails_the_level_exactly_where_the_policy_requires_the_check(profile: str) -> None:
     evidence = {role: FIXTURES / m for role, m in backend_matrix.EVIDENCE.items() if (FIXTURES / m).is_file()}
-    outcome = judged(backend_matrix.WORKLOAD, evidence, PROFILES[profile], SCALES[profile])
+    outcome = judged(backend_matrix.WORKLOAD, evidence, PROFILES[profile], SCALES[profile], wheel_sha256="0" * 64)
     checks = outcome.book.checks()
     napp = {c.name: c.reason for c in checks.not_applicable}
     assert napp["vllm_boundary"].startswith("vllm is not installed")

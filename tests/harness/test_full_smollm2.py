@@ -148,7 +148,7 @@ def _driver(tmp_path: Path) -> CliDriver:
     exe = venv / "bin" / "miniverl"
     exe.write_text(STAND_IN.format(python=sys.executable))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return CliDriver(venv=venv, work=work, redact=Redactor({"work": work, "venv": venv}))
+    return CliDriver(venv=venv, work=work, redact=Redactor({"work": work, "venv": venv}), installed=None)
 
 
 WAIT = Path("runs/b/checkpoints/step-000001/checkpoint.json")

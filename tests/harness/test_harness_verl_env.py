@@ -137,7 +137,7 @@ def test_the_workloads_run_verls_python_with_the_overlay(candidate: Path, tmp_pa
     work = tmp_path / "cli"
     (work / "miniverl").mkdir(parents=True)  # a miniverl/ in the working directory never shadows the overlay
     ctx = Context(
-        cli=CliDriver(venv=tmp_path / "venv", work=work, redact=Redactor({"work": work}), extra_env={}),
+        cli=CliDriver(venv=tmp_path / "venv", work=work, redact=Redactor({"work": work}), installed=None, extra_env={}),
         work=work,
         profile=PROFILES["cpu-reference"],
         scale=SCALES["cpu-reference"],
