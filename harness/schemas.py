@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.full.statehash import StateHashes
 from harness.gate.records import GATE_SCHEMA_MODELS
 from harness.jsonio import atomic_write_bytes
 from harness.proc import REPO_ROOT
@@ -22,7 +23,7 @@ def _pretty(value: object) -> bytes:
 
 def generated() -> dict[str, bytes]:
     """Relative path under manifests/harness/ -> the exact bytes that belong there."""
-    models = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS}
+    models = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS, "state-hashes": StateHashes}
     files = {f"{name}.schema.json": _pretty(json_schema(model)) for name, model in models.items()}
     for name, profile in PROFILES.items():
         files[f"profiles/{name}.json"] = _pretty(profile.model_dump(mode="json"))
