@@ -106,14 +106,16 @@ EOF
   echo "staged $i parts: $(du -cb "$STAGE"/[0-9]*/part | tail -1 | cut -f1) bytes"
 }
 
-stage_start() {  # the last part moves into start/ with git.tar: one carried path for the start call
-  local last; last=$(ls -d "$STAGE"/[0-9]* | sort -n | tail -1)
-  [ -f "$last/part" ] || fail "stage-start: no staged parts under $STAGE (run stage first)"
+stage_start() {  # the last part moves into start/ beside git.tar: one carried path for the start call (re-runnable)
+  [ -f "$STAGE/SHA256SUMS" ] || fail "stage-start: no $STAGE/SHA256SUMS (run stage first)"
+  local last; last=$(grep -o '[0-9]*/part$' "$STAGE/SHA256SUMS" | sort -n | tail -1 | cut -d/ -f1)
   mkdir -p "$STAGE/start"
-  mv "$last" "$STAGE/start/$(basename "$last")"
+  if [ -d "$STAGE/$last" ]; then mv "$STAGE/$last" "$STAGE/start/$last"; fi
+  [ -f "$STAGE/start/$last/part" ] || fail "stage-start: part $last is neither in $STAGE/$last nor in $STAGE/start"
   cp "$STAGE/SHA256SUMS" "$STAGE/start/"
+  rm -f "$STAGE/start/git.tar"
   if [ -d .git ]; then tar cf "$STAGE/start/git.tar" -C .git .; else echo "no .git directory here: no git.tar"; fi
-  echo "start carries $(du -cb "$STAGE/start" | tail -1 | cut -f1) bytes"
+  echo "start carries $(du -cb "$STAGE/start" | tail -1 | cut -f1) bytes (git.tar of $(git rev-parse --short HEAD))"
 }
 
 plan() {
@@ -144,7 +146,15 @@ park() {  # DIR: check DIR's parts against its SHA256SUMS, copy them to $T/stage
 
 carry() {
   [ -d "$STAGE/$1" ] || fail "carry $1: $STAGE/$1 was not carried (name it in carry)"
+  if [ "$1" = 1 ]; then  # the wheels are cp312: stop at the first call if the image changed under us
+    local py; py=$(python3 -c "import sys; print('%d.%d' % sys.version_info[:2])")
+    [ "$PROFILE" != h200-cu130 ] || [ "$py" = 3.12 ] || fail "carry 1: python3 is $py, the staged wheels are cp312"
+    [ "$PROFILE" != h200-cu130 ] || python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'" ||
+      fail "carry 1: the image's torch sees no GPU"
+    echo "python3 $(command -v python3) $py; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+  fi
   park "$STAGE/$1"
+  echo "parked so far: $(cd "$T/stage" && ls | tr '\n' ' ')"
 }
 
 start() {
@@ -270,7 +280,7 @@ gpu_tests() {
   set +e
   (cd "$T/checkout" 2>/dev/null || true
    PYTHONPATH=$site:$PWD MINIVERL_CACHE=$T/miniverl-cache timeout "$left" python3 -m pytest -m gpu -q tests/ \
-     -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1)
+     -p no:cacheprovider --continue-on-collection-errors > "$OUT/gpu-tests.log" 2>&1)
   echo "gpu tests rc=$? (log: gpu-tests.log)"
   set -e
   tail -3 "$OUT/gpu-tests.log"
