@@ -169,10 +169,11 @@ start() {
   done < <(grep -v '^#' "$sums")
   [ ${#missing[@]} -eq 0 ] || fail "start: parts ${missing[*]} are not in $T/stage (their carry calls did not run on this machine)"
   local want; want=$(awk '$2 == "stage.tar" {print $1}' "$sums")
-  local got; got=$(cat $(grep -o '[0-9]*/part$' "$sums" | sort -n | sed "s|/part|.part|; s|^|$T/stage/|") | sha256sum | cut -d' ' -f1)
+  local ordered; mapfile -t ordered < <(grep -o '[0-9]*/part$' "$sums" | sort -n | sed "s|/part|.part|; s|^|$T/stage/|")
+  local got; got=$(cat "${ordered[@]}" | sha256sum | cut -d' ' -f1)
   [ "$got" = "$want" ] || fail "start: the joined parts are not stage.tar (sha256 $got, want $want)"
   rm -rf "$T/src"; mkdir -p "$T/src"
-  cat $(grep -o '[0-9]*/part$' "$sums" | sort -n | sed "s|/part|.part|; s|^|$T/stage/|") | tar xf - -C "$T/src"
+  cat "${ordered[@]}" | tar xf - -C "$T/src"
   step files-sha256 bash -c "cd '$T/src' && sha256sum --quiet -c files.sha256"
   step gguf-sha256 python3 -c "
 import hashlib, sys, zipfile
