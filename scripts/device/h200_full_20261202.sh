@@ -124,8 +124,9 @@ plan() {
   for d in "$STAGE"/[0-9]*; do
     echo "carry $(basename "$d"): $((tree + $(du -cb "$d" | tail -1 | cut -f1))) bytes"
   done
-  [ -d "$STAGE/start" ] && echo "start: $((tree + $(du -cb "$STAGE/start" out/candidate | tail -1 | cut -f1))) bytes"
-  true
+  [ -d out/candidate ] || echo "out/candidate is missing: build the candidate (python -m harness build)"
+  [ -d "$STAGE/start" ] || { echo "no $STAGE/start: run stage-start"; return 0; }
+  echo "start: $((tree + $(du -cb "$STAGE/start" out/candidate 2>/dev/null | tail -1 | cut -f1))) bytes"
 }
 
 # ------------------------------------------------------------------------------------------------- device
