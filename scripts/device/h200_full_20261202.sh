@@ -44,6 +44,10 @@ VERL_PINS=(verl==0.9.1 transformers==5.10.4 tokenizers==0.22.2 tensordict==0.10.
   multiprocess==0.70.19 hydra-core==1.3.8 omegaconf==2.3.1 pylatexenc==2.11 torchdata==0.11.0 ray==2.60.0
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1)
 VERL_SDIST_PINS=(antlr4-python3-runtime==4.9.3)   # no wheel on PyPI: built here (pure Python)
+# What the verl env takes from the image (verl's closure less what travels): carry 1 checks they are there.
+IMAGE_FOR_VERL="numpy pandas pyarrow protobuf msgpack aiohttp aiosignal frozenlist multidict yarl propcache
+  aiohappyeyeballs attrs click filelock requests pyyaml cloudpickle xxhash fsspec huggingface-hub tqdm psutil pillow
+  accelerate peft safetensors regex packaging torch zipp"
 
 fail() { FAILED_SAID=1; echo "h200-full FAILED: $*" >&2; exit 1; }
 # anything that stops the script without fail() still says so in one line
@@ -153,6 +157,18 @@ carry() {
     [ "$PROFILE" != h200-cu130 ] || python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'" ||
       fail "carry 1: the image's torch sees no GPU"
     echo "python3 $(command -v python3) $py; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+    local have; have=$(python3 -c "
+import importlib.metadata as md, sys
+names, found, missing = sys.argv[1:], [], []
+for n in names:
+    try:
+        found.append(f'{n} {md.version(n)}')
+    except md.PackageNotFoundError:
+        missing.append(n)
+print(', '.join(found))
+sys.exit(f'the image lacks {missing} (the verl env needs them)' if missing else None)" $IMAGE_FOR_VERL 2>&1) ||
+      fail "carry 1: ${have##*$'\n'}"
+    echo "image packages the verl env uses: $have"
   fi
   park "$STAGE/$1"
   echo "parked so far: $(cd "$T/stage" && ls | tr '\n' ' ')"
