@@ -322,22 +322,24 @@ class Auditor:
             f"the qualification ran from a {tree.state} checkout at {str(tree.commit)[:12]}",
         )
         smoke = self._smoke_record()
-        problems: list[str] = []
-        for label, checks in (("qualification.json", q.checks), (registry.SMOKE_RECORD, smoke.checks)):
+        why = {n: detail for n, (_, detail) in judged.items()} | dict(verdict.not_applicable)
+        failing: set[str] = set()
+        for checks in (q.checks, smoke.checks):
             recorded = {c.name: c.passed for c in checks.executed}
             n_a = {c.name for c in checks.not_applicable}
-            wrong = sorted(n for n, (ok, _) in judged.items() if not ok or recorded.get(n) is not True)
-            wrong += sorted(n for n in verdict.not_applicable if n not in n_a)
-            problems += [f"{label}: {n}" for n in wrong]
+            failing |= {n for n, (ok, _) in judged.items() if not ok or recorded.get(n) is not True}
+            failing |= {n for n in verdict.not_applicable if n not in n_a}
         for key, value in verdict.metrics.items():
             if key.startswith("cuda_") and (q.metrics.get(key) != value or smoke.metrics.get(key) != value):
-                problems.append(f"{key}: recorded {q.metrics.get(key)!r}, the evidence says {value!r}")
-        failing = sorted({p.split(": ", 1)[-1] for p in problems})
+                failing.add(key)
+                why[key] = f"recorded {q.metrics.get(key)!r} and {smoke.metrics.get(key)!r}, the evidence {value!r}"
+                    f"recorded {q.metrics.get(key)!r} and {smoke.metrics.get(key)!r}, the evidence says {value!r}"
+                )
+        names = sorted(failing)
         require(
-            not problems,
+            not names,
             "smoke_rejudged",
-            f"re-judged from its evidence, {failing[:6]} do not hold "
-            f"({'; '.join(judged[n][1][:100] for n in failing[:2] if n in judged)})",
+            f"re-judged from its evidence, {names[:6]} do not hold ({'; '.join(why[n][:100] for n in names[:2])})",
         )
         return f"{len(judged)} smoke checks re-derived from the evidence; both records agree"
 

@@ -188,6 +188,22 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     return dest
 
 
+def rebind_artifacts(q: Path) -> None:
+    """Every artifact's bytes and sha256, in qualification.json and in the smoke record, set to the files as they
+    are now: what a forger who edited evidence would do (the auditor must then catch the edit by re-judging)."""
+    from harness.jsonio import canonical_bytes, sha256_file
+    from harness.registry import SMOKE_RECORD
+
+    smoke = json.loads((q / SMOKE_RECORD).read_bytes())
+    for art in smoke["artifacts"]:
+        art.update(bytes=(q / art["path"]).stat().st_size, sha256=sha256_file(q / art["path"]))
+    (q / SMOKE_RECORD).write_bytes(canonical_bytes(smoke) + b"\n")
+    record = json.loads((q / "qualification.json").read_bytes())
+    for art in record["artifacts"]:
+        art.update(bytes=(q / art["path"]).stat().st_size, sha256=sha256_file(q / art["path"]))
+    (q / "qualification.json").write_bytes(canonical_bytes(record) + b"\n")
+
+
 def rebind_transcript(data: bytes, wheel_sha256: str) -> bytes:
     """A transcript whose every invocation claims to have run ``wheel_sha256`` from the proven origins: a test
     stand-in for evidence spliced from another candidate's run (no harness code writes this)."""

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from harness_helpers import audit, audit_args, copy_tree
+from harness_helpers import rebind_artifacts as _rebind
 
 from harness.jsonio import canonical_bytes, sha256_file
-from harness.registry import SMOKE_RECORD
 
 Edit = Callable[[Any], None]
 
@@ -41,18 +41,6 @@ def _line(rel: str, index: int, edit: Edit) -> Callable[[Path], None]:
         path.write_bytes(b"".join(canonical_bytes(line) + b"\n" for line in lines))
 
     return apply
-
-
-def _rebind(q: Path) -> None:
-    """Every artifact's bytes and sha256, in both records, to the files as they are now."""
-    smoke = json.loads((q / SMOKE_RECORD).read_bytes())
-    for art in smoke["artifacts"]:
-        art.update(bytes=(q / art["path"]).stat().st_size, sha256=sha256_file(q / art["path"]))
-    (q / SMOKE_RECORD).write_bytes(canonical_bytes(smoke) + b"\n")
-    record = json.loads((q / "qualification.json").read_bytes())
-    for art in record["artifacts"]:
-        art.update(bytes=(q / art["path"]).stat().st_size, sha256=sha256_file(q / art["path"]))
-    (q / "qualification.json").write_bytes(canonical_bytes(record) + b"\n")
 
 
 def _origin(edit: Edit) -> Callable[[Path], None]:

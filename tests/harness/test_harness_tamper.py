@@ -801,6 +801,49 @@ def test_authority_comes_from_the_harness_not_the_record(
     assert rv["release_authorized"] is False and reason in rv["authorization_reasons"]
 
 
+_CUDA_SMOKE_EDITS: dict[str, tuple[str, Callable[[Any], None]]] = {
+    "gpu_identity": ("evidence/doctor.json", lambda d: d.update(gpu_name="NVIDIA A100-SXM4-80GB")),
+    "teardown": ("evidence/run/summary.json", lambda s: s["cuda"].update(final_allocated_bytes=1 << 30)),
+    "peak_reserved": ("evidence/run/summary.json", lambda s: s["cuda"].update(peak_reserved_bytes=200 << 30)),
+    "cuda_peak_reserved_bytes": ("qualification.json", lambda q: q["metrics"].update(cuda_peak_reserved_bytes=1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CUDA_SMOKE_EDITS))
+def test_the_cuda_smoke_checks_are_rejudged_from_the_evidence(
+    case: str,
+    candidate: Path,
+    full_chain: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An H200 chain whose smoke evidence says CUDA passes; one edit of the doctor output, of the run's measured
+    bytes, or of the record's copy of them (every hash re-bound) fails smoke_rejudged naming the check."""
+    from harness_helpers import rebind_artifacts, relabel_for_profile
+
+    from harness.profiles import PROFILES
+    from harness.stacks import describe_existing
+
+    profile = "h200-cu130"
+    kg = tmp_path / "known-good"
+    kg.mkdir()
+    (kg / f"{profile}.txt").write_text("# stand-in stack\n")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    qual = relabel_for_profile(
+        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
+    )
+    c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
+    c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})
+    c.over["--required-gpu-name"] = PROFILES[profile].required_gpu_name
+    code, err, rv, _ = _run(c, capsys)
+    assert code == 0 and rv["status"] == "passed", err
+    rel, edit = _CUDA_SMOKE_EDITS[case]
+    _edit_json(qual / rel, edit)
+    rebind_artifacts(qual)
+    code, err, rv, _ = _run(c, capsys)
+    assert code == 1 and "[smoke_rejudged]" in err and case in err, err
+
+
 def _full_writable(candidate: Path, full: Path, known_good: Path, tmp: Path) -> Chain:
     return Chain(
         candidate=copy_tree(candidate, tmp / "candidate"),
