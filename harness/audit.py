@@ -333,8 +333,6 @@ class Auditor:
             if key.startswith("cuda_") and (q.metrics.get(key) != value or smoke.metrics.get(key) != value):
                 failing.add(key)
                 why[key] = f"recorded {q.metrics.get(key)!r} and {smoke.metrics.get(key)!r}, the evidence {value!r}"
-                    f"recorded {q.metrics.get(key)!r} and {smoke.metrics.get(key)!r}, the evidence says {value!r}"
-                )
         names = sorted(failing)
         require(
             not names,
