@@ -11,7 +11,7 @@ from harness.jsonio import atomic_write_bytes
 from harness.proc import REPO_ROOT
 from harness.profiles import PROFILES
 from harness.recordio import json_schema
-from harness.records import SCHEMA_MODELS
+from harness.records import SCHEMA_MODELS, Record
 from harness.registry import REGISTRY
 
 MANIFESTS = REPO_ROOT / "manifests" / "harness"
@@ -23,7 +23,7 @@ def _pretty(value: object) -> bytes:
 
 def generated() -> dict[str, bytes]:
     """Relative path under manifests/harness/ -> the exact bytes that belong there."""
-    models = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS, "state-hashes": StateHashes}
+    models: dict[str, type[Record]] = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS, "state-hashes": StateHashes}
     files = {f"{name}.schema.json": _pretty(json_schema(model)) for name, model in models.items()}
     for name, profile in PROFILES.items():
         files[f"profiles/{name}.json"] = _pretty(profile.model_dump(mode="json"))
