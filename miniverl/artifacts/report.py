@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from miniverl.artifacts.rundir import read_manifest, read_plan, read_summary, require_run_dir
+from miniverl.artifacts.rundir import read_jsonl_text, read_manifest, read_plan, read_summary, require_run_dir
 from miniverl.artifacts.svg import line_chart
 from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
@@ -37,10 +37,11 @@ SAMPLES_PER_CYCLE = 4
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    content = read_jsonl_text(path)
+    if content is None:
         return []
     out = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, text in enumerate(content.splitlines(), start=1):
         if not text.strip():
             continue
         try:

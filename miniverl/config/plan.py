@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from miniverl import __version__
+from miniverl import __version__, bounded
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.checks import check_config, check_data
 from miniverl.config.loader import apply_overrides, read_yaml, validate_config, validation_message
@@ -149,7 +149,7 @@ def plan_digest_of(record: dict[str, Any]) -> str:
 def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, MiniverlConfig]:
     """Read ``plan.json``, re-verify its digest and (by default) the data file's sha256."""
     try:
-        raw = loads_json(path.read_text(encoding="utf-8"))
+        raw = loads_json(bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="a plan"))
     except FileNotFoundError:
         raise ConfigError(f"plan not found: {path}; create it with `miniverl plan CONFIG --out {path}`") from None
     except IsADirectoryError:
