@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 from miniverl import __version__
 from miniverl.errors import MiniverlError, UsageError
 
-
 #: Upper bounds on count arguments: far above any real use, low enough that a typo fails at once, not after hours.
 MAX_SAMPLE_ROWS = 1_000_000
 MAX_EVAL_SAMPLES = 10_000
@@ -404,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", default="runs", metavar="DIR", help="parent of run directories (default: runs)")
     run.add_argument("--run-id", required=True, metavar="ID", help="run directory name: letters, digits, - _ .")
     run.add_argument(
-        "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default: half the usable cores, 1..8)"
+        "--threads",
+        type=_at_most(MAX_THREADS),
+        metavar="N",
+        help="torch CPU threads (default: half the usable cores, 1..8)",
     )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")
@@ -427,12 +429,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument("--step", type=int, help="a run's checkpoint step (default: the last)")
     evaluation.add_argument(
-        "--samples", type=_at_most(MAX_EVAL_SAMPLES), default=4, metavar="N", help="sampled responses per prompt (default 4; 0: greedy only)"
+        "--samples",
+        type=_at_most(MAX_EVAL_SAMPLES),
+        default=4,
+        metavar="N",
+        help="sampled responses per prompt (default 4; 0: greedy only)",
     )
     evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
     evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
     evaluation.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
-    evaluation.add_argument("--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)")
+    evaluation.add_argument(
+        "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
+    )
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
@@ -532,7 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if advice is None:
             if os.environ.get("MINIVERL_DEBUG"):
                 raise
-            sys.stderr.write(f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n")
+            sys.stderr.write(
+                f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n"
+            )
             return 1
         sys.stderr.write(f"miniverl: error: {advice}\n")
         return 1

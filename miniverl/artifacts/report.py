@@ -69,6 +69,27 @@ def _points(metrics: list[dict[str, Any]], key: str) -> list[tuple[float, float]
     return out
 
 
+#: The trajectory fields the report reads, with the JSON types they must have when present.
+TRAJECTORY_TYPES: dict[str, tuple[type, ...]] = {
+    "prompt_id": (str,),
+    "group_id": (str,),
+    "response_token_ids": (list,),
+    "sampled_logprobs": (list,),
+    "reward_components": (dict,),
+    "response_text": (str,),
+    "finish_reason": (str,),
+}
+
+
+def _checked_trajectory(record: dict[str, Any], path: Path, number: int) -> dict[str, Any]:
+    for key, types in TRAJECTORY_TYPES.items():
+        value = record.get(key)
+        if value is not None and not isinstance(value, types):
+            wanted = " or ".join({str: "a string", list: "a list", dict: "an object"}[t] for t in types)
+            raise UsageError(f"{path} line {number}: {key!r} must be {wanted}, got {type(value).__name__}")
+    return record
+
+
 def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float]]], dict[int, list[dict[str, Any]]]]:
     """Per-cycle series computed from the trajectory files, and the trajectories by cycle."""
     by_cycle: dict[int, list[dict[str, Any]]] = {}
@@ -77,7 +98,7 @@ def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float
             cycle = int(path.stem.removeprefix("cycle-"))
         except ValueError:
             continue
-        by_cycle[cycle] = _read_jsonl(path)
+        by_cycle[cycle] = [_checked_trajectory(r, path, n) for n, r in enumerate(_read_jsonl(path), start=1)]
     series: dict[str, list[tuple[float, float]]] = {}
     for cycle, records in sorted(by_cycle.items()):
         if not records:
@@ -261,6 +282,11 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_text(text: str) -> str:
+    """A table cell of untrusted text (model output, prompts): Markdown viewers render raw HTML, so escape it."""
+    return _md_cell(escape(text, quote=False))
+
+
 def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
     lines = [f"# Run {report['run_id']}", "", "## Identities", "", "| | |", "|---|---|"]
     lines += [f"| {_md_cell(k)} | `{_md_cell(v)}` |" for k, v in _identity_rows(report)]
@@ -273,8 +299,8 @@ def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
         lines += ["| prompt | response | reward | advantage | finish |", "|---|---|---|---|---|"]
         for row in _sample_rows(report, cycle):
             lines.append(
-                f"| {_md_cell(row['prompt'])} | {_md_cell(row['response'])} | {row['reward']} | "
-                f"{row['advantage']} | {row['finish']} |"
+                f"| {_md_text(row['prompt'])} | {_md_text(row['response'])} | {row['reward']} | "
+                f"{row['advantage']} | {_md_text(row['finish'])} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -285,6 +311,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
 
     target = out if out is not None else run_dir / "report"
     report = build_report(run_dir)
+    # the default target and charts/ are created by report; a symlink there would send the files elsewhere
+    for place in ([target] if out is None else []) + [target / "charts"]:
+        if place.is_symlink():
+            raise UsageError(f"{place} is a symlink; report writes only into real directories (remove the link)")
     check_writable_dir(target, option="--out")
     chart_files = {}
     for index, chart in enumerate(report["charts"], start=1):
