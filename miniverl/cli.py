@@ -343,6 +343,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from miniverl.config.schema import MAX_NEW_TOKENS
+
     parser = _Parser(
         prog="miniverl",
         description="RL post-training and distillation on one device. Start with `miniverl init DIR --example grpo`.",
@@ -437,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
     evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
-    evaluation.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
+    evaluation.add_argument("--max-new-tokens", type=_at_most(MAX_NEW_TOKENS), help="default: rollout.max_new_tokens")
     evaluation.add_argument(
         "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
     )

@@ -31,6 +31,7 @@ def build_plan(
     from miniverl.data import describe_dataset, load_prompts
 
     check_config(config)
+    _check_context(config)
     resolved_config = config.model_dump(mode="json")
     described = describe_dataset(Path(config.data.path))
     check_data(config, load_prompts(config.data.path))
@@ -194,6 +195,18 @@ def _roles(config: MiniverlConfig) -> dict[str, ModelSpec]:
     if config.models.critic is not None:
         roles["critic"] = config.models.critic
     return roles
+
+
+def _check_context(config: MiniverlConfig) -> None:
+    """``rollout.max_new_tokens`` leaves room for a prompt in the student's context, where its config is known."""
+    from miniverl.models.sources import resolve
+
+    context = (resolve(config.models.student, fetch=False).config or {}).get("max_position_embeddings")
+    if isinstance(context, int) and not isinstance(context, bool) and config.rollout.max_new_tokens >= context:
+        raise ConfigError(
+            f"rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the limit of {context - 1} for this "
+            f"student: its context is {context} tokens (max_position_embeddings), prompt included"
+        )
 
 
 def _identity(spec: ModelSpec, config: MiniverlConfig) -> dict[str, Any]:
