@@ -8,7 +8,6 @@ for the compute dtype. Nothing is published unless the check passes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -126,9 +125,6 @@ def _fresh_staging_dir(out: Path) -> Path:
     """A new directory beside ``out`` that no one else owns: export deletes only what it created."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-export-{out.name}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the export gets the usual permissions of a new directory
     return tmp
 
 
