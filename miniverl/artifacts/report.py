@@ -69,23 +69,22 @@ def _points(metrics: list[dict[str, Any]], key: str) -> list[tuple[float, float]
     return out
 
 
-#: The trajectory fields the report reads, with the JSON types they must have when present.
-TRAJECTORY_TYPES: dict[str, tuple[type, ...]] = {
-    "prompt_id": (str,),
-    "group_id": (str,),
-    "response_token_ids": (list,),
-    "sampled_logprobs": (list,),
-    "reward_components": (dict,),
-    "response_text": (str,),
-    "finish_reason": (str,),
+#: The trajectory fields the report reads: the JSON type each must have when present, and its name.
+TRAJECTORY_TYPES: dict[str, tuple[type, str]] = {
+    "prompt_id": (str, "a string"),
+    "group_id": (str, "a string"),
+    "response_token_ids": (list, "a list"),
+    "sampled_logprobs": (list, "a list"),
+    "reward_components": (dict, "an object"),
+    "response_text": (str, "a string"),
+    "finish_reason": (str, "a string"),
 }
 
 
 def _checked_trajectory(record: dict[str, Any], path: Path, number: int) -> dict[str, Any]:
-    for key, types in TRAJECTORY_TYPES.items():
+    for key, (kind, wanted) in TRAJECTORY_TYPES.items():
         value = record.get(key)
-        if value is not None and not isinstance(value, types):
-            wanted = " or ".join({str: "a string", list: "a list", dict: "an object"}[t] for t in types)
+        if value is not None and not isinstance(value, kind):
             raise UsageError(f"{path} line {number}: {key!r} must be {wanted}, got {type(value).__name__}")
     return record
 
