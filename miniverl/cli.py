@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -12,6 +13,27 @@ from typing import Any, NoReturn
 
 from miniverl import __version__
 from miniverl.errors import MiniverlError, UsageError
+
+#: Upper bounds on count arguments: far above any real use, low enough that a typo fails at once, not after hours.
+MAX_SAMPLE_ROWS = 1_000_000
+MAX_EVAL_SAMPLES = 10_000
+MAX_THREADS = 1024
+
+
+def _at_most(limit: int) -> Callable[[str], int]:
+    """An argparse type: an integer no larger than ``limit`` (lower bounds stay with the command's own checks)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{value} exceeds the limit of {limit:,}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -321,6 +343,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from miniverl.config.schema import MAX_NEW_TOKENS
+
     parser = _Parser(
         prog="miniverl",
         description="RL post-training and distillation on one device. Start with `miniverl init DIR --example grpo`.",
@@ -361,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = group("data", "prompt datasets")
     sample = add("sample", cmd_data_sample, "write a generated prompt dataset (Parquet)", data)
     sample.add_argument("--task", required=True, help="calculator | formatting")
-    sample.add_argument("--rows", type=int, required=True, help="number of prompts to write")
+    sample.add_argument("--rows", type=_at_most(MAX_SAMPLE_ROWS), required=True, help="number of prompts to write")
     sample.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
     sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
 
@@ -381,7 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", default="runs", metavar="DIR", help="parent of run directories (default: runs)")
     run.add_argument("--run-id", required=True, metavar="ID", help="run directory name: letters, digits, - _ .")
     run.add_argument(
-        "--threads", type=int, metavar="N", help="torch CPU threads (default: half the usable cores, 1..8)"
+        "--threads",
+        type=_at_most(MAX_THREADS),
+        metavar="N",
+        help="torch CPU threads (default: half the usable cores, 1..8)",
     )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")
@@ -404,12 +431,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument("--step", type=int, help="a run's checkpoint step (default: the last)")
     evaluation.add_argument(
-        "--samples", type=int, default=4, metavar="N", help="sampled responses per prompt (default 4; 0: greedy only)"
+        "--samples",
+        type=_at_most(MAX_EVAL_SAMPLES),
+        default=4,
+        metavar="N",
+        help="sampled responses per prompt (default 4; 0: greedy only)",
     )
     evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
     evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
-    evaluation.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
-    evaluation.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default as for run)")
+    evaluation.add_argument("--max-new-tokens", type=_at_most(MAX_NEW_TOKENS), help="default: rollout.max_new_tokens")
+    evaluation.add_argument(
+        "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
+    )
 
     inspect = add("inspect", cmd_inspect, "summarize a run directory")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
@@ -472,6 +505,25 @@ def _add_matrix_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+_ENVIRONMENT_ADVICE = {
+    errno.EFBIG: "file too large for this process's file size limit (`ulimit -f`); raise the limit",
+    errno.ENOSPC: "no space left on the device; free some space",
+    errno.EDQUOT: "disk quota exceeded; free some space or raise the quota",
+    errno.EROFS: "read-only file system; give a writable directory",
+    errno.EACCES: "permission denied; fix the permissions or give another path",
+    errno.EPERM: "operation not permitted; fix the permissions or give another path",
+}
+
+
+def _environment_advice(exc: OSError) -> str | None:
+    """One line for an OSError the environment caused (full disk, read-only mount, ...); None for others."""
+    advice = _ENVIRONMENT_ADVICE.get(exc.errno or 0)
+    if advice is None:
+        return None
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{advice}{where}; a run interrupted by it can be continued with `miniverl run ... --resume`"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -485,6 +537,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("miniverl: interrupted\n")
         return 130
+    except OSError as exc:
+        advice = _environment_advice(exc)
+        if advice is None:
+            if os.environ.get("MINIVERL_DEBUG"):
+                raise
+            sys.stderr.write(
+                f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n"
+            )
+            return 1
+        sys.stderr.write(f"miniverl: error: {advice}\n")
+        return 1
     except Exception as exc:  # the CLI promises one line, never a traceback
         if os.environ.get("MINIVERL_DEBUG"):
             raise

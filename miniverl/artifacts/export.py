@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
     ckpt_dir = candidates[-1]
     record = verify_checkpoint(ckpt_dir)
     probe = _probe_ids(run_dir)
-    tmp = out.parent / f".tmp-export-{out.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = _fresh_staging_dir(out)
     try:
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
         name_base(tmp / "adapter_config.json", config.models.student)
@@ -120,6 +119,13 @@ def base_reference(spec: Any) -> tuple[str, str | None]:
     if spec.source == "builtin":
         return str(spec.model_id), None
     return Path(str(spec.path)).name, None
+
+
+def _fresh_staging_dir(out: Path) -> Path:
+    """A new directory beside ``out`` that no one else owns: export deletes only what it created."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-export-{out.name}-", dir=out.parent))
+    return tmp
 
 
 def name_base(adapter_config: Path, spec: Any) -> None:

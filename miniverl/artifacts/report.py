@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from miniverl.artifacts.rundir import read_manifest, read_plan, read_summary, require_run_dir
+from miniverl.artifacts.rundir import read_jsonl_text, read_manifest, read_plan, read_summary, require_run_dir
 from miniverl.artifacts.svg import line_chart
 from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
@@ -37,10 +37,11 @@ SAMPLES_PER_CYCLE = 4
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    content = read_jsonl_text(path)
+    if content is None:
         return []
     out = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, text in enumerate(content.splitlines(), start=1):
         if not text.strip():
             continue
         try:
@@ -68,6 +69,26 @@ def _points(metrics: list[dict[str, Any]], key: str) -> list[tuple[float, float]
     return out
 
 
+#: The trajectory fields the report reads: the JSON type each must have when present, and its name.
+TRAJECTORY_TYPES: dict[str, tuple[type, str]] = {
+    "prompt_id": (str, "a string"),
+    "group_id": (str, "a string"),
+    "response_token_ids": (list, "a list"),
+    "sampled_logprobs": (list, "a list"),
+    "reward_components": (dict, "an object"),
+    "response_text": (str, "a string"),
+    "finish_reason": (str, "a string"),
+}
+
+
+def _checked_trajectory(record: dict[str, Any], path: Path, number: int) -> dict[str, Any]:
+    for key, (kind, wanted) in TRAJECTORY_TYPES.items():
+        value = record.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"{path} line {number}: {key!r} must be {wanted}, got {type(value).__name__}")
+    return record
+
+
 def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float]]], dict[int, list[dict[str, Any]]]]:
     """Per-cycle series computed from the trajectory files, and the trajectories by cycle."""
     by_cycle: dict[int, list[dict[str, Any]]] = {}
@@ -76,7 +97,7 @@ def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float
             cycle = int(path.stem.removeprefix("cycle-"))
         except ValueError:
             continue
-        by_cycle[cycle] = _read_jsonl(path)
+        by_cycle[cycle] = [_checked_trajectory(r, path, n) for n, r in enumerate(_read_jsonl(path), start=1)]
     series: dict[str, list[tuple[float, float]]] = {}
     for cycle, records in sorted(by_cycle.items()):
         if not records:
@@ -260,6 +281,11 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_text(text: str) -> str:
+    """A table cell of untrusted text (model output, prompts): Markdown viewers render raw HTML, so escape it."""
+    return _md_cell(escape(text, quote=False))
+
+
 def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
     lines = [f"# Run {report['run_id']}", "", "## Identities", "", "| | |", "|---|---|"]
     lines += [f"| {_md_cell(k)} | `{_md_cell(v)}` |" for k, v in _identity_rows(report)]
@@ -272,8 +298,8 @@ def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
         lines += ["| prompt | response | reward | advantage | finish |", "|---|---|---|---|---|"]
         for row in _sample_rows(report, cycle):
             lines.append(
-                f"| {_md_cell(row['prompt'])} | {_md_cell(row['response'])} | {row['reward']} | "
-                f"{row['advantage']} | {row['finish']} |"
+                f"| {_md_text(row['prompt'])} | {_md_text(row['response'])} | {row['reward']} | "
+                f"{row['advantage']} | {_md_text(row['finish'])} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -284,6 +310,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
 
     target = out if out is not None else run_dir / "report"
     report = build_report(run_dir)
+    # the default target and charts/ are created by report; a symlink there would send the files elsewhere
+    for place in ([target] if out is None else []) + [target / "charts"]:
+        if place.is_symlink():
+            raise UsageError(f"{place} is a symlink; report writes only into real directories (remove the link)")
     check_writable_dir(target, option="--out")
     chart_files = {}
     for index, chart in enumerate(report["charts"], start=1):

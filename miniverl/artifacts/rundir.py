@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from miniverl import bounded
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
 from miniverl.records import MetricsLine, PlanRecord, RunManifest, RunSummary
@@ -20,11 +21,25 @@ RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 
 def _read_json(path: Path) -> Any:
     try:
-        return loads_json(path.read_text(encoding="utf-8"))
+        return loads_json(bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="a run record"))
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory; a run record must be a JSON file") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not UTF-8 text") from None
     except StrictFormatError as exc:
         raise UsageError(f"{path} is refused: {exc}") from None
+
+
+def read_jsonl_text(path: Path) -> str | None:
+    """The text of a run's JSONL file (bounded, regular, UTF-8), or None when there is none yet."""
+    try:
+        return bounded.read_text(path, limit=bounded.METRICS_MAX_BYTES, what="a JSONL log")
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory; it must be a JSONL file (one JSON object per line)") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text; it must be a JSONL file (one JSON object per line)") from None
 
 
 def check_run_id(run_id: str) -> None:
@@ -94,10 +109,11 @@ def read_summary(run_dir: Path) -> RunSummary | None:
 
 def read_metrics(run_dir: Path) -> list[MetricsLine]:
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    content = read_jsonl_text(path)
+    if content is None:
         return []
     lines = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, text in enumerate(content.splitlines(), start=1):
         if text.strip():
             try:
                 lines.append(MetricsLine.model_validate(loads_json(text)))

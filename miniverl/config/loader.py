@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from miniverl import bounded
 from miniverl.config.schema import MiniverlConfig
 from miniverl.config.strict import StrictFormatError, loads_yaml
 from miniverl.errors import ConfigError
@@ -16,7 +17,7 @@ from miniverl.errors import ConfigError
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = bounded.read_text(path, limit=bounded.CONFIG_MAX_BYTES, what="a config")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:

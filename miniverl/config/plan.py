@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from miniverl import __version__
+from miniverl import __version__, bounded
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.checks import check_config, check_data
 from miniverl.config.loader import apply_overrides, read_yaml, validate_config, validation_message
@@ -31,6 +31,7 @@ def build_plan(
     from miniverl.data import describe_dataset, load_prompts
 
     check_config(config)
+    _check_context(config)
     resolved_config = config.model_dump(mode="json")
     described = describe_dataset(Path(config.data.path))
     check_data(config, load_prompts(config.data.path))
@@ -149,7 +150,7 @@ def plan_digest_of(record: dict[str, Any]) -> str:
 def load_plan(path: Path, *, verify_data: bool = True) -> tuple[PlanRecord, MiniverlConfig]:
     """Read ``plan.json``, re-verify its digest and (by default) the data file's sha256."""
     try:
-        raw = loads_json(path.read_text(encoding="utf-8"))
+        raw = loads_json(bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="a plan"))
     except FileNotFoundError:
         raise ConfigError(f"plan not found: {path}; create it with `miniverl plan CONFIG --out {path}`") from None
     except IsADirectoryError:
@@ -194,6 +195,18 @@ def _roles(config: MiniverlConfig) -> dict[str, ModelSpec]:
     if config.models.critic is not None:
         roles["critic"] = config.models.critic
     return roles
+
+
+def _check_context(config: MiniverlConfig) -> None:
+    """``rollout.max_new_tokens`` leaves room for a prompt in the student's context, where its config is known."""
+    from miniverl.models.sources import resolve
+
+    context = (resolve(config.models.student, fetch=False).config or {}).get("max_position_embeddings")
+    if isinstance(context, int) and not isinstance(context, bool) and config.rollout.max_new_tokens >= context:
+        raise ConfigError(
+            f"rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the limit of {context - 1} for this "
+            f"student: its context is {context} tokens (max_position_embeddings), prompt included"
+        )
 
 
 def _identity(spec: ModelSpec, config: MiniverlConfig) -> dict[str, Any]:

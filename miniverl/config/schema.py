@@ -17,6 +17,8 @@ KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 KlMode = Literal["loss", "reward"]
 REWARD_MODEL_TERM = "reward_model"
 OFFLINE_ALGORITHMS = ("sft", "kd")
+#: Upper bound on rollout.max_new_tokens whatever the model (the plan also checks it against the student's context).
+MAX_NEW_TOKENS = 131_072
 
 
 class Strict(BaseModel):
@@ -217,7 +219,7 @@ class RolloutSection(Strict):
     )
     prompts_per_cycle: Annotated[int, Field(ge=1)] = 2
     samples_per_prompt: Annotated[int, Field(ge=1)] = 4
-    max_new_tokens: Annotated[int, Field(ge=1)] = 32
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = 32
     temperature: Annotated[float, Field(ge=0)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0

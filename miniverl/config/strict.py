@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
+from miniverl.bounded import MAX_DEPTH, nesting_depth
+
 MAX_INT_DIGITS = 64
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit for any input)"
 
 
 class StrictFormatError(ValueError):
@@ -50,11 +53,14 @@ def loads_json(text: str) -> Any:
     Raises :class:`StrictFormatError` for those and for malformed JSON (message: what and where).
     """
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_int=_integer)
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_int=_integer)
     except json.JSONDecodeError as exc:
         raise StrictFormatError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
-        raise StrictFormatError("JSON nested too deeply") from None
+        raise StrictFormatError(_TOO_DEEP) from None
+    if nesting_depth(value) > MAX_DEPTH:
+        raise StrictFormatError(_TOO_DEEP)
+    return value
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -95,5 +101,11 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def loads_yaml(text: str) -> Any:
-    """Safe-load one YAML document; duplicate keys raise :class:`StrictFormatError`."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    """Safe-load one YAML document; duplicate keys and deep nesting raise :class:`StrictFormatError`."""
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except RecursionError:  # PyYAML composes nodes recursively
+        raise StrictFormatError(_TOO_DEEP) from None
+    if nesting_depth(value) > MAX_DEPTH:
+        raise StrictFormatError(_TOO_DEEP)
+    return value

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from miniverl import bounded
 from miniverl.canonical import atomic_write_bytes, sha256_bytes, sha256_file
 from miniverl.errors import DataError
 
@@ -139,6 +140,7 @@ def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
         )
     if not target.is_file():
         raise DataError(f"dataset {os.fspath(path)} is not a file; give the path of a .parquet file")
+    bounded.check_regular(target, limit=bounded.PARQUET_MAX_BYTES, what="a prompts dataset")
     try:
         return pq.ParquetFile(target)
     except (pa.ArrowException, OSError) as exc:

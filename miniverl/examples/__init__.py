@@ -35,6 +35,9 @@ def write_example(name: str, directory: Path, *, force: bool = False) -> dict[st
     if name not in EXAMPLES:
         raise UsageError(f"unknown example {name!r}; examples: {', '.join(sorted(EXAMPLES))}")
     check_writable_dir(directory, option="init DIR")
+    in_the_way = [f for f in FILES if (directory / f).is_dir()]
+    if in_the_way:  # --force replaces files, never a directory
+        raise UsageError(f"{directory}: {', '.join(in_the_way)} is a directory; give a DIR without it")
     existing = [f for f in FILES if (directory / f).exists()]
     if existing and not force:
         raise UsageError(f"{directory} already has {', '.join(existing)}; pick an empty DIR or pass --force")

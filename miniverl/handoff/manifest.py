@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
+from miniverl import bounded
 from miniverl.canonical import sha256_file
 from miniverl.config.strict import loads_json
 from miniverl.errors import UsageError
@@ -135,9 +136,13 @@ def read_manifest(bundle: Path) -> BundleManifest:
     if not bundle.is_dir():
         raise UsageError(f"bundle not found: {bundle} (create one with `miniverl handoff RUN_OR_PLAN --out DIR`)")
     try:
-        raw: Any = loads_json(path.read_text(encoding="utf-8"))
+        raw: Any = loads_json(bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="a bundle manifest"))
     except FileNotFoundError:
         raise UsageError(f"{bundle} is not a handoff bundle (no {MANIFEST_NAME})") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory; a bundle manifest must be a JSON file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc.__class__.__name__}") from None
     except ValueError:  # malformed, duplicate keys, non-finite, not UTF-8
         raise UsageError(f"{path} is not valid JSON") from None
     try:

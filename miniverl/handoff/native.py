@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from miniverl import bounded
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import BUILTIN_MODELS
 from miniverl.errors import UsageError
@@ -59,23 +60,46 @@ def _refused(code: str, message: str) -> HandoffRefusal:
 
 def read_native(path: Path) -> tuple[bytes, dict[str, Any]]:
     try:
-        raw = path.read_bytes()
+        raw = bounded.read_bytes(path, limit=bounded.CONFIG_MAX_BYTES, what="a native verl config")
     except OSError as exc:
         raise UsageError(f"cannot read native verl config {path}: {exc.strerror or exc.__class__.__name__}") from None
     try:
         data = yaml.safe_load(raw.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise _refused("native_not_yaml", f"{path} is not UTF-8 YAML ({exc.__class__.__name__})") from None
+    except RecursionError:
+        raise bounded.InputBoundError(f"{path}: nested more than {bounded.MAX_DEPTH} levels deep") from None
+    bounded.check_depth(data, origin=str(path))
     if not isinstance(data, dict):
         raise _refused("native_not_yaml", f"{path} must hold a mapping (verl's ppo_trainer layout)")
     return raw, data
+
+
+def _load_bindings(path: Path) -> Any:
+    try:
+        text = bounded.read_text(path, limit=bounded.CONFIG_MAX_BYTES, what="a bindings file")
+    except FileNotFoundError:
+        raise UsageError(f"bindings file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"bindings file {path} is a directory; give a YAML file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"bindings file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read bindings file {path}: {exc.strerror or exc.__class__.__name__}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UsageError(f"bindings file {path} is not valid YAML") from None
+    except RecursionError:
+        raise bounded.InputBoundError(f"{path}: nested more than {bounded.MAX_DEPTH} levels deep") from None
+    return bounded.check_depth(loaded, origin=str(path))
 
 
 def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any]:
     """The runtime bindings: a small YAML file, then ``--set KEY=VALUE`` (only the keys of BINDINGS)."""
     bindings: dict[str, Any] = {}
     if bindings_file is not None:
-        loaded = yaml.safe_load(bindings_file.read_text(encoding="utf-8")) or {}
+        loaded = _load_bindings(bindings_file) or {}
         if not isinstance(loaded, dict):
             raise UsageError(f"bindings file {bindings_file} must hold a mapping")
         bindings |= loaded
@@ -83,7 +107,10 @@ def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
-        bindings[key.strip()] = yaml.safe_load(value)
+        try:
+            bindings[key.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError):
+            raise UsageError(f"--set {item!r}: the value is not a valid YAML scalar") from None
     unknown = sorted(set(bindings) - set(BINDINGS))
     if unknown:
         raise _refused(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from miniverl import bounded
 from miniverl.canonical import sha256_file, sha256_json, tree_digest
 from miniverl.config.schema import IMMUTABLE_REVISION, AdapterSpec, ModelSpec
 from miniverl.config.strict import loads_json
@@ -390,9 +391,11 @@ def _gguf_config(path: Path) -> dict[str, Any]:
 
 def _read_config(path: Path, *, label: str) -> dict[str, Any]:
     try:
-        config = loads_json(path.read_text(encoding="utf-8"))
+        config = loads_json(bounded.read_text(path, limit=bounded.MODEL_CONFIG_MAX_BYTES, what="a model config"))
     except FileNotFoundError:
         raise ModelSourceError(f"{label} has no config.json") from None
+    except IsADirectoryError:
+        raise ModelSourceError(f"{label}: config.json is a directory") from None
     except ValueError:  # malformed, duplicate keys, non-finite, not UTF-8
         raise ModelSourceError(f"{label}: config.json is not valid JSON") from None
     if not isinstance(config, dict):

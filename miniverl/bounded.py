@@ -1,0 +1,140 @@
+"""The one reader for every file miniverl reads whole: regular files only, size-capped, depth-limited.
+
+A FIFO, a device or a socket is refused from ``stat`` before anything is opened, so nothing can block on it; the
+file is then opened non-blocking and ``fstat`` must agree (a file swapped for a FIFO in between is refused too).
+A file larger than its bound is refused before a byte is read, and at most ``limit + 1`` bytes are ever read.
+``nofollow=True`` (files inside a run directory) also refuses a symlink as the file itself.
+
+Missing files and directories raise the usual :class:`FileNotFoundError` / :class:`IsADirectoryError`, so callers
+keep their own messages for those; everything else this module refuses is an :class:`InputBoundError` (exit 2)
+whose message names the file and the bound.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from miniverl.errors import UsageError
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+# Bounds on the inputs read whole. Each is far above any real file of its kind.
+CONFIG_MAX_BYTES = 4 * MIB  # a config YAML, a native verl YAML, --bindings
+PLAN_MAX_BYTES = 16 * MIB  # plan.json, run.json, checkpoint.json, a bundle's manifest
+MODEL_CONFIG_MAX_BYTES = 4 * MIB  # a model's config.json, adapter_config.json
+METRICS_MAX_BYTES = 1 * GIB  # metrics.jsonl (one line per update)
+PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset
+#: Containers nested deeper than this in a JSON or YAML input are refused (real configs nest < 10 deep).
+MAX_DEPTH = 64
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class InputBoundError(UsageError):
+    """An input that is not a regular file, is larger than its bound, or nests too deeply."""
+
+
+def size_text(size: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def limit_text(limit: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if limit >= scale and limit % scale == 0:
+            return f"{limit // scale} {unit}"
+    return f"{limit} bytes"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse_kind(path: Path, mode: int, what: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(21, "Is a directory", os.fspath(path))
+    if not stat.S_ISREG(mode):
+        raise InputBoundError(f"{path}: {what} must be a regular file; this is {_kind(mode)}")
+
+
+def _refuse_size(path: Path, size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise InputBoundError(f"{path}: {size_text(size)} exceeds the {limit_text(limit)} limit for {what}")
+
+
+def check_regular(path: Path, *, limit: int, what: str, nofollow: bool = False) -> int:
+    """The size of ``path`` when it is a regular file within ``limit`` bytes (for files opened by a library)."""
+    st = os.lstat(path) if nofollow else os.stat(path)
+    _refuse_kind(path, st.st_mode, what)
+    _refuse_size(path, st.st_size, limit, what)
+    return st.st_size
+
+
+def read_bytes(path: Path, *, limit: int, what: str, nofollow: bool = False) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (``what`` names it in errors)."""
+    path = Path(path)
+    check_regular(path, limit=limit, what=what, nofollow=nofollow)
+    flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (_NOFOLLOW if nofollow else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if nofollow and exc.errno == 40:  # ELOOP: became a symlink after lstat
+            raise InputBoundError(f"{path}: {what} must be a regular file; this is a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        _refuse_kind(path, st.st_mode, what)
+        _refuse_size(path, st.st_size, limit, what)
+        data = handle.read(limit + 1)
+    _refuse_size(path, len(data), limit, what)  # a file that grew while being read
+    return data
+
+
+def read_text(path: Path, *, limit: int, what: str, nofollow: bool = False) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (a :class:`UnicodeDecodeError` otherwise, for the caller to name)."""
+    return read_bytes(path, limit=limit, what=what, nofollow=nofollow).decode("utf-8")
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply dicts and lists nest in ``value`` (a scalar: 0), computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def check_depth(value: Any, *, origin: str) -> Any:
+    """``value`` when it nests at most :data:`MAX_DEPTH` deep; an :class:`InputBoundError` naming ``origin``."""
+    if nesting_depth(value) > MAX_DEPTH:
+        raise InputBoundError(f"{origin}: nested more than {MAX_DEPTH} levels deep (the limit for any input)")
+    return value
