@@ -332,7 +332,7 @@ def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
             )
     if not current_path.is_file():
         raise UsageError(f"nothing to extend: {run_dir} is not a run directory with a plan.json")
-    current, _ = load_plan(current_path)
+    current, current_config = load_plan(current_path)
     if target is not None and current.plan_digest == target.to_plan_digest:
         progress_log.phase("extend", f"completing the extension to {target.to_cycles} cycles")
         return current_path  # the retry of a killed extension: plan.json already records its target
@@ -341,9 +341,11 @@ def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
             f"--plan {plan_path} is not the current plan of {run_dir} (plan_digest differs); "
             f"extend with --plan {current_path}"
         )
-    if latest_checkpoint(run_dir / "checkpoints") is None:
+    found = latest_checkpoint(run_dir / "checkpoints")
+    if found is None:
         raise UsageError(f"nothing to extend: {run_dir} has no checkpoint; run it (or --resume it) first")
     plan_ancestry(current, run_dir / PLANS_DIR)  # an earlier extension must still prove out
+    verify_resume_point(found[0].name, found[1], current, current_config)  # refuse before changing anything
     extended = extend_plan(current, added)
     if target is None:
         target = ExtensionTarget(
