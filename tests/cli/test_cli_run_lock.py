@@ -255,3 +255,32 @@ def test_resume_of_a_completed_run_finishes_its_prune(
     result = cli("run", "--plan", "two.json", "--run-id", "r", "--resume", "--json")
     assert result.code == 0 and result.json()["resumed"] is False, result.err
     assert sorted(p.name for p in steps.iterdir()) == ["step-000002"]
+
+
+def test_fresh_run_that_loses_the_lock_after_its_mkdir_leaves_the_directory(
+    plans: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --resume may lock the directory a fresh run has just created: the fresh run stops, deleting nothing."""
+    import fcntl
+
+    from miniverl.artifacts import runlock
+
+    original = runlock.acquire
+    held: list[int] = []
+
+    def resume_gets_there_first(run_dir: Path, *, what: str) -> bool:
+        fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"4242\n")
+        held.append(fd)
+        (run_dir / "metrics.jsonl").write_text("")  # the other writer's work in progress
+        return original(run_dir, what=what)
+
+    monkeypatch.setattr(runlock, "acquire", resume_gets_there_first)
+    try:
+        result = cli("run", "--plan", "two.json", "--run-id", "r", "--threads", "1", "-q")
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert result.code == 2 and result.err.count("\n") == 1 and "being written by pid 4242" in result.err, result.err
+    assert (plans / "runs" / "r" / "metrics.jsonl").is_file()
