@@ -86,21 +86,25 @@ def run_from_plan(
         }
     _require_torch()
     output.mkdir(parents=True, exist_ok=True)
-    try:
-        run_dir.mkdir()  # the atomic claim: of two fresh runs exactly one creates it
-    except FileExistsError:
-        raise UsageError(f"run directory {run_dir} already exists; use --resume or another --run-id") from None
-    # a --resume may take the lock between our mkdir and our lock: then the directory is that writer's, and
-    # this run stops here (exit 2) without touching it
-    runlock.acquire(run_dir, what="the run")
-    try:
-        return _guarded_train(plan, config, plan_path, rows, run_dir, run_id, None, progress, (on_update, on_phase))
-    except BaseException:
-        if not any(p.name != runlock.LOCK_NAME for p in run_dir.iterdir()):
-            shutil.rmtree(run_dir, ignore_errors=True)  # ours (we created it), and empty: as if never run
-        raise
-    finally:
-        runlock.release(run_dir)
+    with _sigterm_as_interrupt() as stop:  # before the directory appears: a SIGTERM from then on cleans up
+        try:
+            run_dir.mkdir()  # the atomic claim: of two fresh runs exactly one creates it
+        except FileExistsError:
+            raise UsageError(f"run directory {run_dir} already exists; use --resume or another --run-id") from None
+        locked = False
+        try:
+            # a --resume may lock it between our mkdir and our lock: then the directory is that writer's, and
+            # this run stops here (exit 2) without touching it
+            locked = runlock.acquire(run_dir, what="the run")
+            hooks = _hooks((on_update, on_phase), stop)
+            return _train(plan, config, plan_path, rows, run_dir, run_id, None, progress, hooks, stop)
+        except BaseException:
+            if locked and not any(p.name != runlock.LOCK_NAME for p in run_dir.iterdir()):
+                shutil.rmtree(run_dir, ignore_errors=True)  # ours (we created it), and empty: as if never run
+            raise
+        finally:
+            if locked:
+                runlock.release(run_dir)
 
 
 def _require_torch() -> None:
@@ -140,31 +144,21 @@ def _resume(
         verify_resume_point(found[0].name, found[1], plan, config)
         check_run_records(run_dir, plan, plan_path)
     _require_torch()
-    result = _guarded_train(plan, config, plan_path, rows, run_dir, run_id, found, progress, hooks)
+    with _sigterm_as_interrupt() as stop:
+        result = _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, _hooks(hooks, stop), stop)
     finish_extension(run_dir, plan.plan_digest)
     return result
 
 
-def _guarded_train(
-    plan: PlanRecord,
-    config: MiniverlConfig,
-    plan_path: Path,
-    rows: list[Any],
-    run_dir: Path,
-    run_id: str,
-    found: Any,
-    progress: bool,
-    hooks: tuple[Any, Any],
-) -> dict[str, Any]:
+def _hooks(hooks: tuple[Any, Any], stop: _StopRequest) -> tuple[Any, Any]:
     on_update, on_phase = hooks
-    with _sigterm_as_interrupt() as stop:
 
-        def phase(name: str, step: int) -> None:
-            stop.check()
-            if on_phase is not None:
-                on_phase(name, step)
+    def phase(name: str, step: int) -> None:
+        stop.check()
+        if on_phase is not None:
+            on_phase(name, step)
 
-        return _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, (on_update, phase), stop)
+    return on_update, phase
 
 
 def verify_resume_point(name: str, record: Any, plan: PlanRecord, config: MiniverlConfig) -> None:
