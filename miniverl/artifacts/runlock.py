@@ -1,7 +1,8 @@
 """One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/.lock``.
 
-The kernel drops the lock when its holder dies, so a lock is never stale and nothing guesses. While held the
-file holds the holder's pid (for the refusal message); a holder that exits normally leaves it empty.
+The kernel drops the lock when its holder dies, so a lock is never stale and nothing guesses. The file stays
+empty and is never written after its creation (a no-op ``--resume`` changes no file, not even a timestamp);
+the refusal names the holder's pid as the kernel reports it (``/proc/locks``), not as a file claims it.
 Within one process the lock is re-entrant (``run --resume`` checks for a completed run, then trains).
 """
 
@@ -27,11 +28,29 @@ class RunBusyError(UsageError):
 
 
 def _holder(fd: int) -> str:
+    """The pid holding an flock on ``fd``'s file, from the kernel's lock table (Linux); else 'another process'."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            lines = table.read(1 << 20).splitlines()
     except OSError:
-        text = ""
-    return f"pid {text}" if text.isdigit() else "another process"
+        return "another process"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" lines are waiters, not holders
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            same = (int(major, 16), int(minor, 16), int(inode)) == (
+                os.major(st.st_dev),
+                os.minor(st.st_dev),
+                st.st_ino,
+            )
+        except ValueError:
+            continue
+        if same and fields[4].isdigit():
+            return f"pid {fields[4]}"
+    return "another process"
 
 
 def acquire(run_dir: Path, *, what: str) -> bool:
@@ -58,8 +77,6 @@ def acquire(run_dir: Path, *, what: str) -> bool:
                 f"wait for it to finish, then retry {what}"
             ) from None
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
     _held[key] = [fd, 1]
     return True
 
@@ -73,10 +90,7 @@ def release(run_dir: Path) -> None:
     if entry[1] > 0:
         return
     del _held[key]
-    fd = entry[0]
-    with contextlib.suppress(OSError):  # the directory may be gone (a failed fresh run removes its own)
-        os.ftruncate(fd, 0)
-    os.close(fd)  # closing the last descriptor drops the flock
+    os.close(entry[0])  # closing the last descriptor drops the flock
 
 
 @contextlib.contextmanager
