@@ -205,7 +205,7 @@ def check_run_records(run_dir: Path, plan: PlanRecord, plan_path: Path) -> None:
         if kept.plan_digest != plan.plan_digest:
             raise UsageError(
                 f"{current} is plan {kept.plan_digest[:16]}, not the resumed plan {plan.plan_digest[:16]}; "
-                "resume with the run's own plan"
+                f"resume with --plan {current} if it is this run's own plan"
             )
     else:
         atomic_write_bytes(current, plan_path.read_bytes())
