@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -149,19 +150,33 @@ def _handoff_section(plan: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from miniverl import progress
-    from miniverl.artifacts.rundir import check_run_id, check_writable_dir, completed_run
-    from miniverl.config.plan import load_plan
+    from miniverl.artifacts.rundir import check_run_id, check_writable_dir
 
     check_run_id(args.run_id)
     output = Path(args.output)
     check_writable_dir(output, option="--output")
     if args.extend is not None and (not args.resume or args.extend < 1):
         raise UsageError("--extend N needs --resume and N >= 1 (it adds N cycles to an existing run)")
+    if args.resume and (output / args.run_id).is_dir():
+        from miniverl.artifacts.runlock import run_writer
+
+        with run_writer(output / args.run_id, what="the --resume"):  # held through the training below
+            return _run(args, output)
+    return _run(args, output)
+
+
+def _run(args: argparse.Namespace, output: Path) -> int:
+    from miniverl import progress
+    from miniverl.artifacts.rundir import completed_run
+    from miniverl.config.plan import load_plan
+
     if args.resume and not args.extend:
-        plan, _ = load_plan(Path(args.plan))
+        plan, config = load_plan(Path(args.plan))
         summary = completed_run(output / args.run_id, plan.plan_digest)
-        if summary is not None:  # nothing left to do: change no file
+        if summary is not None:  # nothing left to do but what a kill cut short (a prune, a deleted plan.json)
+            from miniverl.training.entry import settle_completed_run
+
+            settle_completed_run(output / args.run_id, plan, config, Path(args.plan))
             payload = {
                 "status": summary.status,
                 "run_dir": str(output / args.run_id),
@@ -240,8 +255,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from miniverl.artifacts.report import write_report
+    from miniverl.artifacts.runlock import run_writer
 
-    result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    with run_writer(Path(args.run_dir), what="the report", optional=True):
+        result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
     _emit(args, result, f"wrote {result['html']} and {result['markdown']}")
     return 0
 
@@ -251,7 +268,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from miniverl.artifacts.rundir import check_writable_dir
 
     check_writable_dir(Path(args.out), option="--out")
-    result = export_run(Path(args.run_dir), Path(args.out), step=args.step)
+    from miniverl.artifacts.runlock import run_writer
+
+    with run_writer(Path(args.run_dir), what="the export", optional=True):  # no prune under our feet
+        result = export_run(Path(args.run_dir), Path(args.out), step=args.step)
     reload = result["reload"]
     human = (
         f"exported step {result['step']} adapter to {args.out}; PEFT reload max |Δlogit| "
@@ -272,16 +292,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.config is not None and not Path(args.config).is_file():
         raise UsageError(f"--config {args.config} is not a file: give a plan.json or a config YAML")
     threads, origin = _threads(args)
-    result = evaluate(
-        source,
-        data,
-        config_path=Path(args.config) if args.config else None,
-        step=args.step,
-        samples=args.samples,
-        seed=args.seed,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-    )
+    from miniverl.artifacts.runlock import run_writer
+
+    run_dir = (source / "run.json").is_file()  # a run's checkpoints must not be pruned while evaluated
+    with run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext():
+        result = evaluate(
+            source,
+            data,
+            config_path=Path(args.config) if args.config else None,
+            step=args.step,
+            samples=args.samples,
+            seed=args.seed,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+        )
     result["torch_threads"] = {"threads": threads, "from": origin}
     _emit(args, result, render_table(result))
     return 0

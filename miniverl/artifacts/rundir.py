@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from miniverl import bounded
+from miniverl.artifacts.runlock import LOCK_NAME
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
 from miniverl.records import MetricsLine, PlanRecord, RunManifest, RunSummary
@@ -152,7 +153,11 @@ def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
     """
     from miniverl.errors import CheckpointError
 
-    names = {p.name for p in run_dir.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp"))}
+    names = {
+        p.name
+        for p in run_dir.iterdir()
+        if not (p.name.startswith(".") and p.name.endswith(".tmp")) and p.name != LOCK_NAME
+    }
     strange = sorted(names - RUN_OUTPUTS)
     if strange:
         raise UsageError(f"{run_dir} is not a miniverl run directory ({strange[0]} is not a run output)")
@@ -167,7 +172,18 @@ def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
                 digest = None  # a plan.json cut short by the kill: it was being copied from this plan
             if digest is not None and digest != plan_digest:
                 raise CheckpointError(f"{run_dir} belongs to another plan; resume with the same plan")
-    shutil.rmtree(run_dir)
+    clear_run_outputs(run_dir)
+
+
+def clear_run_outputs(run_dir: Path) -> None:
+    """Remove everything in ``run_dir`` but its lock file (held by this process: the directory stays claimed)."""
+    for path in sorted(run_dir.iterdir()):
+        if path.name == LOCK_NAME:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def roll_back_outputs(run_dir: Path, metrics_text: str, trajectories: dict[str, str], checkpoint: str) -> None:

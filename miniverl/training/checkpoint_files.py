@@ -30,6 +30,18 @@ def list_checkpoints(checkpoints_root: Path) -> list[Path]:
     return sorted(p for p in checkpoints_root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
+def prune_checkpoints(checkpoints_root: Path, keep_last: int) -> list[str]:
+    """Remove all but the newest ``keep_last`` checkpoints; the names removed (a kill may cut a prune short,
+    so a resume prunes again)."""
+    import shutil
+
+    removed = []
+    for old in list_checkpoints(checkpoints_root)[:-keep_last]:
+        shutil.rmtree(old)
+        removed.append(old.name)
+    return removed
+
+
 def verify_checkpoint(directory: Path) -> CheckpointRecord:
     """Refuse a partial or corrupt checkpoint with a message that names the problem."""
     record_path = directory / RECORD

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
-from miniverl.training.checkpoint_files import list_checkpoints, trajectory_file_name
+from miniverl.training.checkpoint_files import prune_checkpoints, trajectory_file_name
 
 
 class MemoryLimitError(MiniverlError):
@@ -130,6 +129,8 @@ class Controller:
         # the checkpoint is the commit point: drop what later, uncommitted updates wrote
         roll_back_outputs(self.run_dir, self._metrics_text(), record.trajectories, directory.name)
         self.trajectory_hashes = dict(record.trajectories)
+        # a kill between the last checkpoint and its prune left an older one: finish that prune
+        prune_checkpoints(self.run_dir / "checkpoints", self.config.checkpoint.keep_last)
 
     def _checkpoint(self) -> None:
         if self.state.step % self.config.checkpoint.every_updates and self.state.step != self.plan.updates:
@@ -161,8 +162,7 @@ class Controller:
             extra_tensors=self.algorithm.state_tensors(),
             extra_dirs=extra_dirs,
         )
-        for old in list_checkpoints(root)[: -self.config.checkpoint.keep_last]:
-            shutil.rmtree(old)
+        prune_checkpoints(root, self.config.checkpoint.keep_last)
 
     # -- one cycle ----------------------------------------------------------------------------
     def _phase(self, name: str, cycle_index: int) -> None:
