@@ -66,7 +66,9 @@ def run_from_plan(
         if not run_dir.is_dir():
             if extend:
                 raise UsageError(f"nothing to extend: {run_dir} is not a run directory with a plan.json")
-            raise CheckpointError(f"nothing to resume: run directory {run_dir} does not exist")
+            raise UsageError(
+                f"nothing to resume: run directory {run_dir} does not exist (start it: run without --resume)"
+            )
         with runlock.run_writer(run_dir, what="the --resume"):
             return _resume(plan_path, run_dir, run_id, extend, progress, (on_update, on_phase))
     plan, config = load_plan(plan_path)

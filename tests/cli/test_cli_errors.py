@@ -110,7 +110,7 @@ def test_empty_dataset(cli: Callable[..., CliResult], write_config, tiny_model_d
 def test_resume_without_checkpoint(cli: Callable[..., CliResult], write_config, tiny_model_dir, prompts) -> None:
     write_config(tiny_config(tiny_model_dir))
     assert cli("plan", "config.yaml", "--out", "plan.json").code == 0
-    assert_clean_error(cli("run", "--plan", "plan.json", "--run-id", "a", "--resume"), 1, "nothing to resume")
+    assert_clean_error(cli("run", "--plan", "plan.json", "--run-id", "a", "--resume"), 2, "nothing to resume")
 
 
 def test_data_sample_bad_task_keeps_existing_file(cli: Callable[..., CliResult], workdir: Path) -> None:

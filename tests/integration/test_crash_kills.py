@@ -198,12 +198,21 @@ def drive(workdir: Path, seed: int) -> dict[str, Any]:
             os.kill(pid, signal.SIGKILL)
         first = _wait(pid)
         t1 = time.perf_counter()
-        resumed = _wait(_fork(run_id, True, log))
+        # A kill before the run directory exists leaves nothing to resume (`--resume` says so, exit 2): the user's
+        # retry is the same command again, a fresh run.
+        started_dir = (workdir / "runs" / run_id).exists()
+        resumed = _wait(_fork(run_id, started_dir, log))
         seconds = [round(t1 - t0, 2), round(time.perf_counter() - t1, 2)]
         problems = _differences(workdir / "runs/ref", workdir / "runs" / run_id) if resumed == 0 else []
         if resumed != 0:
             problems.append(f"resume exited {resumed}: {log.read_text()[-600:]}")
-        result = {"label": label, "first_exit": first, "resume_exit": resumed, "seconds": seconds}
+        result = {
+            "label": label,
+            "first_exit": first,
+            "resume_exit": resumed,
+            "resumed": started_dir,
+            "seconds": seconds,
+        }
         results.append({**result, "problems": problems})
     warm = _differences(workdir / "runs/ref", workdir / "runs/ref-warm") if code == 0 else [f"exit {code}"]
     return {"reference_seconds": reference_seconds, "warm_seconds": warm_seconds, "warm": warm, "results": results}
