@@ -203,8 +203,10 @@ sys.exit(0 if h.hexdigest() == '$GGUF_SHA256' else 'the GGUF in $MODEL_WHEEL is 
   echo "staged files: $(grep -c . "$T/src/files.sha256") wheels, sha256 ok"
 
   # 2. git metadata for the clean-checkout check (the record says unknown without it; it never blocks)
-  if [ -f "$STAGE/start/git.tar" ] && [ ! -e .git ]; then
-    mkdir .git && tar xf "$STAGE/start/git.tar" -C .git && git config core.fileMode false
+  # The device's copy of the tree may come with a .git of another commit (the session's starting checkout): the
+  # staged git.tar of the candidate's commit always replaces it.
+  if [ -f "$STAGE/start/git.tar" ]; then
+    rm -rf .git && mkdir .git && tar xf "$STAGE/start/git.tar" -C .git && git config core.fileMode false
   fi
   local commit; commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   echo "checkout $commit, $(git status --porcelain 2>/dev/null | grep -c . || true) changed paths"
