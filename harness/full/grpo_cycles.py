@@ -55,14 +55,7 @@ def run(ctx: Context) -> dict[str, Path]:
         if done.ok:
             handed = ctx.cli("handoff", ["handoff", "runs/g", "--out", "bundle", "--json"], timeout=600)
             files["handoff_output"] = runs.save_output(ctx, "handoff.json", handed)
-    d = runs.run_dir(ctx, "g")
-    files.update(plan=d / "plan.json", summary=d / "summary.json", metrics=d / "metrics.jsonl")
-    files.update(runs.update_evidence(d, CYCLES))
-    files["state_hashes"] = runs.state_hashes(
-        ctx,
-        {f"checkpoint_{step}": runs.checkpoint_json(d, step).parent for step in range(1, CYCLES + 1)},
-        tensors=True,
-    )
+    files.update(runs.cycle_evidence(ctx, runs.run_dir(ctx, "g"), CYCLES))
     return runs.existing(files)
 
 

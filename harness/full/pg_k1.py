@@ -46,15 +46,7 @@ def run(ctx: Context) -> dict[str, Path]:
     )
     if planned.ok:
         runs.run(ctx, "run", "plan.json", "pg")
-    d = runs.run_dir(ctx, "pg")
-    files = {"plan": d / "plan.json", "summary": d / "summary.json", "metrics": d / "metrics.jsonl"}
-    files.update(runs.update_evidence(d, CYCLES))
-    files["state_hashes"] = runs.state_hashes(
-        ctx,
-        {f"checkpoint_{step}": runs.checkpoint_json(d, step).parent for step in range(1, CYCLES + 1)},
-        tensors=True,
-    )
-    return runs.existing(files)
+    return runs.existing(runs.cycle_evidence(ctx, runs.run_dir(ctx, "pg"), CYCLES))
 
 
 def kl_config(plan: dict[str, Any] | None) -> tuple[bool, str]:

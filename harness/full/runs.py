@@ -232,6 +232,16 @@ def update_evidence(run: Path, updates: int) -> dict[str, Path]:
     return files
 
 
+def cycle_evidence(ctx: Context, run: Path, updates: int) -> dict[str, Path]:
+    """What a GRPO workload keeps of its run: plan, summary, metrics, each update's checkpoint.json and
+    trajectories, and the harness's own hashes of those checkpoints, adapter tensors included."""
+    files = {"plan": run / "plan.json", "summary": run / "summary.json", "metrics": run / "metrics.jsonl"}
+    files.update(update_evidence(run, updates))
+    checkpoints = {f"checkpoint_{step}": checkpoint_json(run, step).parent for step in range(1, updates + 1)}
+    files["state_hashes"] = state_hashes(ctx, checkpoints, tensors=True)
+    return files
+
+
 def kept_trajectories(evidence: dict[str, Path], updates: int) -> tuple[dict[int, list[dict[str, Any]]] | None, str]:
     """Update -> its trajectories, from the kept files, provided the last checkpoint commits exactly those files
     (the harness's sha256 of each is the one checkpoint.json names); else None and why."""
