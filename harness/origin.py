@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from harness import registry
 from harness.proc import Redactor, clean_env, last_line, run
 from harness.records import InstalledFrom
 
@@ -50,15 +51,9 @@ print(json.dumps({
 """
 
 
-ORIGIN_CHECKS = (
-    "origin_installed_version",
-    "origin_import_under_venv",
-    "origin_not_checkout",
-    "origin_not_editable",
-    "origin_record_hashes",
-    "origin_wheel_hash",
-    "origin_executable_under_venv",
-)
+EXECUTABLE_CHECK = "origin_executable_under_venv"
+# The origin checks are the registry's: those that need the package imported are all but the executable's.
+IMPORT_CHECKS = tuple(c for c in registry.SMOKE_CHECKS if c.startswith("origin_") and c != EXECUTABLE_CHECK)
 VENV, CHECKOUT = "<venv>", "<checkout>"
 
 
@@ -99,7 +94,7 @@ def judge_origin(info: dict[str, Any], version: str, wheel_sha256: str) -> dict[
     checks: dict[str, tuple[bool, str]] = {}
     if "import_error" in info or not isinstance(info.get("file"), str):
         detail = f"python -I could not import miniverl from the venv: {str(info.get('import_error'))[:300]}"
-        checks.update({name: (False, detail) for name in ORIGIN_CHECKS[:-1]})
+        checks.update({name: (False, detail) for name in IMPORT_CHECKS})
     else:
         file, purelib = info["file"], info.get("purelib")
         checks["origin_installed_version"] = (
@@ -145,7 +140,7 @@ def judge_origin(info: dict[str, Any], version: str, wheel_sha256: str) -> dict[
             f"candidate {wheel_sha256[:16]}...",
         )
     which = info.get("which")
-    checks["origin_executable_under_venv"] = (
+    checks[EXECUTABLE_CHECK] = (
         which == f"{VENV}/bin/miniverl",
         f"which miniverl -> {str(which)[:160]}",
     )
