@@ -27,7 +27,7 @@ from harness import registry
 from harness.audit_cli import main as auditor_main
 from harness.jsonio import canonical_bytes, sha256_file
 
-SECONDS = 5.0
+SECONDS = 30.0  # a hang (a FIFO, an endless file) would last forever; a loaded 2-core CI machine takes seconds
 
 
 @dataclass

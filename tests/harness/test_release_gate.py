@@ -823,7 +823,7 @@ def test_a_dripping_download_stops_at_the_gate_deadline(world: World, tmp_path: 
     took = time.monotonic() - start
     assert_rejected(r, "deadline")
     assert "--deadline-seconds" in r.err and "/zip" in r.err
-    assert took < 15, took  # 3 s of gate plus interpreter start-up; the drip alone would last for days
+    assert took < 30, took  # 3 s of gate plus interpreter start-up on a loaded machine; the drip alone lasts days
     assert len(world.blob_seen) == 1 and r.gate["artifacts"] == []
     assert_no_token(r)
 
@@ -837,7 +837,7 @@ def test_a_dripping_download_stops_at_its_own_deadline(
     took = time.monotonic() - start
     assert_rejected(r, "download_deadline")
     assert "took longer than 3 s (--download-seconds)" in r.err
-    assert 2.5 < took < 8, took
+    assert 2.5 < took < 30, took  # the drip alone would last for days
 
 
 def test_dripping_api_headers_stop_at_the_gate_deadline(
@@ -849,7 +849,7 @@ def test_dripping_api_headers_stop_at_the_gate_deadline(
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run", "--deadline-seconds", "3")
     took = time.monotonic() - start
     assert_rejected(r, "deadline")
-    assert 2.5 < took < 8, took
+    assert 2.5 < took < 30, took  # the drip alone would last for days
     assert len(world.api_seen) == 1 and world.blob_seen == []
 
 
