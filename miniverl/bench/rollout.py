@@ -13,6 +13,8 @@ so the lengths cannot decide a ratio. Paths:
 * ``hf_loop``: miniverl's previous path (transformers forward with a dynamic cache, per-sample
   CPU generators, a host sync per step);
 * ``hf_generate``: transformers ``model.generate`` (sdpa attention, dynamic cache);
+* ``hf_generate_static``: ``model.generate`` with a static KV cache, which transformers ``torch.compile``s on CUDA
+  (the stronger baseline; on CPU it runs uncompiled, recorded in the cell's ``compiled``);
 * ``trl``: recorded ``not_run`` unless trl is importable (it is not part of any known-good stack).
 
 The model carries a LoRA adapter (``lora_rank``, on the training targets, B seeded non-zero) as a policy does in
@@ -76,7 +78,7 @@ class RolloutBenchOptions:
     prompt_tokens: int = 32
     warmup: int = 1
     repeats: int = 5
-    slow_repeats: int = 1  # hf_loop, hf_generate and fast_eager take seconds per call
+    slow_repeats: int = 1  # the HF paths and fast_eager take seconds per call
     paths: tuple[str, ...] = PATHS
     pair: tuple[str, str] = ("fast", "hf_generate")  # timed interleaved, A then B, `pairs` times per batch
     pairs: int = 5  # 0: no interleaved comparison
@@ -186,15 +188,16 @@ def _runners(
             return sum(len(t) for t, _, _ in out)
 
         return loop
-    if path == "hf_generate":
+    if path in ("hf_generate", "hf_generate_static"):
         ids = torch.tensor(prompts, dtype=torch.long, device=device)
         mask = torch.ones_like(ids)
+        cache = {"cache_implementation": "static"} if path == "hf_generate_static" else {}
 
         def hf_generate() -> int:
             with torch.no_grad():
                 out = model.generate(
                     input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                    max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+                    max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **cache,
                 )  # fmt: skip
             return int(out[:, ids.shape[1] :].numel())
 
@@ -366,6 +369,8 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             cell["pct_of_bandwidth_bound"] = 100.0 * cell["bandwidth_bound_ms_per_step"] / ms
             if path in engines:
                 cell["engine_stats"] = asdict(engines[path].stats)
+            if path == "hf_generate_static":
+                cell["compiled"] = device.type == "cuda"  # transformers compiles a static-cache generate on CUDA
             cells.append(cell)
             save_partial(Path(out) / "rollout.partial.json", FORMAT, cells)
             if opts.profile and path == "fast" and batch == max(opts.batches):

@@ -36,9 +36,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
 def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) -> None:
     report, _ = bench
     by = {(c["path"], c["batch"]): c for c in report["cells"]}
-    assert len(by) == 2 * 6
+    assert len(by) == 2 * 7
     for batch in (2, 3):
-        for path in ("fast", "fast_eager", "hf_loop", "hf_generate"):
+        assert by[("hf_generate_static", batch)]["compiled"] is False  # CPU: the static cache, uncompiled
+        for path in ("fast", "fast_eager", "hf_loop", "hf_generate", "hf_generate_static"):
             cell = by[(path, batch)]
             assert cell["status"] == "measured", cell
             assert cell["generated_tokens"] == batch * 6  # fixed lengths, checked on every timed call
@@ -91,7 +92,7 @@ def test_outputs_are_written_with_checksums(bench: tuple[dict[str, Any], Path]) 
         assert sha256_file(out / name) == digest
     table = (out / "rollout.md").read_text()
     assert table.count("| fast |") == 2 and "not_run: trl" in table
-    assert (out / "rollout.svg").read_text().count("<rect") == 8
+    assert (out / "rollout.svg").read_text().count("<rect") == 10  # 5 measured paths x 2 batches
 
 
 def test_cli_bench_rollout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
