@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from miniverl.bench.common import spread
+
 GIB = float(1 << 30)
 
 
@@ -137,6 +139,7 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
         "first_call_seconds": timings[0] if opts.warmup else None,
         "step_seconds": timed,
         "median_step_seconds": statistics.median(timed),
+        "spread_step_seconds": spread(timed),
         "peak_reserved_gib": peak.get("reserved"),
         "logged_mean_completion_lengths": lengths,
         "gradient_checkpointing": checkpointing,
