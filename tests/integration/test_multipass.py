@@ -41,6 +41,22 @@ def test_grpo_two_epochs_of_two_mini_batches_step_four_times_and_the_clip_acts(
     assert all(m["actor/ppo_kl"] != 0 for m in lines)
 
 
+@pytest.mark.parametrize("kl_mode", ["loss", "reward"])
+def test_grpo_passes_with_a_kl_to_the_reference(cli, write_config, tiny_model_dir, prompts, workdir, kl_mode) -> None:
+    config = grpo_config(tiny_model_dir, kl_coef=0.1, kl_estimator="low_var_kl", kl_mode=kl_mode)
+    config["models"]["reference"] = {"source": "student"}
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "kl", "--json")
+    assert result.code == 0, result.err
+    lines = _metrics(workdir / "runs" / "kl")
+    assert [line["algorithm_metrics"]["actor/updates"] for line in lines] == [4, 4]
+    if kl_mode == "loss":  # cycle 1 starts at the reference: only the later steps' drift makes the mean KL > 0
+        assert lines[0]["kl"] > 0
+    else:  # the penalty uses the rollout weights: 0 at the reference, > 0 once the policy moved
+        assert lines[0]["algorithm_metrics"]["kl_reward_penalty_mean"] == 0
+        assert lines[1]["algorithm_metrics"]["kl_reward_penalty_mean"] > 0
+
+
 def test_grpo_one_pass_keeps_one_step_and_logs_no_drift(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
     _plan(cli, write_config, grpo_config(tiny_model_dir, ppo_epochs=1, mini_batches=1))
     result = cli("run", "--plan", "plan.json", "--run-id", "one", "--json")
