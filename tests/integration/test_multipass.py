@@ -68,17 +68,30 @@ def test_grpo_one_pass_keeps_one_step_and_logs_no_drift(cli, write_config, tiny_
 
 
 def test_ppo_critic_counts_follow_the_critic_settings(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
-    config = ppo_config(tiny_model_dir, ppo_epochs=2, mini_batches=2, critic_ppo_epochs=3, critic_mini_batches=1)
+    config = ppo_config(
+        tiny_model_dir, ppo_epochs=2, mini_batches=2, critic_ppo_epochs=3, critic_mini_batches=1, clip_low=0.02,
+        clip_high=0.02,
+    )  # fmt: skip
+    config["train"]["learning_rate"] = 0.05
     _plan(cli, write_config, config)
     result = cli("run", "--plan", "plan.json", "--run-id", "c", "--json")
     assert result.code == 0, result.err
-    for line in _metrics(workdir / "runs" / "c"):
-        m = line["algorithm_metrics"]
+    lines = [line["algorithm_metrics"] for line in _metrics(workdir / "runs" / "c")]
+    for m in lines:
         assert (m["actor/updates"], m["actor/passes"], m["actor/mini_batches"]) == (4, 2, 2)
         assert (m["critic/updates"], m["critic/passes"], m["critic/mini_batches"]) == (3, 3, 1)
         assert m["critic/delta_norm"] > 0
+    assert max(m["actor/pg_clipfrac"] for m in lines) > 0  # the later steps drift past the clip
     report = cli("inspect", str(workdir / "runs" / "c"), "--json").json()
     assert report["ppo"]["critic_updates"] == 6
+
+
+def test_a_grpo_mini_batch_that_splits_a_group_is_one_error_line(cli, write_config, tiny_model_dir, prompts, workdir):
+    write_config(grpo_config(tiny_model_dir, mini_batches=3))
+    result = cli("plan", "config.yaml", "--out", "plan.json")
+    assert result.code == 2 and not (workdir / "plan.json").exists()
+    (line,) = result.err.strip().splitlines()
+    assert "algorithm.grpo.mini_batches (3) must divide rollout.prompts_per_cycle (2)" in line
 
 
 class Kill(Exception):
