@@ -214,11 +214,11 @@ def _overlay_applied(yaml_path: Path, composed: Any) -> dict[str, Any]:
 
 def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
     """Keys of the bundle's YAML whose composed value differs (verl defaults must not win)."""
-    from omegaconf import OmegaConf
-
     from miniverl import bounded
 
     overlay = bounded.read_yaml(yaml_path, limit=bounded.CONFIG_MAX_BYTES, what="a bundle's verl YAML")
+    from omegaconf import OmegaConf  # verl's environment has it; the read above needs nothing of it
+
     resolved = OmegaConf.to_container(composed, resolve=False)
     located = {"data.train_files", "data.val_files", "reward.custom_reward_function.path", "trainer.default_local_dir"}
     located |= {"actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_adapter_path"}
