@@ -448,3 +448,13 @@ def test_roll_back_replaces_a_fifo_metrics_without_reading_it(tmp_path: Path) ->
     os.mkfifo(tmp_path / "metrics.jsonl")
     roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_roll_back_refuses_a_directory_as_metrics(tmp_path: Path) -> None:
+    from miniverl.artifacts.rundir import roll_back_outputs
+    from miniverl.errors import UsageError
+
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(UsageError, match=r"metrics\.jsonl is a directory; remove it and resume"):
+        roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
+    assert (tmp_path / "metrics.jsonl").is_dir()
