@@ -573,6 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"miniverl: error: {advice}\n")
         return 1
     except Exception as exc:  # the CLI promises one line, never a traceback
+        from miniverl.training.checkpoint_files import as_os_error
+
+        behind = as_os_error(exc)  # a safetensors write that hit a full disk or a file size limit
+        advice = _environment_advice(behind) if behind is not None else None
+        if advice is not None:
+            sys.stderr.write(f"miniverl: error: {advice}\n")
+            return 1
         if os.environ.get("MINIVERL_DEBUG"):
             raise
         sys.stderr.write(f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n")
