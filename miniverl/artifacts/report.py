@@ -465,11 +465,11 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(f"<p>{escape(_eval_caption(record))}</p><table class='eval'><tr>")
         parts += [f"<th>{escape(head)}</th>" for head in EVAL_HEAD]
         parts.append("</tr>")
-        for row in _eval_rows(record):
+        for cells in _eval_rows(record):
             parts.append(
-                f"<tr><td>{escape(row[0])}</td><td>{escape(row[1])}</td>"
-                + "".join(f"<td class='num'>{escape(cell)}</td>" for cell in row[2:5])
-                + f"<td>{escape(row[5])}</td></tr>"
+                f"<tr><td>{escape(cells[0])}</td><td>{escape(cells[1])}</td>"
+                + "".join(f"<td class='num'>{escape(cell)}</td>" for cell in cells[2:5])
+                + f"<td>{escape(cells[5])}</td></tr>"
             )
         parts.append("</table>")
     parts.append("<h2>Time</h2><table>")
