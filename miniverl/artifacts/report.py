@@ -176,6 +176,12 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     summary = read_summary(run_dir)
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
     evals = read_evals(run_dir)
+    for record in evals:
+        if record.run_id != manifest.run_id:
+            raise UsageError(
+                f"{run_dir}/eval/step-{record.step:06d}.json is an eval of run {record.run_id!r}, not of "
+                f"{manifest.run_id!r}; remove it or rerun `miniverl eval` on this run"
+            )
     charts: list[dict[str, Any]] = []
     absent: list[str] = []
     for key, title, unit, sources in METRICS:

@@ -249,12 +249,21 @@ def test_eval_of_a_run_is_kept_in_the_run_and_reported(trained: Path) -> None:
 
 
 def test_report_refuses_an_eval_file_that_is_not_a_record(trained: Path, tmp_path: Path) -> None:
+    code, _, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0", "-q")
+    assert code == 0, err
     run = tmp_path / "r"
     shutil.copytree(trained / "runs" / "r", run, ignore=shutil.ignore_patterns("checkpoints", "report"))
     (run / "eval").mkdir(exist_ok=True)
+    kept = sorted((run / "eval").glob("step-*.json"))[-1]
     (run / "eval" / "step-000009.json").write_text('{"kind": "miniverl.eval", "extra": 1}')
     code, out, err = _main("report", str(run))
     assert code == 2 and out == "" and err.count("\n") == 1 and "does not match the eval record schema" in err, err
+    # another run's eval is not shown as this run's
+    other = json.loads(kept.read_text())
+    other["run_id"] = "someone-else"
+    (run / "eval" / "step-000009.json").write_text(json.dumps(other))
+    code, out, err = _main("report", str(run))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "is an eval of run 'someone-else'" in err, err
 
 
 def _browser() -> Any:
