@@ -12,6 +12,7 @@ from html import escape
 
 WIDTH, HEIGHT = 440, 240
 LEFT, RIGHT, TOP, BOTTOM = 62, 12, 26, 36
+INSET = 6
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 FONT = 'font-family="sans-serif"'
 
@@ -101,12 +102,16 @@ def line_chart(
         parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" font-size="12">no data</text>')
         return "".join(parts) + "</svg>"
     y_ticks = nice_ticks(min(p[1] for p in points), max(p[1] for p in points))
-    x_ticks = nice_ticks(min(p[0] for p in points), max(p[0] for p in points), integer=True)
-    y0, y1, x0, x1 = y_ticks[0], y_ticks[-1], x_ticks[0], x_ticks[-1]
+    # y spans whole round ticks; x spans the updates run (no empty room after the last), ticked where round
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    if x0 == x1:
+        x0, x1 = x0 - 1, x1 + 1
+    x_ticks = [t for t in nice_ticks(x0, x1, integer=True) if x0 <= t <= x1]
+    y0, y1 = y_ticks[0], y_ticks[-1]
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
-    def sx(x: float) -> float:
-        return LEFT + (x - x0) / (x1 - x0) * plot_w
+    def sx(x: float) -> float:  # a few pixels in from the frame, so the first and last points show whole
+        return LEFT + INSET + (x - x0) / (x1 - x0) * (plot_w - 2 * INSET)
 
     def sy(y: float) -> float:
         return TOP + (1 - (y - y0) / (y1 - y0)) * plot_h
