@@ -283,12 +283,12 @@ def _browser() -> Any:
 
 
 def test_report_renders_in_a_headless_browser(trained: Path, tmp_path: Path) -> None:
-    code, _, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--seed", "5", "--json")
-    assert code == 0, err
-    code, _, err = _main("report", str(trained / "runs" / "r"), "--quiet")
-    assert code == 0, err
     manager, browser = _browser()
     try:
+        code, _, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--seed", "5", "-q")
+        assert code == 0, err
+        code, _, err = _main("report", str(trained / "runs" / "r"), "--quiet")
+        assert code == 0, err
         page = browser.new_page(viewport={"width": 1000, "height": 1400})
         page.goto((trained / "runs" / "r" / "report" / "report.html").resolve().as_uri())
         headline = page.inner_text("#headline")
@@ -308,3 +308,27 @@ def test_report_renders_in_a_headless_browser(trained: Path, tmp_path: Path) -> 
     finally:
         browser.close()
         manager.stop()
+
+
+def test_eval_not_kept_when_the_run_cannot_be_written(
+    trained: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from miniverl.evaluation import record as kept
+
+    code, out, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    run = trained / "runs" / "r"
+    path = run / "eval" / "step-000002.json"
+    before = path.read_bytes()
+
+    def read_only(*_: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(kept, "write_eval", read_only)
+    assert kept.keep_in_run(run, result) is None
+    notice = capsys.readouterr().err
+    assert notice.startswith("notice: the eval was not kept in ") and "Read-only file system" in notice
+    assert notice.count("\n") == 1 and path.read_bytes() == before
