@@ -306,6 +306,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
         )
+        if run_dir:
+            from miniverl.evaluation.record import keep_in_run
+
+            result["written"] = keep_in_run(source, result)
     result["torch_threads"] = {"threads": threads, "from": origin}
     _emit(args, result, render_table(result))
     return 0

@@ -271,4 +271,6 @@ def render_table(result: dict[str, Any]) -> str:
     ]
     for mode, label, b, t, d in table:
         lines.append(f"{mode:<8} {label:<{width}} {cell(b)} {cell(t)} {cell(d, True)}")
+    if result.get("written"):
+        lines.append(f"kept in {result['written']} (`miniverl report` shows it)")
     return "\n".join(lines)
