@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = group("data", "prompt datasets")
     sample = add("sample", cmd_data_sample, "write a generated prompt dataset (Parquet)", data)
-    sample.add_argument("--task", required=True, help="calculator | formatting")
+    sample.add_argument("--task", required=True, help="calculator | formatting | sqlite_recovery")
     sample.add_argument("--rows", type=_at_most(MAX_SAMPLE_ROWS), required=True, help="number of prompts to write")
     sample.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
     sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
