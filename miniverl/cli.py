@@ -489,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = group("bench", "benchmarks")
     runtime_bench = bench.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
+    runtime_bench.add_argument(
+        "--rows",
+        default="synthetic",
+        choices=["synthetic", "oracle-sql"],
+        help="the 8 trajectories: synthetic (seed length profile) or the RecoveryBench oracle-sql ones",
+    )
     runtime_bench.set_defaults(handler=cmd_bench)
     from miniverl.bench.rollout_args import add_rollout_arguments
 

@@ -12,7 +12,11 @@ from miniverl.gate.cli import model_choice
 
 def run_bench_command(args: argparse.Namespace) -> dict[str, Any]:
     opts = BenchOptions(
-        model=model_choice(args.model), device=args.device, quantization=args.quantization, dtype=args.dtype
+        model=model_choice(args.model),
+        device=args.device,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        rows=args.rows,
     )
     report = run_runtime_bench(opts, args.out)
     report["message"] = (

@@ -225,3 +225,15 @@ def test_oracle_trajectories_are_pinned() -> None:
     for t in trajectories:
         assert t.prompt == t.row["prompt"]
         assert _score(t.row, t.response) == 1.0
+
+
+def test_bench_pieces_cover_the_text_and_hash_into_the_vocab() -> None:
+    from miniverl.bench.oracle_workload import hashed_encoder, padding_by_batch, pieces
+
+    for t in oracle_trajectories():
+        assert "".join(pieces(t.prompt)) == t.prompt
+    encode = hashed_encoder(128)
+    ids = encode(ROWS[0]["prompt"])
+    assert ids == encode(ROWS[0]["prompt"]) and all(3 <= i < 128 for i in ids)
+    assert len(ids) < len(ROWS[0]["prompt"]) / 1.5  # pieces, not characters (digits are one piece each)
+    assert padding_by_batch([5, 3, 4, 1]) == {"2": 2 + 1, "4": 7, "8": 7}
