@@ -61,7 +61,7 @@ class SandboxLimits:
     max_value_bytes: int = 100_000
     max_steps: int = 5_000_000
     steps_per_check: int = 1_000
-    max_seconds: float = 2.0
+    max_seconds: float = 5.0
     max_database_chars: int = 200_000
 
 
