@@ -288,7 +288,7 @@ def bench_workload(opts: BenchOptions, prepared: PreparedModel) -> tuple[Workloa
     if opts.trajectories != 8:
         raise ValueError("--rows oracle-sql is the 8 oracle trajectories; leave --trajectories at 8")
     if prepared.name == "smollm2":
-        return oracle_workload(_smollm2_encoder(prepared)), "the SmolLM2 tokenizer (chat template)"
+        return oracle_workload(_smollm2_encoder(prepared)), "the SmolLM2 tokenizer (plain text, no chat template)"
     return oracle_workload(hashed_encoder(prepared.vocab_size)), "pre-tokenizer pieces hashed into the vocab"
 
 
