@@ -166,3 +166,22 @@ def test_bench_runs_on_the_oracle_sql_trajectories_and_records_their_padding(tmp
 def test_oracle_rows_refuse_another_trajectory_count(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="8 oracle trajectories"):
         run_runtime_bench(BenchOptions(model="tiny", device="cpu", rows="oracle-sql", trajectories=4), tmp_path / "x")
+
+
+def test_the_cli_message_carries_the_padding_note(
+    bench: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from miniverl.bench import cli as bench_cli
+
+    report, out = bench
+    seen: list[BenchOptions] = []
+    monkeypatch.setattr(bench_cli, "run_runtime_bench", lambda opts, _out: (seen.append(opts), dict(report))[1])
+    args = argparse.Namespace(
+        model="tiny", device="cpu", quantization="none", dtype="float32", rows="synthetic", out=str(out)
+    )
+    message = bench_cli.run_bench_command(args)["message"]
+    assert seen[0].rows == "synthetic" and report["trajectories"]["source"] == "synthetic"
+    assert "Padding tokens by length bucket: batch 2: " in message and "(seed 1,636)" in message
+    assert message.splitlines()[-1].startswith("wrote bench.json")
