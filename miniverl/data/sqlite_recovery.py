@@ -333,8 +333,8 @@ def _leveled_row(seed: int, index: int) -> tuple[dict[str, str], int]:
         f"First attempt:\n```sql\n{draft.mistake.sql}\n```\n{draft.outcome}\n\n"
         f"{INSTRUCTION}"
     )
-    context = (
-        f"Level {draft.level}. The first attempt {draft.mistake.explanation}. A corrected query:\n"
+    context = (  # a complete oracle response: the target of SFT (target_column: context) and an OPD teacher's hint
+        f"The first attempt {draft.mistake.explanation}. A corrected query:\n"
         f"```sql\n{draft.query.sql}\n```\nIt returns {_show(draft.expected)}."
     )
     answer = SqlAnswer(

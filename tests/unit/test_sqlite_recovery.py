@@ -81,7 +81,15 @@ def test_rows_hold_database_question_attempt_and_outcome() -> None:
         # the recorded result is what the oracle returns
         assert results_match(answer["rows"], execute_sandboxed(answer["database"], answer["sql"]).rows, ordered=True)
     assert kinds == {"error", "wrong_result"}
-    assert {row["context"].split(".")[0] for row in ROWS} == {f"Level {level}" for level in LEVELS}
+
+
+def test_every_level_occurs_and_the_context_is_a_complete_oracle_response() -> None:
+    from miniverl.data.sqlite_recovery import _leveled_row
+
+    assert {_leveled_row(3, i)[1] for i in range(len(ROWS))} == set(LEVELS)
+    for row in ROWS:
+        assert row["context"].startswith("The first attempt ")
+        assert _score(row, row["context"]) == 1.0  # usable as an SFT target (algorithm.offline.target_column)
 
 
 def test_difficulty_levels_spread_the_lengths() -> None:
