@@ -58,3 +58,27 @@ def test_grpo_on_sqlite_recovery_scores_every_sample_in_the_sandbox(
         expected = sql_result_match(row.prompt, record["response_text"], answer=row.answer, valid_sql_credit=0.1)
         assert record["reward_components"] == {"sql_result_match": expected}
         assert record["reward"] == expected
+
+
+def test_sft_trains_on_the_oracle_trajectories(
+    cli: Callable[..., CliResult], write_config: Callable[..., Path], workdir: Path
+) -> None:
+    from miniverl.data import write_prompts
+    from miniverl.data.sqlite_recovery import oracle_trajectories
+    from tests.helpers.tiny import make_tiny_llama, make_tiny_tokenizer, save_tiny_model_dir
+
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_llama(tokenizer, seed=0, max_position_embeddings=4096)
+    model_dir = save_tiny_model_dir(workdir / "model", model, tokenizer)
+    write_prompts(workdir / "prompts.parquet", [t.row for t in oracle_trajectories()])
+    config = tiny_config(model_dir, algorithm="sft")
+    config["algorithm"]["offline"] = {"target_column": "context"}
+    config["algorithm"]["rewards"] = [{"name": "sql_result_match", "weight": 1.0}]
+    config["rollout"]["samples_per_prompt"] = 1
+    config["train"]["cycles"] = 2
+    write_config(config)
+    assert cli("plan", "config.yaml", "--out", "plan.json", "--json").code == 0
+    result = cli("run", "--plan", "plan.json", "--run-id", "sft", "--json")
+    assert result.code == 0, result.err
+    lines = [json.loads(x) for x in (workdir / "runs" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(m["loss"] > 0 and m["adapter_delta_norm"] > 0 for m in lines)
