@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = group("data", "prompt datasets")
     sample = add("sample", cmd_data_sample, "write a generated prompt dataset (Parquet)", data)
-    sample.add_argument("--task", required=True, help="calculator | formatting")
+    sample.add_argument("--task", required=True, help="calculator | formatting | sqlite_recovery")
     sample.add_argument("--rows", type=_at_most(MAX_SAMPLE_ROWS), required=True, help="number of prompts to write")
     sample.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
     sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
@@ -493,6 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = group("bench", "benchmarks")
     runtime_bench = bench.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
+    runtime_bench.add_argument(
+        "--rows",
+        default="synthetic",
+        choices=["synthetic", "oracle-sql"],
+        help="the 8 trajectories: synthetic (seed length profile) or the RecoveryBench oracle-sql ones",
+    )
     runtime_bench.set_defaults(handler=cmd_bench)
     from miniverl.bench.rollout_args import add_rollout_arguments
 
