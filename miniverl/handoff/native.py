@@ -28,6 +28,7 @@ from miniverl.handoff.native_rules import (
     BINDINGS,
     IGNORED_KEYS,
     INTERPOLATED,
+    KL_GATED,
     RULES,
     RUNTIME_KEYS,
     Estimator,
@@ -50,6 +51,8 @@ OPTIONAL = frozenset(
 #: maps whose value is set by a function of several keys (KL, the critic switch, the precision checks)
 DERIVED = frozenset({"kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_sample", "critic_enable"})
 ESTIMATORS: dict[Any, Estimator] = {"grpo": "grpo", "gae": "ppo"}
+#: verl kl_penalty / kl_loss_type names computed by miniverl under the same name and formula
+KL_ESTIMATORS = ("k1", "k2", "low_var_kl")
 STATUSES = (
     "same",
     "default",
@@ -245,6 +248,12 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
         return 0 if int(value) == -1 else int(value)
     if to == "kl_est" and value == "k3":
         raise refuse("kl_k3_clamped", f"{rule.key}: k3")
+    if to == "kl_est" and value not in KL_ESTIMATORS:
+        raise _refused(
+            "native_kl_estimator",
+            f"{rule.key} {value!r}: miniverl computes {', '.join(KL_ESTIMATORS)} (verl's kl is k1, mse is k2; "
+            "abs, full and the straight-through '+' forms have no miniverl counterpart)",
+        )
     return value
 
 
@@ -416,6 +425,19 @@ def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycl
         return "runtime"
     if key in IGNORED_KEYS or (rule is not None and rule.only is not None and algo is not None and rule.only != algo):
         return "ignored"
+    if any(
+        key in keys and native.get(switch) is not True and bundle.get(switch) is not True
+        for switch, keys in KL_GATED.items()
+    ):
+        return "ignored"  # a KL setting while its switch is off: verl never reads it
+    if (
+        in_n
+        and not in_b
+        and rule is not None
+        and rule.verl_default is not None
+        and _same(native[key], rule.verl_default)
+    ):
+        return "default"  # the bundle leaves the key to verl, whose default is the native value
     if in_b and not in_n and _verl_default(key, bundle[key], native, algo):
         return "default"
     if in_b and not in_n and _derived(key, bundle[key], native):
@@ -433,7 +455,8 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycl
     native value plus those cycles, and ``changed`` otherwise. A key the native file leaves out is
     ``default`` when the bundle states what verl 0.9.1 would use anyway (its default, or the actor's key a
     critic key interpolates) and ``derived`` when it states the value of the key a ``same`` rule ties it
-    to (the one seed); a key of the other estimator (a critic key in a GRPO file) is ``ignored``.
+    to (the one seed); a key the bundle leaves out whose native value is verl's default is ``default`` too. A key
+    of the other estimator (a critic key in a GRPO file) and a KL setting whose switch is off are ``ignored``.
     """
     native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
     bundle = flatten(bundle_config)

@@ -48,7 +48,8 @@ class ImportRule(BaseModel):
     #: the estimator whose run reads this key (``grpo`` or ``ppo``); in a file of the other one the key has
     #: no effect in verl (verl's GRPO has no critic and no GAE; its GAE ignores the GRPO normalization)
     only: Estimator | None = None
-    #: ``same`` rules: verl 0.9.1's own default, compared when the key is absent (verl would apply it)
+    #: verl 0.9.1's own default: compared when the key is absent (``same`` rules: verl would apply it), and what
+    #: a bundle that leaves the key out gets from verl (``expect`` rules)
     verl_default: Any = None
 
     def target(self, estimator: Estimator) -> str:
@@ -212,8 +213,9 @@ RULES: tuple[ImportRule, ...] = (
     _m("trainer.max_actor_ckpt_to_keep", "checkpoint.keep_last", "same retention"),
     _s("trainer.max_critic_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep", "native_checkpoint_retention",
        "miniverl keeps the actor and the critic in one checkpoint (checkpoint.keep_last)", only="ppo"),
-    _e("trainer.critic_warmup", 0, "native_critic_warmup", "miniverl updates the actor from the first step; verl's "
-       "critic warmup skips the actor's update for that many steps"),
+    ImportRule(key="trainer.critic_warmup", action="expect", value=0, code="native_critic_warmup", verl_default=0,
+               reason="miniverl updates the actor from the first step; verl's critic warmup skips the actor's "
+               "update for that many steps"),
     _e("trainer.test_freq", -1, "native_validation", "miniverl runs no validation during training"),
     _e("trainer.val_before_train", False, "native_validation", "miniverl runs no validation during training"),
     _i("trainer.logger", "logging only"),
@@ -254,6 +256,12 @@ INTERPOLATED: dict[str, str] = {
     C + "ppo_mini_batch_size": A + "ppo_mini_batch_size",
     C + "shuffle": A + "shuffle",
     C + "loss_agg_mode": A + "loss_agg_mode",
+}
+
+#: keys read only while a KL switch is on: switch -> keys (off in the native file and in the bundle: no effect)
+KL_GATED: dict[str, tuple[str, ...]] = {
+    "algorithm.use_kl_in_reward": ("algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef"),
+    A + "use_kl_loss": (A + "kl_loss_coef", A + "kl_loss_type"),
 }
 
 #: native keys with no effect on the math (logging, bookkeeping): a different bundle value is ``ignored``
