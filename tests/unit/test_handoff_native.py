@@ -22,6 +22,7 @@ from miniverl.handoff.rules import HandoffRefusal, load_rules
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "examples" / "verl-native-grpo.yaml"
 NATIVE_PPO = ROOT / "examples" / "verl-native-ppo.yaml"
+NATIVE_GRPO_2X2 = ROOT / "examples" / "verl-native-grpo-2x2.yaml"
 GOLDEN = ROOT / "tests" / "golden" / "handoff-v4.json"
 BIND = {"model": "smollm2-135m-instruct", "device": "cpu"}
 
@@ -102,7 +103,7 @@ def test_every_rule_key_is_unique_and_every_check_has_a_code() -> None:
         assert rule.reason
 
 
-@pytest.mark.parametrize("path", [NATIVE, NATIVE_PPO], ids=["grpo", "ppo"])
+@pytest.mark.parametrize("path", [NATIVE, NATIVE_PPO, NATIVE_GRPO_2X2], ids=["grpo", "ppo", "grpo-2x2"])
 def test_every_key_of_the_examples_has_a_rule_and_each_states_every_map_key_of_its_estimator(path: Path) -> None:
     data = _native(path)
     flat = flatten(data)
@@ -115,8 +116,8 @@ def test_every_key_of_the_examples_has_a_rule_and_each_states_every_map_key_of_i
 
 def test_the_harness_inputs_are_the_examples_byte_for_byte() -> None:
     workloads = ROOT / "harness" / "workloads"
-    assert (workloads / "verl-native-ppo.yaml").read_bytes() == NATIVE_PPO.read_bytes()
-    assert (workloads / "verl-native-grpo.yaml").read_bytes() == NATIVE.read_bytes()
+    for example in (NATIVE, NATIVE_PPO, NATIVE_GRPO_2X2):
+        assert (workloads / example.name).read_bytes() == example.read_bytes(), example.name
 
 
 def test_the_bundle_emits_only_keys_the_import_table_knows() -> None:
@@ -237,6 +238,7 @@ def test_grpo_passes_and_mini_batches_map_instead_of_being_refused() -> None:
     assert (grpo.ppo_epochs, grpo.mini_batches, grpo.shuffle_mini_batches) == (2, 2, True)
     example = MiniverlConfig.model_validate(_import(_native())).algorithm.grpo
     assert (example.ppo_epochs, example.mini_batches, example.shuffle_mini_batches) == (1, 1, False)
+    assert MiniverlConfig.model_validate(_import(_native(NATIVE_GRPO_2X2))).algorithm.grpo == grpo
 
 
 def test_keys_of_the_other_estimator_are_unused_not_mapped() -> None:
