@@ -212,8 +212,14 @@ def _check_rule(rule: ImportRule, flat: dict[str, Any], value: Any) -> None:
         )
 
 
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refused("native_not_a_count", f"{key} {value!r}: a whole number is needed")
+    return value
+
+
 def _mini_batches(key: str, value: Any, flat: dict[str, Any]) -> int:
-    prompts, size = int(flat["data.train_batch_size"]), int(value)
+    prompts, size = _whole("data.train_batch_size", flat["data.train_batch_size"]), _whole(key, value)
     if size < 1 or size > prompts or prompts % size:
         raise _refused(
             "mini_batch_splits_groups",
@@ -230,9 +236,9 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
     if to in ("mini_batches", "critic_mini_batches"):
         return _mini_batches(rule.key, value, flat)
     if to == "critic_epochs":
-        return int(value)
+        return _whole(rule.key, value)
     if to == "critic_rank":
-        if int(value) == 0:
+        if _whole(rule.key, value) == 0:
             raise _refused(
                 "critic_full_parameter",
                 f"{rule.key}: 0 (a full-parameter critic): miniverl's critic is a LoRA plus a value head on the "
@@ -245,7 +251,7 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
             raise _refused("native_precision", f"{rule.key} {value!r}: one of {', '.join(PRECISIONS)}")
         return PRECISIONS[value]
     if to == "top_k":
-        return 0 if int(value) == -1 else int(value)
+        return 0 if _whole(rule.key, value) == -1 else value
     if to == "kl_est" and value == "k3":
         raise refuse("kl_k3_clamped", f"{rule.key}: k3")
     if to == "kl_est" and value not in KL_ESTIMATORS:
@@ -329,7 +335,7 @@ def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[di
     do_sample = flat.get("actor_rollout_ref.rollout.do_sample")
     if do_sample is not None and bool(do_sample) != (float(config["rollout"]["temperature"]) > 0):
         raise _refused("native_do_sample", f"do_sample {do_sample!r} disagrees with the temperature")
-    if int(models["student"]["lora"]["r"]) == 0:
+    if _whole("actor_rollout_ref.model.lora_rank", models["student"]["lora"]["r"]) == 0:
         raise refuse("lora_disabled", "actor_rollout_ref.model.lora_rank: 0")
     models["student"] = {
         **student_from_binding(bindings["model"]),

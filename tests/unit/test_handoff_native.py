@@ -400,3 +400,17 @@ def test_modified_native_bytes_are_refused_at_handoff(in_prompts_dir: Path) -> N
     with pytest.raises(HandoffRefusal) as info:
         verified_native(tampered)
     assert info.value.code == "native_modified"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "critic.ppo_epochs",
+        "critic.model.lora_rank",
+        "data.train_batch_size",
+    ],
+)
+@pytest.mark.parametrize("value", ["two", 1.5, True])
+def test_a_count_that_is_not_a_whole_number_is_one_named_refusal(path: str, value: Any) -> None:
+    assert _refusal(_with(_ppo(), **{path.replace(".", "__"): value})) == "native_not_a_count"
