@@ -414,3 +414,53 @@ def test_modified_native_bytes_are_refused_at_handoff(in_prompts_dir: Path) -> N
 @pytest.mark.parametrize("value", ["two", 1.5, True])
 def test_a_count_that_is_not_a_whole_number_is_one_named_refusal(path: str, value: Any) -> None:
     assert _refusal(_with(_ppo(), **{path.replace(".", "__"): value})) == "native_not_a_count"
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = copy.deepcopy(value)
+    return nested
+
+
+def test_native_ppo_diff_statuses_for_verl_defaults_the_one_seed_and_inactive_keys() -> None:
+    """A key the native file leaves out is equal only when the bundle states verl's own value for it."""
+    native = _with(_ppo(), critic__ppo_epochs=DELETE, critic__data_loader_seed=DELETE, trainer__critic_warmup=DELETE)
+    raw = yaml.safe_dump(native).encode()
+    bundle = flatten(_ppo())  # the example's values: critic.ppo_epochs 1, critic.data_loader_seed 0, critic_warmup 0
+    bundle.pop("trainer.critic_warmup")
+    bundle.pop("algorithm.kl_penalty")  # off: the export leaves the in-reward KL settings out
+    bundle["critic.ppo_epochs"] = 2  # verl's default: the actor's ppo_epochs
+    diff = native_diff(raw, _nest(bundle))
+    status = {e["key"]: e["status"] for e in diff["entries"]}
+    assert diff["semantically_equal"], [e for e in diff["entries"] if e["status"] in ("changed", "bundle_only")]
+    assert status["critic.ppo_epochs"] == "default" and status["critic.data_loader_seed"] == "derived"
+    assert status["algorithm.kl_penalty"] == "ignored"  # use_kl_in_reward false on both sides
+    bundle["critic.ppo_epochs"] = 1  # not what verl would use for the absent key: a real change
+    diff = native_diff(raw, _nest(bundle))
+    assert not diff["semantically_equal"] and diff["counts"]["bundle_only"] == 1
+    bundle["critic.ppo_epochs"], bundle["critic.data_loader_seed"] = 2, 7  # not the one seed
+    assert not native_diff(raw, _nest(bundle))["semantically_equal"]
+    bundle["critic.data_loader_seed"] = 0
+    bundle["algorithm.use_kl_in_reward"] = True  # the switch on in the bundle: its settings count again
+    diff = native_diff(raw, _nest(bundle))
+    assert {e["key"]: e["status"] for e in diff["entries"]}["algorithm.kl_penalty"] == "native_only"
+    assert not diff["semantically_equal"]
+
+
+def test_native_diff_ignores_the_other_estimators_keys_but_not_a_changed_critic() -> None:
+    grpo = _with(_native(), critic=copy.deepcopy(_ppo()["critic"]) | {"enable": False}, algorithm__lam=0.5)
+    bundle = flatten(_native())  # the export of a GRPO plan: critic {enable: false}, no GAE keys
+    diff = native_diff(yaml.safe_dump(grpo).encode(), _nest(bundle))
+    assert diff["semantically_equal"]
+    status = {e["key"]: e["status"] for e in diff["entries"]}
+    assert status["critic.model.lora_rank"] == status["algorithm.lam"] == "ignored"
+    raw = NATIVE_PPO.read_bytes()
+    bundle = flatten(_ppo())
+    bundle["critic.cliprange_value"] = 0.2
+    diff = native_diff(raw, _nest(bundle))
+    assert not diff["semantically_equal"] and diff["counts"]["changed"] == 1
