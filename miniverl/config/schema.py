@@ -266,9 +266,9 @@ class GrpoSection(Strict):
 class PpoSection(Strict):
     """PPO with a critic (token-level values, GAE, clipped policy and value losses).
 
-    Unlike GRPO and OPD, PPO reuses one rollout for ``ppo_epochs x mini_batches`` actor updates and as
-    many critic updates: the strict one-update-per-cycle on-policy rule does not apply to PPO (the
-    importance ratio against the rollout policy and its clip keep those updates proximal).
+    Like GRPO's ``ppo_epochs``/``mini_batches`` (and unlike OPD), PPO reuses one rollout for
+    ``ppo_epochs x mini_batches`` actor updates: the one-update-per-cycle on-policy rule does not apply
+    (the importance ratio against the rollout policy and its clip keep those updates proximal).
     ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch. The critic makes its own
     ``critic_ppo_epochs x critic_mini_batches`` steps (``None``: the actor's values, as verl defaults them).
     """
