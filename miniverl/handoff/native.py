@@ -53,6 +53,11 @@ DERIVED = frozenset({"kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_s
 ESTIMATORS: dict[Any, Estimator] = {"grpo": "grpo", "gae": "ppo"}
 #: verl kl_penalty / kl_loss_type names computed by miniverl under the same name and formula
 KL_ESTIMATORS = ("k1", "k2", "low_var_kl")
+#: verl's other names for those formulas (verl 0.9.1's kl_penalty_forward): kl = k1, mse = k2, and k3 = its clamped
+#: low_var_kl, which is miniverl's low_var_kl (miniverl's own k3 is unclamped: never the import of verl's k3)
+KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
+#: native keys holding a KL estimator name: the bundle states the miniverl name of the same formula
+KL_NAME_KEYS = frozenset({"actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"})
 STATUSES = (
     "same",
     "default",
@@ -252,14 +257,14 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
         return PRECISIONS[value]
     if to == "top_k":
         return 0 if _whole(rule.key, value) == -1 else value
-    if to == "kl_est" and value == "k3":
-        raise refuse("kl_k3_clamped", f"{rule.key}: k3")
-    if to == "kl_est" and value not in KL_ESTIMATORS:
-        raise _refused(
-            "native_kl_estimator",
-            f"{rule.key} {value!r}: miniverl computes {', '.join(KL_ESTIMATORS)} (verl's kl is k1, mse is k2; "
-            "abs, full and the straight-through '+' forms have no miniverl counterpart)",
-        )
+    if to == "kl_est":
+        if KL_ALIASES.get(value, value) not in KL_ESTIMATORS:
+            raise _refused(
+                "native_kl_estimator",
+                f"{rule.key} {value!r}: miniverl computes verl's {', '.join(sorted(KL_ALIASES))} and "
+                f"{', '.join(KL_ESTIMATORS)}; abs, full and the straight-through '+' forms have no counterpart",
+            )
+        return KL_ALIASES.get(value, value)
     return value
 
 
@@ -425,6 +430,8 @@ def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycl
     rule = rules_by_key().get(key)
     if in_n and in_b and _same(native[key], bundle[key]):
         return "same"
+    if key in KL_NAME_KEYS and in_n and in_b and KL_ALIASES.get(native[key]) == bundle[key]:
+        return "same"  # verl's other name of the same formula (kl = k1, mse = k2, k3 = low_var_kl)
     if key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
         return "extended"
     if key in RUNTIME_KEYS:

@@ -261,7 +261,9 @@ def test_a_native_ppo_kl_term_maps_with_the_actors_base_as_reference() -> None:
     assert (ppo.kl_coef, ppo.kl_mode, ppo.kl_estimator) == (0.05, "reward", "low_var_kl")
     assert config.models.reference is not None and config.models.reference.source == "student"
     assert _refusal(_with(data, algorithm__kl_penalty="abs")) == "native_kl_estimator"
-    assert _refusal(_with(data, algorithm__kl_penalty="k3")) == "kl_k3_clamped"
+    for verl_name, miniverl_name in (("k3", "low_var_kl"), ("kl", "k1"), ("mse", "k2")):  # verl's other names
+        imported = _import(_with(data, algorithm__kl_penalty=verl_name))["algorithm"]["ppo"]
+        assert imported["kl_estimator"] == miniverl_name
     loss = _with(_ppo(), actor_rollout_ref__actor__use_kl_loss=True, actor_rollout_ref__actor__kl_loss_coef=0.1)
     ppo = MiniverlConfig.model_validate(_import(loss)).algorithm.ppo
     assert (ppo.kl_coef, ppo.kl_mode, ppo.kl_estimator) == (0.1, "loss", "low_var_kl")
@@ -273,7 +275,7 @@ def test_a_missing_mapped_key_is_refused_not_defaulted() -> None:
     assert _refusal(data) == "native_key_missing"
 
 
-def test_kl_loss_and_in_reward_kl_map_and_k3_is_refused() -> None:
+def test_kl_loss_and_in_reward_kl_map_and_verls_k3_is_its_clamped_low_var_kl() -> None:
     data = copy.deepcopy(_native())
     data["actor_rollout_ref"]["actor"] |= {"use_kl_loss": True, "kl_loss_coef": 0.05, "kl_loss_type": "low_var_kl"}
     imported = _import(data)
@@ -281,8 +283,10 @@ def test_kl_loss_and_in_reward_kl_map_and_k3_is_refused() -> None:
     assert (grpo["kl_coef"], grpo["kl_mode"], grpo["kl_estimator"]) == (0.05, "loss", "low_var_kl")
     reference = MiniverlConfig.model_validate(imported).models.reference  # verl's: the actor's own base
     assert reference is not None and reference.source == "student"
-    data["actor_rollout_ref"]["actor"]["kl_loss_type"] = "k3"
-    assert _refusal(data) == "kl_k3_clamped"
+    data["actor_rollout_ref"]["actor"]["kl_loss_type"] = "k3"  # verl's k3 is clamped: miniverl's low_var_kl
+    assert _import(data)["algorithm"]["grpo"]["kl_estimator"] == "low_var_kl"
+    data["actor_rollout_ref"]["actor"]["kl_loss_type"] = "k3+"  # straight-through: no miniverl counterpart
+    assert _refusal(data) == "native_kl_estimator"
     data = copy.deepcopy(_native())
     data["algorithm"] |= {"use_kl_in_reward": True, "kl_penalty": "k1", "kl_ctrl": {"type": "fixed", "kl_coef": 0.1}}
     grpo = _import(data)["algorithm"]["grpo"]
@@ -464,3 +468,12 @@ def test_native_diff_ignores_the_other_estimators_keys_but_not_a_changed_critic(
     bundle["critic.cliprange_value"] = 0.2
     diff = native_diff(raw, _nest(bundle))
     assert not diff["semantically_equal"] and diff["counts"]["changed"] == 1
+
+
+def test_verls_other_kl_names_are_the_same_in_the_native_diff() -> None:
+    data = _with(_ppo(), algorithm__use_kl_in_reward=True, algorithm__kl_penalty="k3")
+    bundle = _with(data, algorithm__kl_penalty="low_var_kl")  # what the export writes for miniverl's low_var_kl
+    diff = native_diff(yaml.safe_dump(data).encode(), bundle)
+    assert diff["semantically_equal"]
+    assert {e["key"]: e["status"] for e in diff["entries"]}["algorithm.kl_penalty"] == "same"
+    assert not native_diff(yaml.safe_dump(data).encode(), _with(data, algorithm__kl_penalty="k1"))["semantically_equal"]
