@@ -194,7 +194,7 @@ def estimator_of(flat: dict[str, Any]) -> Estimator:
         raise _refused(
             "native_key_missing", "algorithm.adv_estimator is absent (verl's default gae would apply unseen)"
         )
-    if value not in ESTIMATORS:
+    if not isinstance(value, str) or value not in ESTIMATORS:
         raise _refused("native_adv_estimator", f"algorithm.adv_estimator {value!r}: v4 imports grpo and gae")
     estimator = ESTIMATORS[value]
     enabled = flat.get("critic.enable")
@@ -258,7 +258,7 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
     if to == "top_k":
         return 0 if _whole(rule.key, value) == -1 else value
     if to == "kl_est":
-        if KL_ALIASES.get(value, value) not in KL_ESTIMATORS:
+        if not isinstance(value, str) or KL_ALIASES.get(value, value) not in KL_ESTIMATORS:
             raise _refused(
                 "native_kl_estimator",
                 f"{rule.key} {value!r}: miniverl computes verl's {', '.join(sorted(KL_ALIASES))} and "
@@ -430,7 +430,7 @@ def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycl
     rule = rules_by_key().get(key)
     if in_n and in_b and _same(native[key], bundle[key]):
         return "same"
-    if key in KL_NAME_KEYS and in_n and in_b and KL_ALIASES.get(native[key]) == bundle[key]:
+    if key in KL_NAME_KEYS and in_n and in_b and KL_ALIASES.get(str(native[key])) == bundle[key]:
         return "same"  # verl's other name of the same formula (kl = k1, mse = k2, k3 = low_var_kl)
     if key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
         return "extended"
@@ -473,7 +473,7 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycl
     """
     native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
     bundle = flatten(bundle_config)
-    algo = ESTIMATORS.get(native.get("algorithm.adv_estimator"))
+    algo = ESTIMATORS.get(str(native.get("algorithm.adv_estimator")))
     entries = []
     for key in sorted(set(native) | set(bundle)):
         status = _status(key, native, bundle, added_cycles, algo)

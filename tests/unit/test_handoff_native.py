@@ -477,3 +477,16 @@ def test_verls_other_kl_names_are_the_same_in_the_native_diff() -> None:
     assert diff["semantically_equal"]
     assert {e["key"]: e["status"] for e in diff["entries"]}["algorithm.kl_penalty"] == "same"
     assert not native_diff(yaml.safe_dump(data).encode(), _with(data, algorithm__kl_penalty="k1"))["semantically_equal"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "code"),
+    [
+        ("algorithm.adv_estimator", ["gae"], "native_adv_estimator"),
+        ("algorithm.kl_penalty", ["k1"], "native_kl_estimator"),
+        ("algorithm.kl_penalty", {"name": "k1"}, "unknown_native_key"),  # flattened: kl_penalty.name
+    ],
+)
+def test_a_kl_or_estimator_name_that_is_not_a_string_is_one_named_refusal(path: str, value: Any, code: str) -> None:
+    data = _with(_ppo(), algorithm__use_kl_in_reward=True, **{path.replace(".", "__"): value})
+    assert _refusal(data) == code
