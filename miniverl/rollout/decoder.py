@@ -19,7 +19,10 @@ scaling, SiLU MLP), arranged for few kernels: one fused ``rms_norm`` per norm, o
 RoPE pass over q and k together, and the attention scale folded into the weights. With
 ``compile_glue`` the element-wise glue around the GEMMs of a decode step (norm, q/k norm, RoPE,
 residuals, SiLU gate) is ``torch.compile``'d into a few fused kernels (compiled once per workspace
-shape, then captured in the CUDA graph like any other kernel).
+shape, then captured in the CUDA graph like any other kernel). With ``kernels="triton"`` a decode
+step runs the triton kernels of :mod:`miniverl.rollout.kernels` instead (norm + RoPE + KV write in
+one kernel, split-span decode attention, residual + norm fused), around the same GEMMs; the prefill
+stays on the torch path.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ class DecodeWorkspace:
         max_new_tokens: int,
         device: torch.device,
         compile_glue: bool = False,
+        kernels: str = "torch",
     ) -> None:
         shape = weights.shape
         self.weights, self.batch, self.device = weights, batch, device
@@ -185,6 +189,7 @@ class DecodeWorkspace:
         self.sin = (signed.sin() * shape.attention_scaling).to(dtype)
         self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=dtype, device=device)
         self.compile_glue = compile_glue
+        self.kernels = kernels
         self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
@@ -235,6 +240,29 @@ class DecodeWorkspace:
     def _compiled_glue(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return compiled_glue()
 
+    def decode_forward_triton(self, span: int) -> torch.Tensor:
+        """The decode step's forward on the triton kernels: logits ``[B, V]`` of the workspace's next
+        tokens at their positions, K/V written at the current slot, attention over slots ``0 .. span-1``."""
+        from miniverl.rollout.kernels import load_triton_ops
+
+        ops = load_triton_ops()
+        w, shape = self.weights, self.weights.shape
+        heads, kv, eps = shape.heads, shape.kv_heads, shape.eps
+        x = F.embedding(self.tokens.unsqueeze(1), w.embed)  # [B, 1, hidden]
+        _, h = ops.add_rms_norm(x, None, w.layers[0].input_norm, eps)
+        for index, layer in enumerate(w.layers):
+            mixed = F.linear(h, layer.qkv, layer.qkv_bias).view(self.batch, 1, heads + 2 * kv, shape.head_dim)
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            q = ops.qk_norm_rope_cache_write(
+                mixed, layer.qk_norm, self.cos, self.sin, self.positions, k_cache, v_cache, self.slot, eps, heads, kv
+            )
+            attn = ops.decode_attention(q, k_cache, v_cache, self.bias, span)
+            x, h = ops.add_rms_norm(x, F.linear(attn, layer.o, layer.o_bias), layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            following = w.layers[index + 1].input_norm if index + 1 < len(w.layers) else w.final_norm
+            x, h = ops.add_rms_norm(x, F.linear(F.silu(gate) * up, layer.down), following, eps)
+        return F.linear(h[:, -1], w.lm_head)
+
     # -- one batch ----------------------------------------------------------------------------
     def prefill(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec) -> None:
         """One forward over the left-padded prompts, then the first token of every row (column 0).
@@ -280,10 +308,13 @@ class DecodeWorkspace:
     def step(self, span: int, spec: SamplingSpec) -> None:
         """One decode step on the workspace state (capturable: device tensors only, no host sync)."""
         self.bias.index_fill_(1, self.slot, 0.0)
-        bias = self.bias[:, :span].unsqueeze(1)
-        logits = self.forward(
-            self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias, compiled=self.compile_glue
-        )
+        if self.kernels == "triton":
+            logits = self.decode_forward_triton(span)
+        else:
+            bias = self.bias[:, :span].unsqueeze(1)
+            logits = self.forward(
+                self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias, compiled=self.compile_glue
+            )
         chosen, logprob = sample_tokens(logits, self.seeds, self.column, spec)
         self.out_tokens.index_copy_(1, self.column, chosen.unsqueeze(1))
         self.out_logprobs.index_copy_(1, self.column, logprob.unsqueeze(1))

@@ -228,7 +228,9 @@ def _decode_attention_combine_kernel(
     sums = tl.load(part_sum_ptr + part, mask=in_splits, other=0.0)
     overall = tl.max(maxes, axis=0)
     weights = tl.exp(maxes - tl.where(overall == float("-inf"), 0.0, overall))
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=in_splits[:, None] & in_head[None, :], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=in_splits[:, None] & in_head[None, :], other=0.0
+    )
     out = tl.sum(weights[:, None] * acc, axis=0) / tl.sum(weights * sums, axis=0)
     tl.store(out_ptr + (row * HEADS + head) * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=in_head)
 
