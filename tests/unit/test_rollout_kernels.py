@@ -249,3 +249,52 @@ def test_triton_on_cpu_is_refused_without_the_interpreter(monkeypatch: pytest.Mo
         FastRolloutEngine(device=torch.device("cpu"), dtype=torch.float32, kernels="triton")
     with pytest.raises(UsageError, match="kernels"):
         FastRolloutEngine(device=torch.device("cpu"), dtype=torch.float32, kernels="cuda")
+
+
+def _engine_rows(tok: Any) -> list[Any]:
+    from miniverl.rollout.engine import EngineRow
+
+    texts = ["Mia has 7 apples.", "Sea", "Sam has 3 boxes of 4 pencils."]
+    return [EngineRow(tok(text)["input_ids"], seed) for seed, text in enumerate(texts)]
+
+
+def test_bf16_sampled_logprobs_stay_within_the_decoders_bounds(ops: ModuleType) -> None:
+    """bf16 rollout through the kernels vs the fp32 teacher-forced forward: the decoder's CUDA bounds."""
+    from miniverl.rollout.decoder import SamplingSpec
+    from miniverl.rollout.engine import FastRolloutEngine
+
+    tok = make_tiny_tokenizer()
+    model = make_tiny_qwen3(tok, seed=3, initializer_range=0.2).to(DEVICE)
+    rows = _engine_rows(tok)
+    engine = FastRolloutEngine(device=DEVICE, dtype=torch.bfloat16, kernels="triton")
+    engine.sync_policy(model, 0)
+    out = engine.generate(rows, batch_size=4, max_new_tokens=12, spec=SamplingSpec(1.0, 1.0, 0, ()), pad_id=1)
+    diffs = []
+    for row, (tokens, logprobs, _) in zip(rows, out, strict=True):
+        ids = torch.tensor([list(row.prompt_ids) + tokens], device=DEVICE)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(row.prompt_ids) - 1 : -1].float()
+        wanted = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(row.prompt_ids) :, None])[:, 0]
+        diffs.append((torch.tensor(logprobs) - wanted.cpu()).abs())
+    every = torch.cat(diffs)
+    assert every.numel() == 3 * 12 and every.isfinite().all()
+    assert float(every.mean()) < 0.05 and float(every.max()) < 0.5
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_graph_replay_through_the_kernels_equals_the_eager_step(ops: ModuleType) -> None:
+    from miniverl.rollout.decoder import SamplingSpec
+    from miniverl.rollout.engine import FastRolloutEngine
+
+    tok = make_tiny_tokenizer()
+    model = make_tiny_qwen3(tok, seed=4, initializer_range=0.2).to(DEVICE)
+    rows, spec = _engine_rows(tok), SamplingSpec(1.0, 1.0, 0, ())
+    outputs = []
+    for graphs in (True, False):
+        engine = FastRolloutEngine(device=DEVICE, dtype=torch.bfloat16, use_graphs=graphs, kernels="triton")
+        engine.sync_policy(model, 0)
+        outputs.append(engine.generate(rows, batch_size=4, max_new_tokens=70, spec=spec, pad_id=1))
+        assert (engine.stats.captures > 1) == graphs  # 70 tokens cross a span bucket: two graphs
+    for (tg, lg, _), (te, le, _) in zip(*outputs, strict=True):
+        assert tg == te
+        assert lg == pytest.approx(le, abs=1e-5)
