@@ -264,7 +264,8 @@ def test_bf16_sampled_logprobs_stay_within_the_decoders_bounds(ops: ModuleType) 
     from miniverl.rollout.engine import FastRolloutEngine
 
     tok = make_tiny_tokenizer()
-    model = make_tiny_qwen3(tok, seed=3, initializer_range=0.2).to(DEVICE)
+    model: Any = make_tiny_qwen3(tok, seed=3, initializer_range=0.2)
+    model.to(DEVICE)
     rows = _engine_rows(tok)
     engine = FastRolloutEngine(device=DEVICE, dtype=torch.bfloat16, kernels="triton")
     engine.sync_policy(model, 0)
@@ -287,7 +288,8 @@ def test_graph_replay_through_the_kernels_equals_the_eager_step(ops: ModuleType)
     from miniverl.rollout.engine import FastRolloutEngine
 
     tok = make_tiny_tokenizer()
-    model = make_tiny_qwen3(tok, seed=4, initializer_range=0.2).to(DEVICE)
+    model: Any = make_tiny_qwen3(tok, seed=4, initializer_range=0.2)
+    model.to(DEVICE)
     rows, spec = _engine_rows(tok), SamplingSpec(1.0, 1.0, 0, ())
     outputs = []
     for graphs in (True, False):
