@@ -2,24 +2,23 @@
 edit (compiler v4), trained, extended, replayed tensor-exactly, handed off and diagnosed by verl 0.9.1, through
 the installed CLI.
 
-The two native files (``harness/workloads/v015/verl-native-{grpo,ppo}.yaml``) are the single-pass
-``harness/workloads/verl-native-{grpo,ppo}.yaml`` with only their pass lines changed: the actor makes
-``ppo_epochs`` 2 x (``train_batch_size`` 2 / ``ppo_mini_batch_size`` 1) = 4 optimizer steps per training step
-in both; the PPO critic ``critic.ppo_epochs`` 2 x (2 / ``critic.ppo_mini_batch_size`` 2) = 2. For each file
-(cwd a fresh work dir): copy and hash it; ``plan --verl-config`` it with runtime bindings only (the native
-file fixes the sizes: 2 prompts x 4 samples x 32 new tokens, 2 steps); run its 2 cycles; ``inspect``;
-``run --resume --extend 1``; ``inspect``. The replay: the same native file with ``total_training_steps: 1``,
-run 1 cycle, then ``--resume --extend 1``: its step-2 adapter, optimizer, RNG (and for PPO critic and critic
-optimizer) state must be byte-identical to the straight run's by the harness's own sha256. ``handoff`` of the
-extended run, ``diagnose`` of the bundle in verl's own venv (``ctx.verl_python``; none given: the launch
-check fails, never passes). The native file is hashed again at the end.
+The two native files are ``harness/workloads/verl-native-grpo-2x2.yaml`` and ``harness/workloads/verl-native-ppo.yaml``
+(byte-identical to the examples of the same names): the actor makes ``ppo_epochs`` 2 x (``train_batch_size`` 2 /
+``ppo_mini_batch_size`` 1) = 4 optimizer steps per training step in both; the PPO critic ``critic.ppo_epochs`` 1 x
+(2 / ``critic.ppo_mini_batch_size`` 1) = 2. For each file (cwd a fresh work dir): copy and hash it; ``plan
+--verl-config`` it with runtime bindings only (the native file fixes the sizes: 2 prompts x 4 samples x 32 new
+tokens, 2 steps); run its 2 cycles; ``inspect``; ``run --resume --extend 1``; ``inspect``. The replay: the same
+native file with ``total_training_steps: 1``, run 1 cycle, then ``--resume --extend 1``: its step-2 adapter,
+optimizer, RNG (and for PPO critic and critic optimizer) state must be byte-identical to the straight run's by the
+harness's own sha256. ``handoff`` of the extended run, ``diagnose`` of the bundle in verl's own venv
+(``ctx.verl_python``; none given: the launch check fails, never passes). The native file is hashed again at the end.
 
 Counts: verl performs ``actor.ppo_epochs`` x ``train_batch_size / actor.ppo_mini_batch_size`` actor optimizer
 steps per training step, and ``critic.ppo_epochs`` x ``train_batch_size / critic.ppo_mini_batch_size`` critic
 steps (both batch sizes in prompts; verl multiplies each by ``rollout.n``). The judge reads those values from
 the bundle's native diff (each equal to the native file's), requires them to give what this workload declares
-(4 actor steps, 2 critic steps: harness code, never the evidence), the plan to hold them, and every metrics
-line to record them as counted by the runtime's optimizer wrappers (``actor/updates``, ``actor/passes``,
+(2 x 2 actor steps, 1 x 2 critic steps: harness code, never the evidence), the plan to hold them, and every
+metrics line to record them as counted by the runtime's optimizer wrappers (``actor/updates``, ``actor/passes``,
 ``actor/mini_batches``; ``critic/updates``, ``critic/passes``, ``critic/mini_batches``).
 """
 
@@ -40,7 +39,7 @@ from harness.records import Profile
 
 NAME = "direct-config"
 FOLDER = "v015/direct-config"
-INPUTS = wt.WORKLOADS / "v015"  # the native files this workload runs
+INPUTS = wt.WORKLOADS  # where the native files this workload runs are
 MODEL = "smollm2-135m-instruct"  # the runtime binding of actor_rollout_ref.model.path (the embedded SmolLM2)
 TRAJECTORY_BATCH = 8  # micro-batching only (runtime binding): the trajectories of one forward pass
 # The native files' data.train_batch_size, rollout.n and data.max_response_length, which the import maps.
@@ -51,7 +50,7 @@ REPLAY_FIRST = 1  # the replay's cycles before `--resume --extend`
 COMPILER_V4 = "verl-rl-v0.9-single-gpu-v4"
 # What the native files declare and this workload exists to show: repeated passes over several mini-batches.
 ACTOR_EPOCHS, ACTOR_MINI_BATCHES = 2, 2
-CRITIC_EPOCHS, CRITIC_MINI_BATCHES = 2, 1
+CRITIC_EPOCHS, CRITIC_MINI_BATCHES = 1, 2
 ACTOR_KEYS = (
     "actor_rollout_ref.actor.ppo_epochs",
     "data.train_batch_size",
@@ -66,17 +65,14 @@ class Config:
     """One native file of the workload and what its plan, run and handoff must be."""
 
     key: str  # grpo | ppo: evidence folder, role prefix and step suffix
+    native: str  # the native file, under INPUTS
     algorithm: str
     compiler: str  # the verl compiler the v4 import hands the plan to
     critic: bool
 
     @property
-    def native(self) -> str:
-        return f"verl-native-{self.key}.yaml"
-
-    @property
     def replay(self) -> str:
-        return f"verl-native-{self.key}-one-step.yaml"
+        return self.native.removesuffix(".yaml") + "-one-step.yaml"
 
     def role(self, name: str) -> str:
         return f"{self.key}_{name}"
@@ -94,8 +90,8 @@ class Config:
 
 
 CONFIGS = (
-    Config("grpo", "grpo", wt.VERL_COMPILER_GRPO, critic=False),
-    Config("ppo", "ppo", wt.VERL_COMPILER_PPO, critic=True),
+    Config("grpo", "verl-native-grpo-2x2.yaml", "grpo", wt.VERL_COMPILER_GRPO, critic=False),
+    Config("ppo", "verl-native-ppo.yaml", "ppo", wt.VERL_COMPILER_PPO, critic=True),
 )
 # The replay's file: one line of the native file changed (a new file in the work dir, never the input).
 REPLAY_LINE = ("  total_training_steps: 2\n", "  total_training_steps: 1\n")

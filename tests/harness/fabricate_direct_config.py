@@ -1,17 +1,18 @@
 """FABRICATED evidence for the direct-config judge, until a real capture of the 2-epoch x 2-mini-batch workload exists.
 
 The direct-config workload now runs native GRPO and PPO files with repeated passes, which needs the ``multipass``
-and ``nativeppo`` branches merged before any CLI can produce its evidence. Until then its judge is tested on
-evidence derived here from the last *real* cpu-reference capture (``full_fixtures/direct-config-1pass/``: the
-one-pass GRPO workload), by stating what the new runs will record: each config's files under its own folder, the
-native files of ``harness/workloads/v015/`` and their sha256 wherever a record names the native file, the pass
-counts in the plans, native diffs and metrics lines, a PPO plan/handoff/diagnose (compiler v2, ``gae``, a critic),
-and the critic's two safetensors files in both PPO checkpoints (same digests in the product's checkpoint.json
-and the harness's state-hashes.json, bound as the harness binds them). Nothing here ran.
+and ``nativeppo`` branches before any CLI can produce its evidence. Until a real capture exists its judge is tested
+on evidence derived here from the last *real* cpu-reference capture (``full_fixtures/direct-config-1pass/``: the
+one-pass GRPO workload), by stating what the new runs will record: each config's files under its own folder; the
+native files (``harness/workloads/verl-native-grpo-2x2.yaml``, ``verl-native-ppo.yaml``) and their sha256
+wherever a record names the native file; the pass counts in the plans, native diffs and metrics lines; a PPO
+plan/handoff/diagnose (compiler v2, ``gae``, a critic); and the critic's two safetensors files in both PPO
+checkpoints (same digests in the product's checkpoint.json and the harness's state-hashes.json, bound as the
+harness binds them). Nothing here ran.
 
 ``python tests/harness/fabricate_direct_config.py`` rewrites ``full_fixtures/direct-config/``; a test holds the
 committed copy to this script's output. Replace both with a real capture (``python -m harness workload
-direct-config ...``) once the branches are merged, and delete this file and ``direct-config-1pass/``.
+direct-config ...``) and delete this file and ``direct-config-1pass/``.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def fabricate(dest: Path = DEST) -> Path:
 
         def text(role: str, c: dc.Config = c, sha: str = sha) -> Any:
             raw = source(role).read_text().replace(old_sha, sha)
-            raw = raw.replace("verl-native-grpo", f"verl-native-{c.key}").replace('"runs/native"', f'"runs/{c.run_id}"')
+            raw = raw.replace("verl-native-grpo.yaml", c.native).replace("verl-native-grpo-one-step.yaml", c.replay)
+            raw = raw.replace('"runs/native"', f'"runs/{c.run_id}"')
             return json.loads(raw)
 
         _dump(path("native_sha256"), {"file": c.native, "sha256_after": sha, "sha256_before": sha})
@@ -162,7 +164,7 @@ def fabricate(dest: Path = DEST) -> Path:
             }.get(entry["key"], entry["native"])
             entry.update(native=value, bundle=value)
         if c.critic:
-            for key, value in (("critic.ppo_epochs", dc.CRITIC_EPOCHS), ("critic.ppo_mini_batch_size", 2)):
+            for key, value in (("critic.ppo_epochs", dc.CRITIC_EPOCHS), ("critic.ppo_mini_batch_size", 1)):
                 diff["entries"].append({"bundle": value, "key": key, "native": value, "status": "same"})
             diff["entries"].sort(key=lambda e: e["key"])
             diff["counts"]["same"] += 2

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -96,11 +95,12 @@ def token_values(weights: torch.Tensor, p: Problem, rows: torch.Tensor) -> torch
 
 
 def miniverl_order(n: int, per_mini: int, epochs: int) -> Order:
-    """The mini-batch order miniverl's PPO draws for update step 0 of a run seeded RUN_SEED."""
-    from miniverl.training.algorithms.ppo import Ppo, _mini_batches
+    """The mini-batch order miniverl's PPO draws for update 0 of a run seeded RUN_SEED (one unit per trajectory)."""
+    from miniverl.training.update import mini_batches, pass_order_seed
 
-    ppo = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(seed=RUN_SEED)))
-    return [_mini_batches(n, per_mini, Ppo._order_seed(ppo, 0, epoch), shuffle=True) for epoch in range(epochs)]  # type: ignore[arg-type]
+    units = [[i] for i in range(n)]
+    seeds = [pass_order_seed("ppo", RUN_SEED, 0, epoch) for epoch in range(epochs)]
+    return [mini_batches(units, n // per_mini, seed, shuffle=True) for seed in seeds]
 
 
 def split(rows: Sequence[int], parts: int) -> list[list[int]]:
