@@ -204,6 +204,13 @@ def _without_critic_state(root: Path) -> None:
         KIT.forged(label, "rng.safetensors", product=False, harness=False)(root)  # rebinds the edited listing
 
 
+def _no_gradient_anywhere(root: Path) -> None:
+    """Every GRPO update, straight and replayed alike, had a zero gradient."""
+    for role, lines in (("grpo_metrics", 3), ("grpo_replay_metrics", 2)):
+        for index in range(lines):
+            _edit_line(root, role, index, "grad_norm", 0.0)
+
+
 def _set_plan(role: str, section: str, **values: Any) -> Edit:
     return lambda root: _edit_json(root, role, lambda d: d["config"]["algorithm"][section].update(values))
 
@@ -248,7 +255,8 @@ BAD: dict[str, list[Edit]] = {
         _algo("grpo_metrics", 2, **{"actor/updates": 2.0}),
         _algo("ppo_metrics", 2, **{"actor/passes": 4.0}),
         _algo("grpo_metrics", 2, **{"actor/mini_batches": None}),
-        lambda root: _edit_line(root, "ppo_metrics", 2, "grad_norm", 0.0),
+        lambda root: _edit_line(root, "ppo_metrics", 2, "grad_norm", None),
+        _no_gradient_anywhere,
         lambda root: _edit_line(root, "grpo_metrics", 2, "adapter_delta_norm", None),
         _set("ppo_summary", "adapter_changed_each_update", False),
     ],
