@@ -198,7 +198,8 @@ def verl_env(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def verl(session: nox.Session) -> None:
-    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`.
+    """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`;
+    and miniverl's PPO update sequence (2 epochs x 2 mini-batches) against verl's core_algos on fixed inputs.
 
     The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml and the PPO
     (compiler v2) ones of examples/ppo-verl-smollm2.yaml and of a tiny PPO run (actor and critic adapters).
@@ -207,7 +208,8 @@ def verl(session: nox.Session) -> None:
     _install_verl(session, "-e", ".")
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_handoff_verl.py",
-        *session.posargs, env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl"},
+        "tests/integration/test_ppo_against_verl.py", *session.posargs,
+        env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl"},
     )  # fmt: skip
 
 

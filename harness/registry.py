@@ -175,18 +175,19 @@ REGISTRY = WorkloadRegistry(
         ),
         WorkloadSpec(
             name="direct-config",
-            description="a native verl 0.9 GRPO YAML run unedited (compiler v4): runs, one actor pass per step, "
-            "tensor-exact resume, IR/rules digests, launch status; native PPO refused (v015/direct-config.json)",
+            description="native verl 0.9 GRPO and PPO YAMLs with 2 epochs x 2 mini-batches run unedited (compiler "
+            "v4): runs, actor steps and critic steps per line as verl counts them, tensor-exact actor and critic "
+            "replay, IR/rules digests, launch status (v015/direct-config.json)",
             principal_record="direct-config.json",
             asset_role="subordinate",
             required_checks=[
                 "run_completed",
                 "native_bytes_unchanged",
                 "actor_passes",
+                "critic_counts",
                 "resume_tensor_exact",
                 "handoff_digests",
                 "launch_status",
-                "native_ppo_refused",
             ],
             provided=True,
             provided_by="harness/full/direct_config.py",
