@@ -177,7 +177,11 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "charts": charts,
         "absent": absent,
         "samples": samples,
-        "prompts": _prompt_texts(plan.data.path, {r.get("prompt_id") for s in samples.values() for r in s}),
+        "prompts": _prompt_texts(
+            plan.data.path,
+            plan.config["data"].get("columns"),
+            {r.get("prompt_id") for s in samples.values() for r in s},
+        ),
     }
 
 
@@ -194,13 +198,13 @@ def _spread(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out[:SAMPLES_PER_CYCLE]
 
 
-def _prompt_texts(data_path: str, ids: set[Any]) -> dict[str, str]:
+def _prompt_texts(data_path: str, columns: Any, ids: set[Any]) -> dict[str, str]:
     """Prompt texts for the sampled ids, when the plan's data file is still readable from here."""
     from miniverl.data import load_prompts
     from miniverl.errors import MiniverlError
 
     try:
-        rows = load_prompts(data_path)
+        rows = load_prompts(data_path, columns)
     except MiniverlError:
         return {}
     return {row.prompt_id: row.prompt for row in rows if row.prompt_id in ids}

@@ -126,9 +126,9 @@ def evaluate(
     if samples < 0:
         raise UsageError(f"--samples {samples}: give 0 (greedy only) or more")
     source = resolve_source(source_path, config_path, step)
-    described = describe_dataset(data)
-    rows = load_prompts(data)
     config = source.config
+    described = describe_dataset(data, config.data.columns)  # the run's data.columns name the eval file's too
+    rows = load_prompts(data, config.data.columns)
     r = config.rollout
     seed = config.run.seed if seed is None else seed
     greedy = Decoding.greedy_of(r, seed)

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,9 @@ def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: Mini
     )
     name = config_name(ir)
     atomic_write_text(root / "config" / f"{name}.yaml", render_yaml(emit_verl_config(ir), header=header))
-    atomic_write_bytes(root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256))
+    atomic_write_bytes(
+        root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256, config.data.columns)
+    )
     atomic_write_text(root / ir.reward.function_file, reward_file(ir))
     atomic_write_text(root / "launch.sh", launch_script(ir, name))
     os.chmod(root / "launch.sh", 0o755)
@@ -205,13 +208,14 @@ def _portable_bindings(bindings: dict[str, Any], ir: ExperimentIR) -> dict[str, 
     return dict(bindings)
 
 
-def verl_parquet_bytes(path: Path, sha256: str) -> bytes:
-    """The plan's prompts in verl's RLHFDataset columns (deterministic Parquet bytes)."""
+def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[str, str] | None = None) -> bytes:
+    """The plan's prompts (any accepted format, ``data.columns`` applied) in verl's RLHFDataset columns
+    (deterministic Parquet bytes)."""
     if not path.is_file():
         raise DataError(f"data file not found: {path} (bound by the plan; run handoff where the plan was made)")
     if sha256_file(path) != sha256:
         raise DataError(f"data file {path} changed since `miniverl plan` (sha256 mismatch); re-run plan")
-    rows = load_prompts(path)
+    rows = load_prompts(path, columns)
     table = pa.table(
         {
             "data_source": [f"miniverl/{r.task}" for r in rows],

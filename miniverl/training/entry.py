@@ -74,7 +74,7 @@ def run_from_plan(
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
 
-    rows = load_prompts(plan.data.path)
+    rows = load_prompts(plan.data.path, config.data.columns)
     if dry_run:
         if run_dir.exists():
             raise UsageError(f"run directory {run_dir} already exists; choose another --run-id")
@@ -127,7 +127,7 @@ def _resume(
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
 
-    rows = load_prompts(plan.data.path)
+    rows = load_prompts(plan.data.path, config.data.columns)
     found = latest_checkpoint(run_dir / "checkpoints")
     if found is None:  # killed before its first checkpoint: start again at step 0
         from miniverl.artifacts.rundir import restart_unstarted_run
