@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,7 +70,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_models_fetch(args: argparse.Namespace) -> int:
-    from miniverl.models.builtin import fetch_builtin
+    from miniverl.models.builtin import BUILTIN_PINS, fetch_builtin
+
+    if args.name not in BUILTIN_PINS:  # a usage error: nothing was fetched or checked
+        raise UsageError(f"unknown builtin model {args.name!r}; known: {', '.join(sorted(BUILTIN_PINS))}")
 
     result = fetch_builtin(
         args.name,
@@ -132,9 +136,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if plan.config.get("models", {}).get("student", {}).get("quantization") == "nf4":
             human += "; NF4 not carried over: verl trains on the full-precision base (nf4_not_carried_over)"
     else:
-        human += f"\nhandoff {handoff['status']} ({handoff['refusal']['code']}) by {handoff['compiler']}"
+        human += "\n" + _handoff_notice(handoff)
     _emit(args, payload, human)
     return 0
+
+
+def _handoff_notice(handoff: dict[str, Any]) -> str:
+    """Why ``miniverl handoff`` would not take a valid plan, worded as a notice: the plan itself is fine."""
+    code, why = handoff["refusal"]["code"], handoff["refusal"]["message"]
+    why = why.split(": ", 1)[1] if why.startswith("handoff refused (") else why
+    if handoff["status"] == "refused":
+        return (
+            f"notice: the plan is valid and runs here; only a verl handoff is unavailable for it "
+            f"({code}, {handoff['compiler']}: {why})"
+        )
+    return f"notice: the plan is valid and runs here; its verl handoff could not be checked ({code}: {why})"
 
 
 def _handoff_section(plan: Any) -> dict[str, Any]:
@@ -548,8 +564,24 @@ def _environment_advice(exc: OSError) -> str | None:
     return f"{advice}{where}; a run interrupted by it can be continued with `miniverl run ... --resume`"
 
 
+def _interrupted(args: argparse.Namespace | None) -> str:
+    """What Ctrl-C leaves behind, and for ``run`` the exact command that continues it."""
+    if args is None or getattr(args, "command", None) != "run" or args.dry_run:
+        return "miniverl: interrupted"
+    command = ["miniverl", "run", "--plan", args.plan, "--output", args.output, "--run-id", args.run_id]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
+    if not (Path(args.output) / args.run_id).is_dir():  # stopped before the run directory held anything
+        return f"miniverl: interrupted before the first checkpoint; start again with `{shlex.join(command)}`"
+    return (
+        "miniverl: interrupted; the run continues from its last complete checkpoint with "
+        f"`{shlex.join([*command, '--resume'])}`"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args))
@@ -559,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"miniverl: error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("miniverl: interrupted\n")
+        sys.stderr.write(_interrupted(args) + "\n")
         return 130
     except OSError as exc:
         advice = _environment_advice(exc)

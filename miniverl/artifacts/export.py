@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from miniverl import __version__
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
-from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
+from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
 from miniverl.records import CheckpointFile, ExportManifest, ExportReload
 
@@ -124,8 +123,7 @@ def base_reference(spec: Any) -> tuple[str, str | None]:
 def _fresh_staging_dir(out: Path) -> Path:
     """A new directory beside ``out`` that no one else owns: export deletes only what it created."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-export-{out.name}-", dir=out.parent))
-    return tmp
+    return temp_dir_beside(out, f".tmp-export-{out.name}-")
 
 
 def name_base(adapter_config: Path, spec: Any) -> None:

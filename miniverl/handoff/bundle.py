@@ -31,7 +31,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from miniverl import __version__
-from miniverl.canonical import atomic_write_bytes, atomic_write_text, canonical_bytes, fsync_tree, sha256_file
+from miniverl.canonical import (
+    atomic_write_bytes,
+    atomic_write_text,
+    canonical_bytes,
+    fsync_tree,
+    sha256_file,
+    umask_mode,
+)
 from miniverl.config.loader import validate_config
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
@@ -171,7 +178,7 @@ def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: Mini
     )
     atomic_write_text(root / ir.reward.function_file, reward_file(ir))
     atomic_write_text(root / "launch.sh", launch_script(ir, name))
-    os.chmod(root / "launch.sh", 0o755)
+    os.chmod(root / "launch.sh", umask_mode(directory=True))  # executable, within the user's umask
     atomic_write_bytes(root / "ir.json", canonical_bytes(ir.model_dump(mode="json")) + b"\n")
     atomic_write_bytes(root / "rules.json", canonical_bytes(load_rules(ir.compiler).model_dump(mode="json")) + b"\n")
     if ir.model.binding == "bundle":
