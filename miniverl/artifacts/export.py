@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from miniverl import __version__
+from miniverl import __version__, progress
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
@@ -48,10 +48,12 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
     if not candidates:
         raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
     ckpt_dir = candidates[-1]
+    progress.phase("verify", f"checkpoint {ckpt_dir.name}: sha256 of every file")
     record = verify_checkpoint(ckpt_dir)
     probe = _probe_ids(run_dir)
     tmp = _fresh_staging_dir(out)
     try:
+        progress.phase("reload", "write the PEFT adapter, reload it on a fresh base, compare logits")
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
         name_base(tmp / "adapter_config.json", config.models.student)
         tolerance = RELOAD_TOLERANCE[config.models.dtype]
@@ -67,6 +69,8 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         critic = None
         if config.algorithm.name == "ppo":
             from miniverl.artifacts.export_critic import export_critic
+
+            progress.phase("critic", "export the critic adapter and value head")
 
             critic = export_critic(config, plan.models, ckpt_dir, tmp, probe)
         export_manifest = ExportManifest(
@@ -89,6 +93,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
             ),
             critic=critic,
         )
+        progress.phase("write", f"{out}")
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
         if out.exists():

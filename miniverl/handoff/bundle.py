@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from miniverl import __version__
+from miniverl import __version__, progress
 from miniverl.canonical import (
     atomic_write_bytes,
     atomic_write_text,
@@ -90,6 +90,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     """Compile ``source`` (a plan.json or a run directory) into a bundle at ``out``."""
     if out.exists() or out.is_symlink():
         raise UsageError(f"bundle target {out} already exists; choose another --out (bundles are never overwritten)")
+    progress.phase("compile", f"{source} into a verl bundle")
     plan, config, run_dir = _resolve_source(source)
     ir = compile_plan_ir(plan, config, start_adapter=run_dir is not None)
     tmp = out.parent / f".tmp-handoff-{out.name}-{os.getpid()}"
@@ -99,9 +100,12 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     try:
         critic = critic_model_config(ir, config)  # refuses a model whose critic head verl would not train
         written: dict[str, Any] = {}
+        if run_dir is not None:
+            progress.phase("adapter", f"the run's last checkpoint: verify, write, reload-check ({run_dir.name})")
         adapter = _write_adapter(run_dir, tmp, ir, critic, written) if run_dir is not None else None
         if critic is not None and run_dir is None:
             written = _write_fresh_critic(tmp, ir, critic)
+        progress.phase("write", "config, prompts in verl's columns, reward function, launch script, model")
         _write_contents(tmp, ir, plan, config)
         direct = _write_native(tmp, ir, plan) if plan.direct_config is not None else None
         manifest = BundleManifest(
@@ -130,6 +134,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         atomic_write_bytes(
             tmp / MANIFEST_NAME, json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
         )
+        progress.phase("sync", f"{out}: fsync and rename into place")
         fsync_tree(tmp)
         if out.exists():
             raise UsageError(f"bundle target {out} appeared while writing; nothing was overwritten")
