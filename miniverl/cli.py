@@ -311,7 +311,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not source.is_dir():
         raise UsageError(f"{source} is not a directory: give a run directory or a PEFT adapter directory")
     if not data.is_file():
-        raise UsageError(f"--data {data} is not a file: give a prompts parquet (see `miniverl data sample`)")
+        raise UsageError(
+            f"--data {data} is not a file: give held-out prompts (.parquet, .jsonl or .csv; see `miniverl data sample`)"
+        )
     if args.config is not None and not Path(args.config).is_file():
         raise UsageError(f"--config {args.config} is not a file: give a plan.json or a config YAML")
     threads, origin = _threads(args)
@@ -479,7 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluation = add("eval", cmd_eval, "evaluate a run's (or adapter's) student against its base on held-out prompts")
     evaluation.add_argument("source", metavar="RUN|ADAPTER", help="a run directory or a PEFT adapter directory")
-    evaluation.add_argument("--data", required=True, metavar="FILE.parquet", help="held-out prompts")
+    evaluation.add_argument(
+        "--data",
+        required=True,
+        metavar="FILE",
+        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns)",
+    )
     evaluation.add_argument(
         "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
     )

@@ -158,7 +158,7 @@ def derive_ids(prompts: Sequence[str]) -> list[str]:
     return ids
 
 
-def _sources(columns: Mapping[str, str] | None) -> dict[str, str]:
+def _sources(columns: Mapping[Any, str] | None) -> dict[str, str]:
     """Dataset field → the file column that holds it."""
     mapping = dict(columns or {})
     unknown = sorted(set(mapping) - set(COLUMNS))
@@ -167,7 +167,7 @@ def _sources(columns: Mapping[str, str] | None) -> dict[str, str]:
     return {name: mapping.get(name, name) for name in COLUMNS}
 
 
-def _chooser(source: str, columns: Mapping[str, str] | None) -> Callable[[list[str]], list[str]]:
+def _chooser(source: str, columns: Mapping[Any, str] | None) -> Callable[[list[str]], list[str]]:
     """From the file's columns, the ones to read (a DataError when a needed one is missing; a notice for extras)."""
     sources = _sources(columns)
 
@@ -197,7 +197,7 @@ def _chooser(source: str, columns: Mapping[str, str] | None) -> Callable[[list[s
     return choose
 
 
-def describe_dataset(path: str | os.PathLike[str], columns: Mapping[str, str] | None = None) -> dict[str, Any]:
+def describe_dataset(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> dict[str, Any]:
     """``{"rows", "sha256", "columns"}`` (``columns``: the file's own column names).
 
     A Parquet file is described from its footer alone (no row data read, no torch): it exists, the
@@ -223,7 +223,7 @@ def describe_dataset(path: str | os.PathLike[str], columns: Mapping[str, str] | 
     return {"rows": rows, "sha256": sha256_file(path), "columns": found}
 
 
-def load_prompts(path: str | os.PathLike[str], columns: Mapping[str, str] | None = None) -> list[PromptRow]:
+def load_prompts(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> list[PromptRow]:
     """Every row of a prompt dataset, validated; a one-line :class:`DataError` says what is wrong.
 
     ``columns`` is the config's ``data.columns`` (dataset field → file column).
@@ -232,7 +232,7 @@ def load_prompts(path: str | os.PathLike[str], columns: Mapping[str, str] | None
     return _load(check_file(path), source, columns)[1]
 
 
-def _load(target: Path, source: str, columns: Mapping[str, str] | None) -> tuple[list[str], list[PromptRow]]:
+def _load(target: Path, source: str, columns: Mapping[Any, str] | None) -> tuple[list[str], list[PromptRow]]:
     """The file's column names and its validated rows."""
     table = read_columns(target, _chooser(source, columns), source)
     sources = _sources(columns)

@@ -90,7 +90,6 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     """Compile ``source`` (a plan.json or a run directory) into a bundle at ``out``."""
     if out.exists() or out.is_symlink():
         raise UsageError(f"bundle target {out} already exists; choose another --out (bundles are never overwritten)")
-    progress.phase("compile", f"{source} into a verl bundle")
     plan, config, run_dir = _resolve_source(source)
     ir = compile_plan_ir(plan, config, start_adapter=run_dir is not None)
     tmp = out.parent / f".tmp-handoff-{out.name}-{os.getpid()}"
@@ -220,7 +219,7 @@ def _portable_bindings(bindings: dict[str, Any], ir: ExperimentIR) -> dict[str, 
     return dict(bindings)
 
 
-def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[str, str] | None = None) -> bytes:
+def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[Any, str] | None = None) -> bytes:
     """The plan's prompts (any accepted format, ``data.columns`` applied) in verl's RLHFDataset columns
     (deterministic Parquet bytes)."""
     if not path.is_file():

@@ -72,7 +72,7 @@ def test_export_and_handoff_from_a_run_say_what_they_do(run_root: Path) -> None:
     handoff = _miniverl(run_root, "handoff", "runs/first", "--out", "bundle")
     assert handoff.returncode == 0, handoff.stderr
     phases = [line.split(":")[0] for line in _lines(handoff.stderr)]
-    assert phases == ["compile", "adapter", "verify", "reload", "write", "write", "sync"], handoff.stderr
+    assert phases == ["adapter", "verify", "reload", "write", "write", "sync"], handoff.stderr
     # the adapter step is the export's own phases (checkpoint verified, PEFT reload checked, written)
 
 
