@@ -48,12 +48,11 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
     if not candidates:
         raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
     ckpt_dir = candidates[-1]
-    progress.phase("verify", f"checkpoint {ckpt_dir.name}: sha256 of every file")
-    record = verify_checkpoint(ckpt_dir)
+    record = verify_checkpoint(ckpt_dir)  # quick, and a refusal here stays the command's one line
     probe = _probe_ids(run_dir)
     tmp = _fresh_staging_dir(out)
     try:
-        progress.phase("reload", "write the PEFT adapter, reload it on a fresh base, compare logits")
+        progress.phase("reload", f"{ckpt_dir.name}: write the PEFT adapter, reload it on a fresh base, compare logits")
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
         name_base(tmp / "adapter_config.json", config.models.student)
         tolerance = RELOAD_TOLERANCE[config.models.dtype]
@@ -93,7 +92,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
             ),
             critic=critic,
         )
-        progress.phase("write", f"{out}")
+        progress.phase("write", "manifest, fsync, rename into place")
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
         if out.exists():

@@ -99,8 +99,6 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
     try:
         critic = critic_model_config(ir, config)  # refuses a model whose critic head verl would not train
         written: dict[str, Any] = {}
-        if run_dir is not None:
-            progress.phase("adapter", f"the run's last checkpoint: verify, write, reload-check ({run_dir.name})")
         adapter = _write_adapter(run_dir, tmp, ir, critic, written) if run_dir is not None else None
         if critic is not None and run_dir is None:
             written = _write_fresh_critic(tmp, ir, critic)

@@ -214,7 +214,7 @@ def fetch_builtin(
                 "converted_with": converted_with(),
             }
 
-        progress_phase("convert", f"GGUF to a {pin.dtype} safetensors directory (about a minute on 2 CPU cores)")
+        progress_phase("convert", f"GGUF to a {pin.dtype} safetensors directory (dequantized once, then cached)")
         build_cached_dir(target, write)
     progress_phase("verify", f"{target} (sha256 of every file)")
     verify_cached_dir(target, expect=_expected_record(pin))

@@ -68,12 +68,12 @@ def test_eval_in_a_pipe_counts_responses_with_an_eta(run_root: Path) -> None:
 def test_export_and_handoff_from_a_run_say_what_they_do(run_root: Path) -> None:
     export = _miniverl(run_root, "export", "runs/first", "--out", "adapter")
     assert export.returncode == 0, export.stderr
-    assert [line.split(":")[0] for line in _lines(export.stderr)] == ["verify", "reload", "write"]
+    assert [line.split(":")[0] for line in _lines(export.stderr)] == ["reload", "write"]
     handoff = _miniverl(run_root, "handoff", "runs/first", "--out", "bundle")
     assert handoff.returncode == 0, handoff.stderr
     phases = [line.split(":")[0] for line in _lines(handoff.stderr)]
-    assert phases == ["adapter", "verify", "reload", "write", "write", "sync"], handoff.stderr
-    # the adapter step is the export's own phases (checkpoint verified, PEFT reload checked, written)
+    assert phases == ["reload", "write", "write", "sync"], handoff.stderr
+    # the run's adapter goes through export's own phases (PEFT reload checked, written), then the bundle's
 
 
 def test_bench_in_a_pipe_counts_cells(tmp_path: Path) -> None:
