@@ -29,6 +29,7 @@ PLAN_MAX_BYTES = 16 * MIB  # plan.json, run.json, checkpoint.json, a bundle's ma
 MODEL_CONFIG_MAX_BYTES = 4 * MIB  # a model's config.json, adapter_config.json
 METRICS_MAX_BYTES = 1 * GIB  # metrics.jsonl (one line per update)
 PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset
+WEIGHTS_MAX_BYTES = 64 * GIB  # a safetensors file (an adapter's, a cached model's): only devices and FIFOs are kept out
 #: Containers nested deeper than this in a JSON or YAML input are refused (real configs nest < 10 deep).
 MAX_DEPTH = 64
 
@@ -138,3 +139,28 @@ def check_depth(value: Any, *, origin: str) -> Any:
     if nesting_depth(value) > MAX_DEPTH:
         raise InputBoundError(f"{origin}: nested more than {MAX_DEPTH} levels deep (the limit for any input)")
     return value
+
+
+def _document_text(path: Path, *, limit: int, what: str, nofollow: bool) -> str:
+    try:
+        return read_text(path, limit=limit, what=what, nofollow=nofollow)
+    except IsADirectoryError:
+        raise InputBoundError(f"{path}: {what} must be a regular file; this is a directory") from None
+
+
+def read_json(path: Path, *, limit: int, what: str, nofollow: bool = False) -> Any:
+    """A JSON file parsed strictly (:func:`~miniverl.config.strict.loads_json`, depth-limited).
+
+    Unlike :func:`read_text`, a directory is an :class:`InputBoundError` too; a missing file is a
+    :class:`FileNotFoundError`; text that is not UTF-8 or not JSON a :class:`ValueError`.
+    """
+    from miniverl.config.strict import loads_json  # it imports this module
+
+    return loads_json(_document_text(Path(path), limit=limit, what=what, nofollow=nofollow))
+
+
+def read_yaml(path: Path, *, limit: int, what: str, nofollow: bool = False) -> Any:
+    """A YAML file safe-loaded strictly (:func:`~miniverl.config.strict.loads_yaml`), as :func:`read_json`."""
+    from miniverl.config.strict import loads_yaml
+
+    return loads_yaml(_document_text(Path(path), limit=limit, what=what, nofollow=nofollow))

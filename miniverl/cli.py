@@ -332,6 +332,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
         )
+        if run_dir:
+            from miniverl.evaluation.record import keep_in_run
+
+            result["written"] = keep_in_run(source, result)
     result["torch_threads"] = {"threads": threads, "from": origin}
     _emit(args, result, render_table(result))
     return 0
@@ -440,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = group("data", "prompt datasets")
     sample = add("sample", cmd_data_sample, "write a generated prompt dataset (Parquet)", data)
-    sample.add_argument("--task", required=True, help="calculator | formatting")
+    sample.add_argument("--task", required=True, help="calculator | formatting | sqlite_recovery")
     sample.add_argument("--rows", type=_at_most(MAX_SAMPLE_ROWS), required=True, help="number of prompts to write")
     sample.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
     sample.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the dataset")
@@ -526,6 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = group("bench", "benchmarks")
     runtime_bench = bench.add_parser("runtime", help="the consumer-runtime systems benchmark")
     _add_matrix_arguments(runtime_bench)
+    runtime_bench.add_argument(
+        "--rows",
+        default="synthetic",
+        choices=["synthetic", "oracle-sql"],
+        help="the 8 trajectories: synthetic (seed length profile) or the RecoveryBench oracle-sql ones",
+    )
     runtime_bench.set_defaults(handler=cmd_bench)
     from miniverl.bench.rollout_args import add_rollout_arguments
 
@@ -626,6 +636,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"miniverl: error: {advice}\n")
         return 1
     except Exception as exc:  # the CLI promises one line, never a traceback
+        from miniverl.training.checkpoint_files import as_os_error
+
+        behind = as_os_error(exc)  # a safetensors write that hit a full disk or a file size limit
+        advice = _environment_advice(behind) if behind is not None else None
+        if advice is not None:
+            sys.stderr.write(f"miniverl: error: {advice}\n")
+            return 1
         if os.environ.get("MINIVERL_DEBUG"):
             raise
         sys.stderr.write(f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n")

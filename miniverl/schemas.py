@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from miniverl import records
 from miniverl.canonical import atomic_write_text
 from miniverl.config.schema import MiniverlConfig
+from miniverl.evaluation.record import EvalRecord
 from miniverl.rollout.records import TrajectoryRecord
 
 MODELS: dict[str, type[BaseModel]] = {
@@ -22,6 +23,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "checkpoint": records.CheckpointRecord,
     "adapter-export": records.ExportManifest,
     "trajectory": TrajectoryRecord,
+    "eval": EvalRecord,
 }
 
 

@@ -173,6 +173,10 @@ def _redacted(value: Any, ctx: Context) -> Any:
     return value
 
 
+#: v3 was preregistered on a bare model: the bench's LoRA-and-fold default (a later bench) would change its work
+LORA_RANK_V3 = ("--lora-rank", "0")
+
+
 def bench_argv(prereg: BackendMatrixPreregistration, device: str) -> list[str]:
     b = prereg.speed.bench
     return [
@@ -201,6 +205,7 @@ def bench_argv(prereg: BackendMatrixPreregistration, device: str) -> list[str]:
         "--pairs",
         str(b.pairs),
         "--no-profile",
+        *LORA_RANK_V3,
         "--out",
         BENCH_OUT,
         "--json",

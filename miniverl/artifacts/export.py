@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from miniverl import __version__, progress
+from miniverl import __version__, bounded, progress
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
@@ -28,6 +28,10 @@ def _probe_ids(run_dir: Path) -> list[int]:
     files = sorted((run_dir / "trajectories").glob("cycle-*.jsonl"))
     if not files:
         raise UsageError(f"{run_dir} has no trajectories to probe the export with")
+    try:  # streamed by the reader below: kept to a regular file of a JSONL log's bound first
+        bounded.check_regular(files[0], limit=bounded.METRICS_MAX_BYTES, what="a trajectory log", nofollow=True)
+    except IsADirectoryError:
+        raise UsageError(f"{files[0]} is a directory; it must be a JSONL file (one JSON object per line)") from None
     first = read_trajectories_jsonl(files[0])[0]
     return list(first.prompt_token_ids) + list(first.response_token_ids)
 
@@ -133,9 +137,8 @@ def _fresh_staging_dir(out: Path) -> Path:
 def name_base(adapter_config: Path, spec: Any) -> None:
     """Fill ``base_model_name_or_path`` (and ``revision``) of an exported adapter's config."""
     from miniverl.canonical import atomic_write_text
-    from miniverl.config.strict import loads_json
 
-    data = loads_json(adapter_config.read_text(encoding="utf-8"))
+    data = bounded.read_json(adapter_config, limit=bounded.MODEL_CONFIG_MAX_BYTES, what="an adapter config")
     name, revision = base_reference(spec)
     data["base_model_name_or_path"] = name
     data["revision"] = revision

@@ -1,39 +1,43 @@
 """``miniverl report RUN``: one self-contained ``report.html`` and a ``report.md`` beside it.
 
 Everything comes from the run directory's files (no torch, no network): the plan's identities,
-``metrics.jsonl`` (plotted against the update) and the trajectories of the first and last cycle.
-A metric the run did not record is listed as absent, never drawn or invented. The HTML holds
-inline SVG and inline CSS only (no scripts, no external links); the markdown embeds the same
-charts as ``.svg`` files written next to it.
+``metrics.jsonl`` (plotted against the update, with a moving average), the trajectories of the first
+and last cycle, and the held-out evaluations ``miniverl eval`` kept in ``RUN/eval/``. The headline
+compares the first and last moving-average points of the training reward, and the base with the
+trained adapter on the latest eval. A metric the run did not record is listed as absent, never drawn
+or invented. The HTML holds inline SVG and inline CSS only (no scripts, no external links); the
+markdown embeds the same charts as ``.svg`` files written next to it.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from html import escape
 from pathlib import Path
 from typing import Any
 
+from miniverl.artifacts.report_render import render_html, render_markdown
 from miniverl.artifacts.rundir import read_jsonl_text, read_manifest, read_plan, read_summary, require_run_dir
-from miniverl.artifacts.svg import line_chart
+from miniverl.artifacts.svg import line_chart, moving_average, smoothing_window
 from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
 
-#: (metrics.jsonl key, chart title). Derived series (from trajectories) are added in ``_series``.
-METRICS: tuple[tuple[str, str], ...] = (
-    ("reward_mean", "reward mean"),
-    ("reward_std_within_group_max", "within-group reward std (max over groups)"),
-    ("kl", "KL (the algorithm's divergence / penalty)"),
-    ("entropy", "entropy"),
-    ("loss", "loss (the objective the update minimized)"),
-    ("grad_norm", "gradient norm (before clipping)"),
-    ("adapter_delta_norm", "adapter change per update (L2)"),
-    ("clip_fraction", "clip fraction"),
-)
+#: (chart key, title, y-axis unit, where metrics.jsonl holds it: a top-level key or ``algorithm_metrics``' name).
+METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("reward_mean", "reward mean", "reward", ("reward_mean",)),
+    ("reward_std_within_group_max", "within-group reward std (max over groups)", "reward",
+     ("reward_std_within_group_max",)),
+    ("kl", "KL (the algorithm's divergence / penalty)", "nats per token", ("kl",)),
+    ("entropy", "policy entropy on the trained tokens", "nats per token", ("entropy", "actor/entropy")),
+    ("loss", "loss (the objective the update minimized)", "loss", ("loss",)),
+    ("grad_norm", "gradient norm (before clipping)", "L2 norm", ("grad_norm",)),
+    ("adapter_delta_norm", "adapter change per update (L2)", "L2 norm", ("adapter_delta_norm",)),
+    ("clip_fraction", "clip fraction", "fraction of tokens", ("clip_fraction", "actor/pg_clipfrac")),
+)  # fmt: skip
 TIMES = ("rollout_seconds", "update_seconds", "cycle_seconds")
 SAMPLES_PER_CYCLE = 4
+EVAL_PREFIX = "eval/"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -60,12 +64,24 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _points(metrics: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+def _lookup(line: dict[str, Any], key: str) -> Any:
+    """A metrics line's top-level ``key``, else the algorithm's own metric of that name."""
+    if key in line:
+        return line[key]
+    extra = line.get("algorithm_metrics")
+    return extra.get(key) if isinstance(extra, dict) else None
+
+
+def _points(metrics: list[dict[str, Any]], *keys: str) -> list[tuple[float, float]]:
+    """``(update, value)`` of the first of ``keys`` each line records as a finite number."""
     out: list[tuple[float, float]] = []
-    for line in metrics:
-        value = _number(line.get(key))
-        if value is not None:
-            out.append((float(line.get("step", len(out) + 1)), value))
+    for index, line in enumerate(metrics, start=1):
+        for key in keys:
+            value = _number(_lookup(line, key))
+            if value is not None:
+                step = _number(line.get("step"))
+                out.append((index if step is None else step, value))
+                break
     return out
 
 
@@ -121,49 +137,99 @@ def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float
     return series, by_cycle
 
 
+def _chart(key: str, title: str, series: dict[str, list[tuple[float, float]]], unit: str) -> dict[str, Any]:
+    count = max(len(v) for v in series.values())
+    window = smoothing_window(count)
+    svg = line_chart(title, series, y_label=unit, window=window)
+    return {"key": key, "title": title, "svg": svg, "points": sum(len(v) for v in series.values()), "window": window}
+
+
+def _first_last(points: list[tuple[float, float]]) -> tuple[float, float, int] | None:
+    """The first and last moving-average values of ``points`` (the means of the first and last windows)."""
+    if not points:
+        return None
+    window = smoothing_window(len(points))
+    smooth = moving_average(points, window)
+    return smooth[0][1], smooth[-1][1], window
+
+
+def _eval_series(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """The greedy held-out figures ``algorithm.eval_every`` recorded: total reward and per-component accuracy."""
+    names = sorted({k for line in metrics for k in (line.get("algorithm_metrics") or {}) if k.startswith(EVAL_PREFIX)})
+    wanted = [k for k in names if k == "eval/reward_mean" or k.endswith("/fraction_positive")]
+    series = {}
+    for key in wanted:
+        label = key.removeprefix(EVAL_PREFIX).replace("/fraction_positive", " accuracy")
+        points = _points(metrics, key)
+        if points:
+            series[label] = points
+    return series
+
+
 def build_report(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, as plain data (charts as SVG strings)."""
+    from miniverl.evaluation.record import read_evals
+
     require_run_dir(run_dir)
     plan = read_plan(run_dir)
     manifest = read_manifest(run_dir)
     summary = read_summary(run_dir)
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    evals = read_evals(run_dir)
+    for record in evals:
+        if record.run_id != manifest.run_id:
+            raise UsageError(
+                f"{run_dir}/eval/step-{record.step:06d}.json is an eval of run {record.run_id!r}, not of "
+                f"{manifest.run_id!r}; remove it or rerun `miniverl eval` on this run"
+            )
     charts: list[dict[str, Any]] = []
     absent: list[str] = []
-    for key, title in METRICS:
-        points = _points(metrics, key)
+    for key, title, unit, sources in METRICS:
+        points = _points(metrics, *sources)
         if points:
-            charts.append({"key": key, "title": title, "svg": line_chart(title, {key: points}), "points": len(points)})
+            charts.append(_chart(key, title, {key: points}, unit))
         else:
             absent.append(key)
     derived, by_cycle = _trajectory_series(run_dir)
     components = {k.removeprefix("reward component: "): v for k, v in derived.items() if k.startswith("reward comp")}
     if components:
         title = "reward per component (mean over the cycle's trajectories)"
-        charts.insert(1, {"key": "reward_components", "title": title, "svg": line_chart(title, components),
-                          "points": sum(len(v) for v in components.values())})  # fmt: skip
+        charts.insert(1, _chart("reward_components", title, components, "reward"))
     else:
         absent.append("reward_components")
+    held_out = _eval_series(metrics)
+    if held_out:
+        charts.insert(2, _chart("eval_every", "held-out, greedy (algorithm.eval_every)", held_out, "reward / accuracy"))
     for name, points in derived.items():
         if not name.startswith("reward comp"):
-            charts.append({"key": name, "title": name, "svg": line_chart(name, {name: points}), "points": len(points)})
+            unit = "tokens" if name.startswith("response length") else "nats per token"
+            charts.append(_chart(name, name, {name: points}, unit))
     times = {key.removesuffix("_seconds"): _points(metrics, key) for key in TIMES}
     times = {k: v for k, v in times.items() if v}
     if times:
-        title = "seconds per phase"
-        charts.append({"key": "time_per_phase", "title": title, "svg": line_chart(title, times),
-                       "points": sum(len(v) for v in times.values())})  # fmt: skip
+        charts.append(_chart("time_per_phase", "seconds per phase", times, "seconds"))
     else:
         absent.append("time_per_phase")
     cycles = sorted(by_cycle)
     chosen = sorted({cycles[0], cycles[-1]}) if cycles else []
-    samples = {cycle: _spread(by_cycle[cycle]) for cycle in chosen}
+    spread = {cycle: _spread(by_cycle[cycle]) for cycle in chosen}
+    columns = plan.config["data"].get("columns")
+    prompts = _prompt_texts(plan.data.path, columns, {r.get("prompt_id") for s in spread.values() for r in s})
+    cycle_seconds = [y for _, y in _points(metrics, "cycle_seconds")]
     return {
         "run_id": manifest.run_id,
         "status": summary.status if summary is not None else "incomplete",
         "algorithm": manifest.algorithm,
         "runtime": manifest.runtime,
         "updates": len(metrics),
+        "headline": _headline(metrics, components, evals),
+        "time": {
+            "cycle_seconds_total": math.fsum(cycle_seconds) if cycle_seconds else None,
+            "cycles_timed": len(cycle_seconds),
+            "last_segment_wall_seconds": summary.wall_seconds if summary is not None else None,
+            "device": summary.device if summary is not None else None,
+        },
+        "evals": [record.model_dump(mode="json") for record in evals],
         "identities": {
             "plan_digest": plan.plan_digest,
             "config_digest": plan.config_digest,
@@ -176,13 +242,62 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "summary": summary.model_dump(mode="json") if summary is not None else None,
         "charts": charts,
         "absent": absent,
-        "samples": samples,
-        "prompts": _prompt_texts(
-            plan.data.path,
-            plan.config["data"].get("columns"),
-            {r.get("prompt_id") for s in samples.values() for r in s},
-        ),
+        "samples": {cycle: _sample_rows(records, prompts) for cycle, records in spread.items()},
     }
+
+
+def _headline(
+    metrics: list[dict[str, Any]], components: dict[str, list[tuple[float, float]]], evals: list[Any]
+) -> list[str]:
+    """The answer to "did it learn?": training reward first -> last (moving averages), then held-out figures."""
+    lines = []
+    updates = len(metrics)
+    reward = _first_last(_points(metrics, "reward_mean"))
+    if reward is not None:
+        first, last, window = reward
+        smoothed = f" (moving average over {window} updates)" if window > 1 else ""
+        lines.append(f"training reward {first:.3g} \u2192 {last:.3g} over {updates} updates{smoothed}")
+        moved = []
+        for name, points in sorted(components.items()):
+            pair = _first_last(points)
+            if pair is not None:
+                moved.append(f"{name} {pair[0]:.3g} \u2192 {pair[1]:.3g}")
+        if moved:
+            lines.append("per reward component: " + "; ".join(moved))
+    else:
+        loss = _first_last(_points(metrics, "loss"))
+        if loss is not None:
+            lines.append(
+                f"loss {loss[0]:.3g} \u2192 {loss[1]:.3g} over {updates} updates (this algorithm has no reward)"
+            )
+        else:
+            lines.append("no update recorded yet")
+    if not evals:
+        lines.append(
+            "held-out: not evaluated (run `miniverl eval RUN --data HELDOUT.parquet`; the report then shows it)"
+        )
+        return lines
+    latest = evals[-1]
+    mode = latest.modes["greedy"]
+    accuracy = next(
+        (
+            name
+            for name in latest.rewards
+            if name in mode.trained.components
+            and mode.trained.components[name].fraction_positive is not None
+            and name in mode.base.components
+            and mode.base.components[name].fraction_positive is not None
+        ),
+        None,
+    )
+    where = f"greedy, {mode.trained.prompts} held-out prompts, base \u2192 step {latest.step}"
+    if accuracy is not None:
+        base = mode.base.components[accuracy].fraction_positive
+        trained = mode.trained.components[accuracy].fraction_positive
+        lines.append(f"held-out accuracy ({accuracy}) {base:.3g} \u2192 {trained:.3g} ({where})")
+    elif mode.base.reward_mean is not None and mode.trained.reward_mean is not None:
+        lines.append(f"held-out reward {mode.base.reward_mean:.3g} \u2192 {mode.trained.reward_mean:.3g} ({where})")
+    return lines
 
 
 def _spread(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -210,33 +325,14 @@ def _prompt_texts(data_path: str, columns: Any, ids: set[Any]) -> dict[str, str]
     return {row.prompt_id: row.prompt for row in rows if row.prompt_id in ids}
 
 
-def _identity_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
-    ident = report["identities"]
-    rows = [
-        ("run", f"{report['run_id']} ({report['status']}, {report['algorithm']}, {report['runtime']})"),
-        ("plan_digest", ident["plan_digest"]),
-        ("config_digest", ident["config_digest"]),
-        ("data", f"sha256 {ident['data_sha256']} ({ident['data_rows']} rows)"),
-        ("miniverl", ident["miniverl_version"]),
-    ]
-    for role, identity in sorted(ident["models"].items()):
-        rows.append((f"model: {role}", ", ".join(f"{k}={v}" for k, v in sorted(identity.items()))))
-    if ident["overrides"]:
-        rows.append(("overrides", " ".join(ident["overrides"])))
-    summary = report["summary"]
-    if summary is not None:
-        rows.append(("wall", f"{summary['wall_seconds']:.1f} s on {summary['device']}"))
-    return rows
-
-
-def _sample_rows(report: dict[str, Any], cycle: int) -> list[dict[str, str]]:
+def _sample_rows(records: list[dict[str, Any]], prompts: dict[str, str]) -> list[dict[str, str]]:
     out = []
-    for record in report["samples"][cycle]:
+    for record in records:
         reward = _number(record.get("reward"))
         advantage = _number(record.get("advantage"))
         out.append(
             {
-                "prompt": report["prompts"].get(record.get("prompt_id"), f"(prompt {record.get('prompt_id')})"),
+                "prompt": prompts.get(str(record.get("prompt_id")), f"(prompt {record.get('prompt_id')})"),
                 "response": str(record.get("response_text", "")),
                 "reward": "absent" if reward is None else f"{reward:.3f}",
                 "advantage": "absent" if advantage is None else f"{advantage:.3f}",
@@ -244,68 +340,6 @@ def _sample_rows(report: dict[str, Any], cycle: int) -> list[dict[str, str]]:
             }
         )
     return out
-
-
-CSS = (
-    "body{font-family:sans-serif;max-width:960px;margin:2em auto;padding:0 1em;color:#222}"
-    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
-    "vertical-align:top;text-align:left;font-size:13px}td.mono{font-family:monospace;word-break:break-all}"
-    ".charts{display:flex;flex-wrap:wrap;gap:8px}.charts figure{margin:0}pre{white-space:pre-wrap;margin:0}"
-)
-
-
-def render_html(report: dict[str, Any]) -> str:
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>miniverl report: {escape(report['run_id'])}</title><style>{CSS}</style></head><body>",
-        f"<h1>Run {escape(report['run_id'])}</h1><h2>Identities</h2><table>",
-    ]
-    for key, value in _identity_rows(report):
-        parts.append(f"<tr><th>{escape(key)}</th><td class='mono'>{escape(value)}</td></tr>")
-    parts.append(f"</table><h2>Metrics ({report['updates']} updates)</h2><div class='charts'>")
-    for chart in report["charts"]:
-        parts.append(f"<figure id='chart-{escape(chart['key'])}'>{chart['svg']}</figure>")
-    parts.append("</div>")
-    if report["absent"]:
-        parts.append(f"<p>Not recorded by this run (absent, not plotted): {escape(', '.join(report['absent']))}.</p>")
-    for cycle in sorted(report["samples"]):
-        parts.append(f"<h2>Sample trajectories, cycle {cycle}</h2><table>")
-        parts.append("<tr><th>prompt</th><th>response</th><th>reward</th><th>advantage</th><th>finish</th></tr>")
-        for row in _sample_rows(report, cycle):
-            parts.append(
-                f"<tr><td><pre>{escape(row['prompt'])}</pre></td><td><pre>{escape(row['response'])}</pre></td>"
-                f"<td>{row['reward']}</td><td>{row['advantage']}</td><td>{escape(row['finish'])}</td></tr>"
-            )
-        parts.append("</table>")
-    parts.append("</body></html>\n")
-    return "".join(parts)
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _md_text(text: str) -> str:
-    """A table cell of untrusted text (model output, prompts): Markdown viewers render raw HTML, so escape it."""
-    return _md_cell(escape(text, quote=False))
-
-
-def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
-    lines = [f"# Run {report['run_id']}", "", "## Identities", "", "| | |", "|---|---|"]
-    lines += [f"| {_md_cell(k)} | `{_md_cell(v)}` |" for k, v in _identity_rows(report)]
-    lines += ["", f"## Metrics ({report['updates']} updates)", ""]
-    lines += [f"![{chart['title']}]({chart_files[chart['key']]})" for chart in report["charts"]]
-    if report["absent"]:
-        lines += ["", f"Not recorded by this run (absent, not plotted): {', '.join(report['absent'])}."]
-    for cycle in sorted(report["samples"]):
-        lines += ["", f"## Sample trajectories, cycle {cycle}", ""]
-        lines += ["| prompt | response | reward | advantage | finish |", "|---|---|---|---|---|"]
-        for row in _sample_rows(report, cycle):
-            lines.append(
-                f"| {_md_text(row['prompt'])} | {_md_text(row['response'])} | {row['reward']} | "
-                f"{row['advantage']} | {_md_text(row['finish'])} |"
-            )
-    return "\n".join(lines) + "\n"
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
@@ -330,6 +364,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
     return {
         "html": str(target / "report.html"),
         "markdown": str(target / "report.md"),
+        "headline": report["headline"],
         "charts": {chart["key"]: chart["points"] for chart in report["charts"]},
         "absent": report["absent"],
+        "evals": [record["step"] for record in report["evals"]],
+        "time": report["time"],
     }

@@ -213,7 +213,15 @@ def roll_back_outputs(run_dir: Path, metrics_text: str, trajectories: dict[str, 
         if path.name not in trajectories:
             path.unlink()
     metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file() or metrics.read_text(encoding="utf-8") != metrics_text:
+    try:
+        kept: str | None = bounded.read_text(
+            metrics, limit=bounded.METRICS_MAX_BYTES, what="a JSONL log", nofollow=True
+        )
+    except IsADirectoryError:
+        raise UsageError(f"{metrics} is a directory; remove it and resume (the checkpoint restores it)") from None
+    except (FileNotFoundError, bounded.InputBoundError, UnicodeDecodeError):
+        kept = None  # not the committed text, whatever it is: replaced below (a symlink itself, never its target)
+    if kept != metrics_text:
         atomic_write_text(metrics, metrics_text)
     # temp files of writes a kill cut short (atomic_write_* and write_checkpoint): never published, safe to drop
     for path in sorted(run_dir.glob(".*.tmp")):

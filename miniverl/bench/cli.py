@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from miniverl.bench.oracle_workload import padding_note
 from miniverl.bench.render import render_markdown
 from miniverl.bench.runtime import BenchOptions, run_runtime_bench
 from miniverl.gate.cli import model_choice
@@ -12,11 +13,17 @@ from miniverl.gate.cli import model_choice
 
 def run_bench_command(args: argparse.Namespace) -> dict[str, Any]:
     opts = BenchOptions(
-        model=model_choice(args.model), device=args.device, quantization=args.quantization, dtype=args.dtype
+        model=model_choice(args.model),
+        device=args.device,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        rows=args.rows,
     )
     report = run_runtime_bench(opts, args.out)
+    rows = report["trajectories"]
+    note = padding_note(rows["source"], rows["lengths"], rows["tokens"])
     report["message"] = (
-        render_markdown(report) + f"\nwrote bench.json, bench.md, pareto.svg, profiler.json to {args.out}"
+        render_markdown(report) + "\n" + note + f"\nwrote bench.json, bench.md, pareto.svg, profiler.json to {args.out}"
     )
     return report
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from miniverl.canonical import atomic_write_json
 
+MIN_REPEATS_FOR_A_RESULT = 5  # a figure from fewer timed steps is an anecdote, not a result
+
 
 def package_version(name: str) -> str | None:
     """The installed version of ``name``, or None when it is not installed."""
@@ -23,3 +25,12 @@ def save_partial(path: Path, fmt: str, cells: list[dict[str, Any]]) -> None:
     keeps its figures."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"format": fmt, "cells": cells}, pretty=True)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Range and quartiles of timed samples (inclusive method): the spread that goes beside every median."""
+    import statistics
+
+    ordered = sorted(values)
+    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else (ordered[0],) * 3
+    return {"min": ordered[0], "q1": q1, "q3": q3, "max": ordered[-1]}

@@ -24,9 +24,9 @@ Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)
 * ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (bf16 models only).
 
 Per cell: ``warmup`` untimed steps (the first is ``first_call_seconds``: graph capture, cuDNN/SDPA
-plans), then the median of ``repeats`` CUDA-synchronized steps; peak reserved is
-``torch.cuda.max_memory_reserved`` over the timed steps, each cell starting from an emptied cache
-with its own model. Writes ``grpo.json``, ``grpo.md`` and ``grpo.svg``.
+plans), then the median of ``repeats`` (default 5) CUDA-synchronized steps with their spread (range,
+quartiles); peak reserved is ``torch.cuda.max_memory_reserved`` over the timed steps, each cell
+starting from an emptied cache with its own model. Writes ``grpo.json``, ``grpo.md`` and ``grpo.svg``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any, Literal
 import torch
 
 from miniverl import progress
-from miniverl.bench.common import package_version, save_partial
+from miniverl.bench.common import package_version, save_partial, spread
 from miniverl.bench.grpo_args import GRPO_MODELS, STEP_PATHS, UPDATE_PATHS, add_grpo_arguments
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file
 from miniverl.errors import UsageError
@@ -69,7 +69,7 @@ class GrpoBenchOptions:
     prompt_tokens: int = 32
     rollout_batch: int = 16
     warmup: int = 1
-    repeats: int = 3
+    repeats: int = 5
     paths: tuple[str, ...] = STEP_PATHS
     update_paths: tuple[str, ...] = UPDATE_PATHS
     update_shape: tuple[int, int] = (8, 512)
@@ -347,6 +347,7 @@ def measure(run: Callable[[int], dict[str, float]], *, warmup: int, repeats: int
         "first_call_seconds": first,
         "step_seconds": totals,
         "median_step_seconds": statistics.median(totals),
+        "spread_step_seconds": spread(totals),
         "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None,
     }
     for key in parts[0]:

@@ -29,7 +29,7 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
         "--rollout-batch", type=positive_int, default=16, help="rollout batch size (rows decoded together)"
     )
     parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed steps per cell (plans, graphs)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed steps per cell (median reported)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed steps per cell (median and spread)")
     parser.add_argument("--paths", type=_names, default=STEP_PATHS, help=f"GRPO step paths: {','.join(STEP_PATHS)}")
     parser.add_argument(
         "--update-paths", type=_names, default=UPDATE_PATHS, help=f"update paths: {','.join(UPDATE_PATHS)}"

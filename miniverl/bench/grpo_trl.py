@@ -23,19 +23,41 @@ from typing import Any
 
 import torch
 
+from miniverl.bench.common import spread
+
 GIB = float(1 << 30)
 
 
+PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
+SPECIAL_IDS = {PAD: 0, UNK: 1, EOS: 2}
+
+
 def id_tokenizer(vocab: int) -> Any:
-    """A fast tokenizer mapping the text ``"i j k"`` to ids ``[i, j, k]`` (pad ``0``, EOS ``2``)."""
+    """A fast tokenizer mapping the text ``"i j k"`` to ids ``[i, j, k]`` (pad ``0``, unk ``1``, EOS ``2``).
+
+    The special tokens are words that no number contains: transformers matches special tokens inside the raw text
+    before splitting it, so special tokens spelled "0", "1", "2" split "102" into three ids.
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    core = Tokenizer(models.WordLevel({str(i): i for i in range(vocab)}, unk_token="1"))
+    words = {str(i): i for i in range(vocab) if i not in SPECIAL_IDS.values()} | SPECIAL_IDS
+    core = Tokenizer(models.WordLevel(words, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="0", eos_token="2", unk_token="1")
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
     tok.padding_side = "left"
     return tok
+
+
+def encode_equal_work(tokenizer: Any, prompt_ids: list[list[int]]) -> list[str]:
+    """The prompts as texts that ``tokenizer`` encodes back to exactly ``prompt_ids``: TRL then sees the same token
+    ids, and the same lengths, as the miniverl cells (refused otherwise: the comparison would be of unequal work)."""
+    texts = [" ".join(map(str, ids)) for ids in prompt_ids]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for ids, got in zip(prompt_ids, encoded, strict=True):
+        if list(got) != list(ids):
+            raise RuntimeError(f"unequal work: the TRL tokenizer encodes prompt {ids[:8]}... as {list(got)[:8]}...")
+    return texts
 
 
 def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
@@ -48,7 +70,8 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
 
     vocab = int(loader.config.vocab_size)
     steps = opts.warmup + opts.repeats
-    prompts = [" ".join(map(str, ids)) for ids in _prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed)]
+    tokenizer = id_tokenizer(vocab)
+    prompts = encode_equal_work(tokenizer, _prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
     dataset = datasets.Dataset.from_dict({"prompt": prompts * steps})
     rng = random.Random(opts.seed)
 
@@ -98,7 +121,7 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
             reward_funcs=reward,
             args=config,
             train_dataset=dataset,
-            processing_class=id_tokenizer(vocab),
+            processing_class=tokenizer,
             peft_config=peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS),
             callbacks=[Timer()],
         )
@@ -116,6 +139,7 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
         "first_call_seconds": timings[0] if opts.warmup else None,
         "step_seconds": timed,
         "median_step_seconds": statistics.median(timed),
+        "spread_step_seconds": spread(timed),
         "peak_reserved_gib": peak.get("reserved"),
         "logged_mean_completion_lengths": lengths,
         "gradient_checkpointing": checkpointing,

@@ -13,16 +13,24 @@ so the lengths cannot decide a ratio. Paths:
 * ``hf_loop``: miniverl's previous path (transformers forward with a dynamic cache, per-sample
   CPU generators, a host sync per step);
 * ``hf_generate``: transformers ``model.generate`` (sdpa attention, dynamic cache);
+* ``hf_generate_static``: ``model.generate`` with a static KV cache, which transformers ``torch.compile``s on CUDA
+  (the stronger baseline; on CPU it runs uncompiled, recorded in the cell's ``compiled``);
 * ``trl``: recorded ``not_run`` unless trl is importable (it is not part of any known-good stack).
+
+The model carries a LoRA adapter (``lora_rank``, on the training targets, B seeded non-zero) as a policy does in
+training: the HF paths run it unmerged through PEFT, and each ``fast`` call folds it first (a new policy version
+per call, the fold once per rollout as in a training cycle), so the fold is inside the fast path's time.
 
 Per (path, batch): ``warmup`` untimed calls (at least one; the first is reported as
 ``first_call_seconds``; it includes the fast engine's graph capture and cuDNN/SDPA plan building),
 then the median of ``repeats`` timed samples (CUDA-synchronized wall time), each of
 ``calls_per_sample`` back-to-back calls, enough to last 0.2 s (a call of a few milliseconds timed
 alone is mostly scheduler noise), reported per call. ``ms_per_decode_step`` is wall time over
-``new_tokens`` (the prefill of the short prompts is included). The weight-bandwidth bound of a
-step is the rollout copy's distinct weight bytes over the measured device-to-device copy
-bandwidth (read + write bytes over time); ``pct_of_weight_bandwidth_bound`` is bound / measured.
+``new_tokens`` (the prefill of the short prompts is included). The bandwidth bound of a step is the
+bytes a decode step must read, the rollout copy's distinct weights plus the KV cache of every row at its
+mean context over the decode (``prompt_tokens + (new_tokens - 1) / 2``), over the measured device-to-device
+copy bandwidth (read + write bytes over time); ``pct_of_bandwidth_bound`` is bound / measured (the
+weight-only bound and its percentage are kept beside it).
 Peak reserved is ``torch.cuda.max_memory_reserved`` over the timed calls; each cell starts from an
 emptied cache with only the model resident and builds its own engine (fold, workspace, graphs).
 
@@ -70,14 +78,15 @@ class RolloutBenchOptions:
     new_tokens: int = 256
     prompt_tokens: int = 32
     warmup: int = 1
-    repeats: int = 3
-    slow_repeats: int = 1  # hf_loop, hf_generate and fast_eager take seconds per call
+    repeats: int = 5
+    slow_repeats: int = 1  # the HF paths and fast_eager take seconds per call
     paths: tuple[str, ...] = PATHS
     pair: tuple[str, str] = ("fast", "hf_generate")  # timed interleaved, A then B, `pairs` times per batch
     pairs: int = 5  # 0: no interleaved comparison
     check_every: int = 8
     seed: int = 0
     profile: bool = True
+    lora_rank: int = 16  # 0: a bare model (no adapter, no fold in the fast path's time)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,18 +95,40 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> Any:
-    """A random-weight Qwen3 of the named shape, built directly on ``device`` (sdpa attention)."""
+def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int, lora_rank: int = 0) -> Any:
+    """A random-weight Qwen3 of the named shape, built directly on ``device`` (sdpa attention), with a LoRA
+    adapter of ``lora_rank`` on the training targets whose B matrices are seeded non-zero (0: no adapter)."""
     from transformers import Qwen3ForCausalLM
 
-    from miniverl.gate.models import qwen3_config
+    from miniverl.gate.models import LORA_TARGETS, qwen3_config
 
     config = qwen3_config(name)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(device):
         model: Any = Qwen3ForCausalLM(config)
+    model = model.to(dtype).eval()
+    if lora_rank == 0:
+        return model
+    import peft
+
+    lora = peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    model = peft.get_peft_model(model, lora)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name_, param in model.named_parameters():
+            if "lora_B" in name_:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
     return model.to(dtype).eval()
+
+
+def kv_read_bytes_per_step(config: Any, batch: int, prompt_tokens: int, new_tokens: int, element_bytes: int) -> float:
+    """Mean bytes of K and V cache a decode step reads: every layer's keys and values of every row, at the mean
+    context over the decode (the step that makes token i attends to ``prompt_tokens + i`` positions)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element_bytes
+    mean_context = prompt_tokens + (new_tokens - 1) / 2
+    return float(batch * per_position * mean_context)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10) -> float:
@@ -136,8 +167,11 @@ def _runners(
         engine = engines[path]
         rows = [EngineRow(p, 1000 + i) for i, p in enumerate(prompts)]
         spec = SamplingSpec(1.0, 1.0, 0, ())
+        versions = iter(range(1, 1 << 62))
 
         def fast() -> int:
+            if opts.lora_rank:  # a new policy version per rollout: the fold is part of the path's time
+                engine.sync_policy(model, next(versions))
             out = engine.generate(
                 rows, batch_size=batch, max_new_tokens=n, spec=spec, pad_id=0, check_every=opts.check_every
             )
@@ -155,15 +189,16 @@ def _runners(
             return sum(len(t) for t, _, _ in out)
 
         return loop
-    if path == "hf_generate":
+    if path in ("hf_generate", "hf_generate_static"):
         ids = torch.tensor(prompts, dtype=torch.long, device=device)
         mask = torch.ones_like(ids)
+        cache = {"cache_implementation": "static"} if path == "hf_generate_static" else {}
 
         def hf_generate() -> int:
             with torch.no_grad():
                 out = model.generate(
                     input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                    max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+                    max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **cache,
                 )  # fmt: skip
             return int(out[:, ids.shape[1] :].numel())
 
@@ -273,7 +308,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
     dtype_name = opts.dtype if opts.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     dtype = getattr(torch, dtype_name)
     started = time.perf_counter()
-    model = build_model(opts.model, device, dtype, opts.seed)
+    model = build_model(opts.model, device, dtype, opts.seed, opts.lora_rank)
     vocab = int(model.config.vocab_size)
     bandwidth = copy_bandwidth(device)
     fold_start = time.perf_counter()
@@ -327,11 +362,18 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
                 cells.append(cell)
                 continue
             ms = cell["median_seconds"] / opts.new_tokens * 1e3
+            kv_bytes = kv_read_bytes_per_step(model.config, batch, opts.prompt_tokens, opts.new_tokens,
+                                              torch.finfo(dtype).bits // 8)  # fmt: skip
             cell["tokens_per_second"] = batch * opts.new_tokens / cell["median_seconds"]
             cell["ms_per_decode_step"] = ms
             cell["pct_of_weight_bandwidth_bound"] = 100.0 * bound_ms / ms
+            cell["kv_read_bytes_per_step"] = kv_bytes
+            cell["bandwidth_bound_ms_per_step"] = (weight_bytes + kv_bytes) / bandwidth * 1e3
+            cell["pct_of_bandwidth_bound"] = 100.0 * cell["bandwidth_bound_ms_per_step"] / ms
             if path in engines:
                 cell["engine_stats"] = asdict(engines[path].stats)
+            if path == "hf_generate_static":
+                cell["compiled"] = device.type == "cuda"  # transformers compiles a static-cache generate on CUDA
             cells.append(cell)
             save_partial(Path(out) / "rollout.partial.json", FORMAT, cells)
             if opts.profile and path == "fast" and batch == max(opts.batches):
@@ -399,6 +441,7 @@ def options_from_args(args: argparse.Namespace) -> RolloutBenchOptions:
         model=args.model, device=args.device, dtype=args.dtype, batches=args.batches, new_tokens=args.new_tokens,
         prompt_tokens=args.prompt_tokens, warmup=args.warmup, repeats=args.repeats, slow_repeats=args.slow_repeats,
         paths=args.paths, pair=(pair[0], pair[1]), pairs=args.pairs, profile=not args.no_profile,
+        lora_rank=args.lora_rank,
     )  # fmt: skip
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 from xml.sax.saxutils import escape
 
-# Issue 12's decode targets: (batch, minimum fast / hf_generate tokens/s ratio, minimum % of the bound)
-DECODE_TARGETS = ((64, 20.0, 15.0), (16, 10.0, None))
+#: Issue 21's decode targets (H200, Qwen3-0.6B shape, LoRA folded): (batch, most ms per decode step, least % of the
+#: bandwidth bound that counts weights and KV reads)
+DECODE_TARGETS = ((64, 1.4, 40.0), (16, 1.0, None))
 
 
 def _cell(report: dict[str, Any], path: str, batch: int) -> dict[str, Any] | None:
@@ -22,30 +23,26 @@ def ratio(report: dict[str, Any], path: str, other: str, batch: int) -> float | 
     return float(a["tokens_per_second"]) / float(b["tokens_per_second"])
 
 
+def _goal(name: str, observed: float | None, target: str, met: bool) -> dict[str, Any]:
+    return {"name": name, "observed": observed, "target": target,
+            "status": "not_measured" if observed is None else ("met" if met else "not_met")}  # fmt: skip
+
+
 def evaluate_rollout_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target with its observed figure and ``met`` / ``not_met`` / ``not_measured``."""
+    """Each target with its observed figure and ``met`` / ``not_met`` / ``not_measured`` (only the Qwen3-0.6B shape
+    with a folded LoRA is the targets' workload; any other run reports them ``not_measured``)."""
+    opts = report.get("options") or {}
+    target_workload = opts.get("model") == "qwen3-0.6b-shape" and bool(opts.get("lora_rank"))
     goals = []
-    for batch, min_ratio, min_pct in DECODE_TARGETS:
-        observed = ratio(report, "fast", "hf_generate", batch)
-        goals.append(
-            {
-                "name": f"fast / hf_generate tokens/s at batch {batch}",
-                "observed": observed,
-                "target": f">= {min_ratio:g}",
-                "status": "not_measured" if observed is None else ("met" if observed >= min_ratio else "not_met"),
-            }
-        )
+    for batch, max_ms, min_pct in DECODE_TARGETS:
+        fast = _cell(report, "fast", batch) if target_workload else None
+        ms = None if fast is None else float(fast["ms_per_decode_step"])
+        goals.append(_goal(f"fast ms per decode step at batch {batch}", ms, f"<= {max_ms:g}", ms is not None
+                           and ms <= max_ms))  # fmt: skip
         if min_pct is not None:
-            fast = _cell(report, "fast", batch)
-            pct = None if fast is None else float(fast["pct_of_weight_bandwidth_bound"])
-            goals.append(
-                {
-                    "name": f"fast % of the weight-bandwidth bound at batch {batch}",
-                    "observed": pct,
-                    "target": f">= {min_pct:g}",
-                    "status": "not_measured" if pct is None else ("met" if pct >= min_pct else "not_met"),
-                }
-            )
+            pct = None if fast is None else float(fast["pct_of_bandwidth_bound"])
+            goals.append(_goal(f"fast % of the weights+KV bandwidth bound at batch {batch}", pct, f">= {min_pct:g}",
+                               pct is not None and pct >= min_pct))  # fmt: skip
     if report.get("device") != "cuda":
         for goal in goals:  # the targets are H200 targets; a CPU run measures but cannot meet them
             goal["status"] = "not_measured" if goal["observed"] is None else "informational_cpu"
@@ -67,10 +64,11 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
         "",
         f"{opts['new_tokens']} new tokens per row (fixed), {opts['prompt_tokens']}-token prompts, temperature 1. "
         f"Copy bandwidth {report['copy_bandwidth_bytes_per_second'] / 1e12:.3g} TB/s; rollout weights "
-        f"{report['rollout_weight_bytes'] / 1e9:.3g} GB; weight-bandwidth bound "
-        f"{report['weight_bandwidth_bound_ms_per_step']:.3g} ms/step; fold {report['fold_seconds']:.3g} s.",
+        f"{report['rollout_weight_bytes'] / 1e9:.3g} GB (weights alone bound a step at "
+        f"{report['weight_bandwidth_bound_ms_per_step']:.3g} ms; the % column also counts each cell's KV reads); "
+        f"LoRA rank {opts.get('lora_rank', 0)}, folded in each fast call; first fold {report['fold_seconds']:.3g} s.",
         "",
-        "| path | batch | tokens/s | ms / decode step | % of bound | x hf_generate | peak reserved GiB "
+        "| path | batch | tokens/s | ms / decode step | % of weights+KV bound | x hf_generate | peak reserved GiB "
         "| first call s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -81,7 +79,7 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
         versus = ratio(report, c["path"], "hf_generate", c["batch"])
         lines.append(
             f"| {c['path']} | {c['batch']} | {_fmt(c['tokens_per_second'])} | {_fmt(c['ms_per_decode_step'])} | "
-            f"{_fmt(c['pct_of_weight_bandwidth_bound'])} | {_fmt(versus)} | "
+            f"{_fmt(c.get('pct_of_bandwidth_bound'))} | {_fmt(versus)} | "
             f"{_fmt(c['peak_reserved_gib'])} | {_fmt(c['first_call_seconds'])} |"
         )
     comparisons = report.get("comparisons") or []

@@ -11,6 +11,11 @@ ops on the device, CPU self time on CPU) is stored as checksummed JSON.
 
 Writes ``bench.json``, ``bench.md``, ``pareto.svg`` (throughput against peak memory) and
 ``profiler.json`` under ``--out``. The performance goals are evaluated from the measured figures.
+
+``--rows`` picks the 8 trajectories: ``synthetic`` (the default: random tokens whose lengths
+reproduce the seed's padding) or ``oracle-sql`` (the 8 pinned RecoveryBench oracle trajectories,
+see :mod:`miniverl.bench.oracle_workload`). Either way the report and ``bench.md`` give the
+padding that length buckets of 2, 4 and 8 add, beside the seed's (270, 616, 1,636).
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ import torch
 
 from miniverl import progress
 from miniverl.bench.argtypes import non_negative_int, positive_int
+from miniverl.bench.oracle_workload import (
+    ROW_SOURCES,
+    SEED_PADDING,
+    hashed_encoder,
+    oracle_workload,
+    padding_by_batch,
+    padding_note,
+)
 from miniverl.bench.render import evaluate_goals, render_markdown, render_pareto_svg
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file, sha256_json
 from miniverl.gate.models import MODEL_CHOICES, PreparedModel, prepare_model
@@ -64,6 +77,7 @@ class BenchOptions:
     profile_cell: str = "shared_backbone:auto"
     switch_trials: int = 20
     seed: int = 0
+    rows: str = "synthetic"
 
 
 def _sync(device: torch.device) -> None:
@@ -265,6 +279,36 @@ def measure_cell(
         release_device_memory(device)
 
 
+def bench_workload(opts: BenchOptions, prepared: PreparedModel) -> tuple[Workload, str]:
+    """The 8 trajectories ``opts.rows`` names, and how their tokens were made."""
+    if opts.rows == "synthetic":
+        work = synthetic_workload(prepared.vocab_size, trajectories=opts.trajectories, scale=prepared.workload_scale)
+        return work, "random ids"
+    if opts.rows != "oracle-sql":
+        raise ValueError(f"unknown rows {opts.rows!r}; choose one of {', '.join(ROW_SOURCES)}")
+    if opts.trajectories != 8:
+        raise ValueError("--rows oracle-sql is the 8 oracle trajectories; leave --trajectories at 8")
+    if prepared.name == "smollm2":
+        return oracle_workload(_smollm2_encoder(prepared)), "the SmolLM2 tokenizer (plain text, no chat template)"
+    return oracle_workload(hashed_encoder(prepared.vocab_size)), "pre-tokenizer pieces hashed into the vocab"
+
+
+def _smollm2_encoder(prepared: PreparedModel) -> Any:
+    from miniverl.config.schema import ModelSpec
+    from miniverl.models.loading import load_tokenizer
+    from miniverl.models.sources import resolve
+
+    resolved = resolve(ModelSpec.model_validate(prepared.student))
+    if resolved.path is None or not resolved.path.is_dir():
+        raise ValueError("the SmolLM2 tokenizer is not cached; run `miniverl models fetch smollm2-135m-instruct`")
+    tokenizer = load_tokenizer(resolved.path)
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return encode
+
+
 def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[str, Any]:
     """Run the matrix and write ``bench.json``, ``bench.md``, ``pareto.svg`` and ``profiler.json``."""
     if opts.model not in MODEL_CHOICES:
@@ -276,7 +320,7 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
     with tempfile.TemporaryDirectory(prefix="miniverl-bench-") as work_dir:
         progress.phase("load", f"{opts.model} on {device}")
         prepared = prepare_model(opts.model, work_dir)
-        work = synthetic_workload(prepared.vocab_size, trajectories=opts.trajectories, scale=prepared.workload_scale)
+        work, tokens = bench_workload(opts, prepared)
         try:
             progress.task("bench runtime", len(BATCHES) * len(RUNTIMES), "cells")
             for batch in BATCHES:
@@ -306,6 +350,10 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
             "lengths": work.lengths,
             "digest": work.digest(),
             "selected_positions": sum(work.rows.selected_counts),
+            "source": opts.rows,
+            "tokens": tokens,
+            "padding": padding_by_batch(work.lengths),
+            "seed_padding": SEED_PADDING,
         },
         "objective": "strict OPD, exact reverse KL, one update (teacher scoring + student fwd/bwd + AdamW)",
         "cells": cells,
@@ -321,7 +369,8 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
         artifacts["profiler.json"] = sha256_file(out_dir / "profiler.json")
         report["profiler_summary_sha256"] = profiler["sha256"]
     atomic_write_text(out_dir / "pareto.svg", render_pareto_svg(report))
-    atomic_write_text(out_dir / "bench.md", render_markdown(report))
+    note = padding_note(opts.rows, work.lengths, tokens)
+    atomic_write_text(out_dir / "bench.md", render_markdown(report).rstrip("\n") + "\n\n" + note)
     artifacts["pareto.svg"] = sha256_file(out_dir / "pareto.svg")
     artifacts["bench.md"] = sha256_file(out_dir / "bench.md")
     report["artifacts"] = artifacts
@@ -348,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-auto-calibrate", action="store_true", help="auto uses the device default cost model, not the fitted one"
     )
     parser.add_argument("--profile-cell", default="shared_backbone:auto")
+    parser.add_argument("--rows", choices=ROW_SOURCES, default="synthetic", help="which 8 trajectories")
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
     opts = BenchOptions(
@@ -364,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         auto_max_tokens=args.auto_max_tokens,
         auto_calibrate=not args.no_auto_calibrate,
         profile_cell=args.profile_cell,
+        rows=args.rows,
     )
     report = run_runtime_bench(opts, args.out)
     sys.stdout.write(render_markdown(report))

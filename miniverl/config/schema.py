@@ -247,6 +247,17 @@ class RewardTerm(Strict):
 
 
 class GrpoSection(Strict):
+    """GRPO's loss and its passes over one rollout (verl's ``ppo_epochs`` and ``ppo_mini_batch_size``).
+
+    ``ppo_epochs`` passes over the cycle's trajectories, each split into ``mini_batches`` mini-batches of
+    whole prompt groups (verl's ``train_batch_size / ppo_mini_batch_size``), one optimizer step each; the
+    old log-probs are computed once before the first pass, so later steps see a ratio != 1 and the clip
+    acts. ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch.
+    """
+
+    ppo_epochs: Annotated[int, Field(ge=1)] = 1
+    mini_batches: Annotated[int, Field(ge=1)] = 1
+    shuffle_mini_batches: bool = True
     clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     clip_high: Annotated[float, Field(ge=0)] = 0.2
     norm_by_std: bool = True
@@ -263,10 +274,11 @@ class GrpoSection(Strict):
 class PpoSection(Strict):
     """PPO with a critic (token-level values, GAE, clipped policy and value losses).
 
-    Unlike GRPO and OPD, PPO reuses one rollout for ``ppo_epochs x mini_batches`` actor updates and as
-    many critic updates: the strict one-update-per-cycle on-policy rule does not apply to PPO (the
-    importance ratio against the rollout policy and its clip keep those updates proximal).
-    ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch.
+    Like GRPO's ``ppo_epochs``/``mini_batches`` (and unlike OPD), PPO reuses one rollout for
+    ``ppo_epochs x mini_batches`` actor updates: the one-update-per-cycle on-policy rule does not apply
+    (the importance ratio against the rollout policy and its clip keep those updates proximal).
+    ``train.gradient_accumulation_steps`` is the trajectories of one mini-batch. The critic makes its own
+    ``critic_ppo_epochs x critic_mini_batches`` steps (``None``: the actor's values, as verl defaults them).
     """
 
     gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
@@ -278,6 +290,8 @@ class PpoSection(Strict):
     value_clip: Annotated[float, Field(gt=0)] = 0.5
     whiten_advantages: bool = True
     shuffle_mini_batches: bool = True
+    critic_ppo_epochs: Annotated[int, Field(ge=1)] | None = None
+    critic_mini_batches: Annotated[int, Field(ge=1)] | None = None
     critic_learning_rate: Annotated[float, Field(gt=0)] = 1e-4
     critic_max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     critic_head_seed: int = 0
@@ -288,6 +302,16 @@ class PpoSection(Strict):
         description="'reward': kl_coef x per-token KL subtracted from the token rewards before GAE; "
         "'loss': kl_coef x KL token mean added to the actor loss",
     )
+
+    @property
+    def critic_epoch_count(self) -> int:
+        """The critic's passes per cycle: ``critic_ppo_epochs``, or the actor's ``ppo_epochs``."""
+        return self.ppo_epochs if self.critic_ppo_epochs is None else self.critic_ppo_epochs
+
+    @property
+    def critic_mini_batch_count(self) -> int:
+        """The critic's mini-batches per pass: ``critic_mini_batches``, or the actor's ``mini_batches``."""
+        return self.mini_batches if self.critic_mini_batches is None else self.critic_mini_batches
 
 
 class DistillSection(Strict):
@@ -378,6 +402,8 @@ class MiniverlConfig(Strict):
         per_cycle = self.trajectories_per_cycle
         if self.algorithm.name == "ppo":
             _check_ppo(self)
+        elif self.algorithm.name == "grpo":
+            _check_grpo_mini_batches(self)
         elif self.train.gradient_accumulation_steps is None:
             self.train.gradient_accumulation_steps = per_cycle
         elif self.train.gradient_accumulation_steps != per_cycle:
@@ -422,6 +448,24 @@ class MiniverlConfig(Strict):
         return self
 
 
+def _check_grpo_mini_batches(config: MiniverlConfig) -> None:
+    grpo, prompts = config.algorithm.grpo, config.rollout.prompts_per_cycle
+    if prompts % grpo.mini_batches:
+        raise ValueError(
+            f"algorithm.grpo.mini_batches ({grpo.mini_batches}) must divide rollout.prompts_per_cycle ({prompts}): "
+            "a GRPO mini-batch is whole prompt groups (verl's ppo_mini_batch_size counts prompts)"
+        )
+    per_mini = config.trajectories_per_cycle // grpo.mini_batches
+    if config.train.gradient_accumulation_steps is None:
+        config.train.gradient_accumulation_steps = per_mini
+    elif config.train.gradient_accumulation_steps != per_mini:
+        raise ValueError(
+            f"train.gradient_accumulation_steps must equal the trajectories of one GRPO mini-batch ({per_mini} = "
+            f"rollout.prompts_per_cycle x rollout.samples_per_prompt / algorithm.grpo.mini_batches "
+            f"{grpo.mini_batches}): each mini-batch is one optimizer step on fresh trajectories"
+        )
+
+
 def _check_ppo(config: MiniverlConfig) -> None:
     ppo = config.algorithm.ppo
     per_cycle = config.trajectories_per_cycle
@@ -437,6 +481,11 @@ def _check_ppo(config: MiniverlConfig) -> None:
         raise ValueError(
             f"train.gradient_accumulation_steps must equal the trajectories of one PPO mini-batch ({per_mini} = "
             f"{per_cycle} per cycle / algorithm.ppo.mini_batches {ppo.mini_batches})"
+        )
+    if per_cycle % ppo.critic_mini_batch_count:
+        raise ValueError(
+            f"algorithm.ppo.critic_mini_batches ({ppo.critic_mini_batch_count}) must divide the trajectories per "
+            f"cycle ({per_cycle} = rollout.prompts_per_cycle x rollout.samples_per_prompt)"
         )
     if ppo.kl_coef > 0 and config.models.reference is None:
         raise ValueError("algorithm.ppo.kl_coef > 0 needs models.reference")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miniverl.data.prompts import write_prompts
+from miniverl.data.sqlite_recovery import generate_sqlite_recovery
 from miniverl.errors import UsageError
 from miniverl.rewards.calculator import generate_calculator_problems
 from miniverl.rewards.formatting import generate_formatting_prompts
@@ -15,10 +16,15 @@ from miniverl.rewards.formatting import generate_formatting_prompts
 TASKS: dict[str, Callable[[int, int], list[dict[str, str]]]] = {
     "calculator": generate_calculator_problems,
     "formatting": generate_formatting_prompts,
+    "sqlite_recovery": generate_sqlite_recovery,
 }
 
 #: the reward each task is meant to be scored with (a default, not a constraint)
-DEFAULT_REWARDS: dict[str, str] = {"calculator": "calculator_exact", "formatting": "target_length"}
+DEFAULT_REWARDS: dict[str, str] = {
+    "calculator": "calculator_exact",
+    "formatting": "target_length",
+    "sqlite_recovery": "sql_result_match",
+}
 
 
 def sample_dataset(task: str, rows: int, seed: int, out: str | os.PathLike[str]) -> dict[str, Any]:

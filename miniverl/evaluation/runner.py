@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miniverl import bounded
 from miniverl.config.schema import MiniverlConfig
 from miniverl.errors import UsageError
 from miniverl.evaluation.scoring import Decoding, Summary, difference, generate, summarize
@@ -79,17 +80,30 @@ def resolve_source(source: Path, config_path: Path | None, step: int | None) -> 
         _check_lora(source, config)
         from safetensors.torch import load_file
 
-        return Source("adapter", config, digest, models, load_file(source / "adapter_model.safetensors"), None)
+        weights = source / "adapter_model.safetensors"
+        bounded.check_regular(weights, limit=bounded.WEIGHTS_MAX_BYTES, what="an adapter's weights")
+        return Source("adapter", config, digest, models, load_file(weights), None)
     raise UsageError(f"{source} is neither a run directory (run.json) nor a PEFT adapter directory")
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from an adapter directory, read bounded: one line (exit 2) for anything else."""
+    try:
+        value = bounded.read_json(path, limit=bounded.MODEL_CONFIG_MAX_BYTES, what=what)
+    except ValueError as exc:  # not UTF-8, malformed, duplicate keys
+        raise UsageError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{path} is not a JSON object")
+    return value
 
 
 def _check_provenance(adapter: Path, plan_digest: str | None) -> None:
     manifest = adapter / EXPORT_MANIFEST
     if plan_digest is None or not manifest.is_file():
         return
-    from miniverl.config.strict import loads_json
-
-    made_by = loads_json(manifest.read_text(encoding="utf-8")).get("adapter_provenance", {}).get("plan_digest")
+    exported = _json_object(manifest, "an export manifest")
+    provenance = exported.get("adapter_provenance")
+    made_by = provenance.get("plan_digest") if isinstance(provenance, dict) else None
     if made_by is not None and made_by != plan_digest:
         raise UsageError(
             f"{adapter} was exported from plan {str(made_by)[:16]}, not the --config plan {plan_digest[:16]}; "
@@ -98,9 +112,7 @@ def _check_provenance(adapter: Path, plan_digest: str | None) -> None:
 
 
 def _check_lora(adapter: Path, config: MiniverlConfig) -> None:
-    from miniverl.config.strict import loads_json
-
-    saved = loads_json((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    saved = _json_object(adapter / "adapter_config.json", "an adapter config")
     lora = config.models.student.lora
     if lora is None or not lora.enabled:
         raise UsageError("--config has no student LoRA (models.student.lora), so it cannot host this adapter")
@@ -289,4 +301,6 @@ def render_table(result: dict[str, Any]) -> str:
     ]
     for mode, label, b, t, d in table:
         lines.append(f"{mode:<8} {label:<{width}} {cell(b)} {cell(t)} {cell(d, True)}")
+    if result.get("written"):
+        lines.append(f"kept in {result['written']} (`miniverl report` shows it)")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ EXAMPLES: dict[str, str] = {
     "grpo": "GRPO with calculator + length rewards on the embedded SmolLM2 (learns on CPU)",
     "opd": "strict on-policy distillation from a privileged-context teacher (the same base seeing the worked answer)",
     "ppo": "PPO with a critic (second LoRA + value head), GAE, rule rewards and a tiny reward-model role",
+    "sql": "GRPO on SQLite RecoveryBench: fix a failed query; sql_result_match runs it in a read-only sandbox",
 }
 FILES = ("config.yaml", "prompts.parquet")
 

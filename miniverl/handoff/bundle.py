@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from miniverl import __version__, progress
+from miniverl import __version__, bounded, progress
 from miniverl.canonical import (
     atomic_write_bytes,
     atomic_write_text,
@@ -271,7 +271,9 @@ def critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, A
     resolved = resolve(student, fetch=False)
     model_config = dict(resolved.config) if resolved.config is not None else None
     if model_config is None and student.path is not None and (Path(student.path) / "config.json").is_file():
-        model_config = json.loads((Path(student.path) / "config.json").read_text(encoding="utf-8"))
+        model_config = bounded.read_json(
+            Path(student.path) / "config.json", limit=bounded.MODEL_CONFIG_MAX_BYTES, what="a model config"
+        )
     if model_config is None:
         raise UsageError(f"no config.json known for {resolved.label}: the critic's value head cannot be sized")
     require_trained_head(ir, model_config)
@@ -322,7 +324,7 @@ def _write_adapter(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     config_path = target / "adapter_config.json"
-    adapter_config = json.loads(config_path.read_text(encoding="utf-8"))
+    adapter_config = bounded.read_json(config_path, limit=bounded.MODEL_CONFIG_MAX_BYTES, what="an adapter config")
     adapter_config["base_model_name_or_path"] = base_name
     atomic_write_text(config_path, json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
     reload = result["reload"]

@@ -10,6 +10,7 @@ PPO plans go to compiler ``-v2`` (:mod:`miniverl.handoff.compiler_v2`); ``-v4`` 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from miniverl.canonical import sha256_json
@@ -87,6 +88,9 @@ def compile_v1(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool 
         clip_ratio_low=grpo.clip_low,
         clip_ratio_high=grpo.clip_high,
         norm_adv_by_std=grpo.norm_by_std,
+        ppo_epochs=grpo.ppo_epochs,
+        mini_batch_prompts=config.rollout.prompts_per_cycle // grpo.mini_batches,
+        shuffle_mini_batches=grpo.shuffle_mini_batches,
         **_grpo_kl(config),
     )
     return build_ir(plan, config, COMPILER_V1, algorithm, start_adapter=start_adapter)
@@ -104,10 +108,11 @@ def build_ir(
     models, rollout, train = config.models, config.rollout, config.train
     lora = models.student.lora
     assert lora is not None  # ModelsSection fills it in
-    # verl splits each mini-batch (the whole step for GRPO) evenly into micro-batches
-    span = config.trajectories_per_cycle
+    # verl splits each mini-batch (the actor's, and the critic's) evenly into micro-batches
+    span_prompts = algorithm.mini_batch_prompts
     if isinstance(algorithm, PpoIR):
-        span = algorithm.mini_batch_prompts * rollout.samples_per_prompt
+        span_prompts = math.gcd(span_prompts, algorithm.critic.mini_batch_prompts)
+    span = span_prompts * rollout.samples_per_prompt
     wanted = span if train.trajectory_batch_size == "auto" else min(int(train.trajectory_batch_size), span)
     micro = max(d for d in range(1, wanted + 1) if span % d == 0)
     terms = tuple(

@@ -50,6 +50,12 @@ def refusals(config: MiniverlConfig) -> None:
             f"{config.rollout.prompts_per_cycle} prompts per cycle, {ppo.mini_batches} mini-batches",
             compiler=COMPILER_V2,
         )
+    if config.rollout.prompts_per_cycle % ppo.critic_mini_batch_count:
+        raise refuse(
+            "critic_mini_batch_splits_groups",
+            f"{config.rollout.prompts_per_cycle} prompts per cycle, {ppo.critic_mini_batch_count} critic mini-batches",
+            compiler=COMPILER_V2,
+        )
     if ppo.critic_max_grad_norm is None:
         raise refuse("no_critic_grad_clip", compiler=COMPILER_V2)
     kl_refusals(config, ppo, COMPILER_V2)
@@ -78,6 +84,8 @@ def ppo_ir(plan: PlanRecord, config: MiniverlConfig, *, start_adapter: bool = Fa
             clip_grad=ppo.critic_max_grad_norm,
             start="run_checkpoint" if start_adapter else "seeded_head",
             head_seed=ppo.critic_head_seed,
+            ppo_epochs=ppo.critic_epoch_count,
+            mini_batch_prompts=config.rollout.prompts_per_cycle // ppo.critic_mini_batch_count,
         ),
         **kl_fields(ppo),
     )

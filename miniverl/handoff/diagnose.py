@@ -214,10 +214,11 @@ def _overlay_applied(yaml_path: Path, composed: Any) -> dict[str, Any]:
 
 def _overlay_mismatches(yaml_path: Path, composed: Any) -> list[str]:
     """Keys of the bundle's YAML whose composed value differs (verl defaults must not win)."""
-    import yaml
-    from omegaconf import OmegaConf
+    from miniverl import bounded
 
-    overlay = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
+    overlay = bounded.read_yaml(yaml_path, limit=bounded.CONFIG_MAX_BYTES, what="a bundle's verl YAML")
+    from omegaconf import OmegaConf  # verl's environment has it; the read above needs nothing of it
+
     resolved = OmegaConf.to_container(composed, resolve=False)
     located = {"data.train_files", "data.val_files", "reward.custom_reward_function.path", "trainer.default_local_dir"}
     located |= {"actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_adapter_path"}
@@ -284,11 +285,21 @@ def _dry_launch(root: Path, config: Any) -> dict[str, Any]:
     return {"entry": "python -m verl.trainer.main_ppo", "composed": True, "checked": sorted(expected)}
 
 
+def _adapter_config(adapter_dir: Path) -> Any:
+    """A bundle's ``adapter_config.json``, read bounded (a FIFO or /dev/zero there blocks nothing)."""
+    from miniverl import bounded
+
+    found = bounded.read_json(
+        adapter_dir / "adapter_config.json", limit=bounded.MODEL_CONFIG_MAX_BYTES, what="an adapter config"
+    )
+    if not isinstance(found, dict):
+        raise ValueError(f"{adapter_dir / 'adapter_config.json'} is not a JSON object")
+    return found
+
+
 def _check_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
     """verl loads the start adapter with its own adapter_config.json: it must agree with the YAML's LoRA."""
-    import json
-
-    found = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    found = _adapter_config(adapter_dir)
     if config is None:
         raise ValueError("the config did not compose; the adapter cannot be compared")
     model = config.actor_rollout_ref.model
@@ -314,13 +325,12 @@ def _check_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
 def _check_critic_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
     """verl loads the critic with this adapter's own config: TOKEN_CLS (the value head trained as
     ``modules_to_save``), and the same LoRA as the YAML's ``critic.model``."""
-    import json
-
     from safetensors import safe_open
 
+    from miniverl import bounded
     from miniverl.handoff.critic_adapter import HEAD, SCORE_KEYS
 
-    found = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    found = _adapter_config(adapter_dir)
     if config is None:
         raise ValueError("the config did not compose; the critic adapter cannot be compared")
     if found.get("task_type") != "TOKEN_CLS" or HEAD not in (found.get("modules_to_save") or []):
@@ -335,7 +345,9 @@ def _check_critic_adapter(adapter_dir: Path, config: Any) -> dict[str, Any]:
     have["target_modules"] = sorted(found.get("target_modules") or [])
     if have != want:
         raise ValueError(f"critic adapter_config.json {have} differs from critic.model {want}")
-    with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as handle:
+    weights = adapter_dir / "adapter_model.safetensors"
+    bounded.check_regular(weights, limit=bounded.WEIGHTS_MAX_BYTES, what="an adapter's weights")
+    with safe_open(str(weights), framework="pt") as handle:
         keys = set(handle.keys())
         if not set(SCORE_KEYS) <= keys:
             raise ValueError(f"critic adapter lacks the value head tensors {list(SCORE_KEYS)}")
@@ -386,6 +398,9 @@ def _reward_probe(root: Path, model_dir: Path, row: dict[str, Any]) -> float:
 
 
 def _check_reward(path: Path) -> dict[str, Any]:
+    from miniverl import bounded
+
+    bounded.check_regular(path, limit=bounded.CONFIG_MAX_BYTES, what="a bundle's reward function")
     spec = importlib.util.spec_from_file_location("miniverl_bundle_reward_fn", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path.name}")
@@ -413,6 +428,9 @@ def _check_reward(path: Path) -> dict[str, Any]:
 def _check_dataset(path: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
+    from miniverl import bounded
+
+    bounded.check_regular(path, limit=bounded.PARQUET_MAX_BYTES, what="a bundle's dataset")
     schema = pq.read_schema(path)
     if tuple(schema.names) != VERL_COLUMNS:
         raise ValueError(f"columns {schema.names}, expected {list(VERL_COLUMNS)}")

@@ -37,8 +37,6 @@ def model_path(ir: ExperimentIR) -> str:
 def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
     """The verl config overlay as plain data (dict key order is the YAML's order)."""
     algo = ir.algorithm
-    mini_batch = algo.mini_batch_prompts if isinstance(algo, PpoIR) else ir.rollout.prompts_per_step
-    shuffle = algo.shuffle_mini_batches if isinstance(algo, PpoIR) else False
     precision = PRECISION[ir.model.dtype]
     micro = ir.rollout.micro_batch_per_gpu
     fsdp = {"model_dtype": precision, "dtype": ROLLOUT_DTYPE[ir.model.dtype]}
@@ -72,10 +70,10 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
             "model": model,
             "actor": {
                 "strategy": "fsdp",
-                "ppo_mini_batch_size": mini_batch,
+                "ppo_mini_batch_size": algo.mini_batch_prompts,
                 "ppo_micro_batch_size_per_gpu": micro,
                 "ppo_epochs": algo.ppo_epochs,
-                "shuffle": shuffle,
+                "shuffle": algo.shuffle_mini_batches,
                 "data_loader_seed": ir.schedule.seed,
                 "clip_ratio": algo.clip_ratio_low,
                 "clip_ratio_low": algo.clip_ratio_low,
@@ -150,10 +148,10 @@ def _critic_section(ir: ExperimentIR, algo: PpoIR, fsdp: dict[str, str]) -> dict
             "lora_adapter_path": critic.adapter_dir,
             "enable_gradient_checkpointing": ir.model.gradient_checkpointing,
         },
-        "ppo_mini_batch_size": algo.mini_batch_prompts,
+        "ppo_mini_batch_size": critic.mini_batch_prompts,
         "ppo_micro_batch_size_per_gpu": micro,
         "forward_micro_batch_size_per_gpu": micro,
-        "ppo_epochs": algo.ppo_epochs,
+        "ppo_epochs": critic.ppo_epochs,
         "shuffle": algo.shuffle_mini_batches,
         "data_loader_seed": ir.schedule.seed,
         "cliprange_value": algo.cliprange_value,

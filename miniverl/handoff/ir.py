@@ -124,8 +124,9 @@ class GrpoIR(IRModel):
     clip_ratio_high: float
     norm_adv_by_std: bool
     loss_agg_mode: Literal["token-mean"] = "token-mean"
-    ppo_epochs: Literal[1] = 1
-    mini_batches_per_step: Literal[1] = 1
+    ppo_epochs: Annotated[int, Field(ge=1)]
+    mini_batch_prompts: Annotated[int, Field(ge=1)]
+    shuffle_mini_batches: bool
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: KlType = "low_var_kl"
@@ -155,6 +156,8 @@ class CriticIR(IRModel):
     adapter_dir: Literal["critic_adapter"] = "critic_adapter"
     start: Literal["seeded_head", "run_checkpoint"] = "seeded_head"
     head_seed: int = 0
+    ppo_epochs: Annotated[int, Field(ge=1)]
+    mini_batch_prompts: Annotated[int, Field(ge=1)]
 
 
 class PpoIR(IRModel):

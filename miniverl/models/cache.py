@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from miniverl import bounded
 from miniverl.canonical import atomic_write_json, fsync_tree, tree_digest
 
 RECORD_NAME = "miniverl-model.json"
@@ -83,9 +84,14 @@ def _ordinary_permissions(root: Path) -> None:
 def read_record(directory: Path) -> CachedModelRecord:
     path = directory / RECORD_NAME
     try:
-        return CachedModelRecord.model_validate_json(path.read_bytes())
+        raw = bounded.read_bytes(path, limit=bounded.PLAN_MAX_BYTES, what="a model cache record", nofollow=True)
+        return CachedModelRecord.model_validate_json(raw)
     except FileNotFoundError:
         raise CacheMismatch(f"{RECORD_NAME} is missing") from None
+    except IsADirectoryError:
+        raise CacheMismatch(f"{RECORD_NAME} is a directory") from None
+    except bounded.InputBoundError as exc:  # a FIFO, a device, a symlink, an oversized file: never read
+        raise CacheMismatch(str(exc)) from None
     except ValidationError as exc:
         raise CacheMismatch(f"{RECORD_NAME} is invalid ({exc.error_count()} errors)") from None
 
@@ -111,6 +117,13 @@ def verify_cached_dir(directory: Path, *, expect: dict[str, object]) -> CachedMo
         extra = sorted(set(present) - set(record.files))
         missing = sorted(set(record.files) - set(present))
         raise CacheMismatch(f"files differ from the record (unlisted: {extra}, missing: {missing})")
+    for name in sorted(record.files):  # hashed below: a symlink to a FIFO or a device must not be opened
+        try:
+            bounded.check_regular(
+                directory / name, limit=bounded.WEIGHTS_MAX_BYTES, what="a cached file", nofollow=True
+            )
+        except bounded.InputBoundError as exc:
+            raise CacheMismatch(str(exc)) from None
     for name, digest in tree_digest(directory, record.files).items():
         if digest != record.files[name]:
             raise CacheMismatch(f"{name} does not match its recorded sha256")

@@ -1,6 +1,6 @@
 """Rewards and verifiers: ``fn(prompt, response, **meta) -> float``, a registry, plug-ins, weighted sums."""
 
-from miniverl.rewards import calculator, formatting
+from miniverl.rewards import calculator, formatting, sql
 from miniverl.rewards.base import (
     CompositeReward,
     RewardFn,
@@ -14,6 +14,7 @@ from miniverl.rewards.base import (
 )
 from miniverl.rewards.calculator import calculator_exact, extract_final_integer, generate_calculator_problems
 from miniverl.rewards.formatting import generate_formatting_prompts, target_length
+from miniverl.rewards.sql import sql_result_match
 
 __all__ = [
     "CompositeReward",
@@ -31,5 +32,7 @@ __all__ = [
     "register_reward",
     "resolve_reward",
     "reward_meta",
+    "sql",
+    "sql_result_match",
     "target_length",
 ]

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from miniverl import bounded
 from miniverl.canonical import sha256_file, sha256_json
 from miniverl.config.schema import AdapterSpec, LoraConfig, ModelSpec
-from miniverl.config.strict import loads_json
 from miniverl.errors import ModelSourceError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -89,7 +89,9 @@ def resolve_adapter(spec: AdapterSpec) -> ResolvedAdapter:
 
     directory, identity = resolve_adapter_source(spec)
     try:
-        adapter_config = loads_json((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        adapter_config = bounded.read_json(
+            directory / ADAPTER_CONFIG, limit=bounded.MODEL_CONFIG_MAX_BYTES, what="an adapter config"
+        )
     except ValueError as exc:
         raise ModelSourceError(f"adapter {ADAPTER_CONFIG} is refused: {exc}") from None
     adapter_config.pop("base_model_name_or_path", None)  # may be a local path

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from miniverl import bounded
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, sha256_json, temp_dir_beside
 from miniverl.config.strict import loads_json
 from miniverl.errors import DataError
@@ -113,7 +114,9 @@ def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise TeacherCacheError(f"no teacher cache at {directory} ({INDEX} missing); build it first")
     try:
-        index: dict[str, Any] = loads_json(path.read_text(encoding="utf-8"))
+        index: dict[str, Any] = loads_json(
+            bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="a teacher cache index")
+        )
     except ValueError as exc:  # malformed, duplicate keys, non-finite, not UTF-8
         raise TeacherCacheError(f"teacher cache index {path} is not valid JSON ({exc}); rebuild the cache") from None
     claimed = index.pop("index_sha256", None)

@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
-from miniverl.config.strict import loads_json
 from miniverl.errors import CheckpointError
 from miniverl.records import CheckpointFile, CheckpointRecord
 from miniverl.training.checkpoint_files import (
@@ -26,9 +25,24 @@ from miniverl.training.checkpoint_files import (
     RECORD,
     RNG,
     STATE,
+    STATE_MAX_BYTES,
     STUDENT_PARAMS,
+    as_os_error,
+    list_checkpoints,
+    read_checkpoint_json,
     step_dir_name,
 )
+
+
+def _write(path: Path, write: Any) -> None:
+    """``write()`` (a safetensors or PEFT save into ``path``), its I/O errors raised as OSError."""
+    try:
+        write()
+    except Exception as exc:
+        error = as_os_error(exc, path)
+        if error is None:
+            raise
+        raise error from None
 
 
 @dataclass
@@ -112,6 +126,7 @@ def write_checkpoint(
     ``extra_tensors`` (file name -> tensors) and ``extra_dirs`` (directory name -> writer) carry an
     algorithm's own state, e.g. PPO's critic parameters, its optimizer and its exported adapter.
     """
+    list_checkpoints(checkpoints_root)  # refuses a symlinked root or step directory: writes stay in the run
     final = checkpoints_root / step_dir_name(state.step)
     if final.exists():
         raise CheckpointError(f"checkpoint {final.name} already exists")
@@ -119,11 +134,12 @@ def write_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in student_params.items()}, tmp / STUDENT_PARAMS)
+        params = {k: v.detach().cpu().contiguous() for k, v in student_params.items()}
+        _write(tmp / STUDENT_PARAMS, lambda: save_file(params, tmp / STUDENT_PARAMS))
         opt_tensors, opt_meta = optimizer_to_tensors(optimizer)
-        save_file(opt_tensors, tmp / OPTIMIZER)
+        _write(tmp / OPTIMIZER, lambda: save_file(opt_tensors, tmp / OPTIMIZER))
         rng_tensors, rng_json = capture_rng()
-        save_file(rng_tensors, tmp / RNG)
+        _write(tmp / RNG, lambda: save_file(rng_tensors, tmp / RNG))
         atomic_write_json(
             tmp / STATE,
             {
@@ -132,11 +148,12 @@ def write_checkpoint(
                 "extra": state.extra,
             },
         )
-        save_adapter(str(tmp / ADAPTER_DIR))
+        _write(tmp / ADAPTER_DIR, lambda: save_adapter(str(tmp / ADAPTER_DIR)))
         for file_name, tensors in (extra_tensors or {}).items():
-            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp / file_name)
+            extra = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+            _write(tmp / file_name, lambda: save_file(extra, tmp / file_name))  # noqa: B023 (called at once)
         for dir_name, writer in (extra_dirs or {}).items():
-            writer(str(tmp / dir_name))
+            _write(tmp / dir_name, lambda: writer(str(tmp / dir_name)))  # noqa: B023 (called at once)
         files = {
             p.relative_to(tmp).as_posix(): CheckpointFile(sha256=sha256_file(p), bytes=p.stat().st_size)
             for p in sorted(tmp.rglob("*"))
@@ -165,7 +182,8 @@ def write_checkpoint(
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """Student params, optimizer tensors and state.json of a verified checkpoint (RNG restored separately)."""
-    state = loads_json((directory / STATE).read_text(encoding="utf-8"))  # verified by its sha256 first
+    # verified by its sha256 first; read bounded all the same (a verified file is still size-capped)
+    state: Any = read_checkpoint_json(directory / STATE, limit=STATE_MAX_BYTES, what="a checkpoint state")
     return load_file(directory / STUDENT_PARAMS), load_file(directory / OPTIMIZER), state
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from miniverl import __version__
+from miniverl import __version__, bounded
 from miniverl import progress as progress_log
 from miniverl.artifacts import runlock
 from miniverl.artifacts.rundir import another_plan, clear_run_outputs, read_plan
@@ -210,7 +210,7 @@ def check_run_records(run_dir: Path, plan: PlanRecord, plan_path: Path) -> None:
                 f"resume with --plan {current} if it is this run's own plan"
             )
     else:
-        atomic_write_bytes(current, plan_path.read_bytes())
+        atomic_write_bytes(current, bounded.read_bytes(plan_path, limit=bounded.PLAN_MAX_BYTES, what="a plan"))
         progress_log.phase("restore", f"{current} from --plan {plan_path} (plan {plan.plan_digest[:16]})")
     manifest_path = run_dir / "run.json"
     if manifest_path.is_symlink() or (manifest_path.exists() and not manifest_path.is_file()):
@@ -292,7 +292,8 @@ def _read_extension(run_dir: Path) -> ExtensionTarget | None:
     try:
         if path.is_symlink() or not path.is_file():
             raise ValueError("not a regular file")
-        return ExtensionTarget.model_validate(loads_json(path.read_text(encoding="utf-8")))
+        text = bounded.read_text(path, limit=bounded.PLAN_MAX_BYTES, what="an extension target", nofollow=True)
+        return ExtensionTarget.model_validate(loads_json(text))
     except (ValueError, ValidationError, UnicodeDecodeError):
         raise UsageError(f"{path} is unreadable; it records an unfinished --extend: restore it or remove it") from None
 
@@ -357,7 +358,7 @@ def _extend_run(plan_path: Path, run_dir: Path, added: int) -> Path:
     kept = run_dir / PLANS_DIR / f"{current.plan_digest}.json"
     if not kept.is_file():
         kept.parent.mkdir(exist_ok=True)
-        atomic_write_bytes(kept, current_path.read_bytes())
+        atomic_write_bytes(kept, bounded.read_bytes(current_path, limit=bounded.PLAN_MAX_BYTES, what="a plan"))
     atomic_write_json(current_path, extended.model_dump(mode="json"), pretty=True)
     progress_log.phase("extend", f"plan {current.plan_digest[:16]} + {added} cycle(s) -> {extended.plan_digest[:16]}")
     return current_path
@@ -426,7 +427,9 @@ def _train(
         try:
             stop.check()
             if fresh:
-                atomic_write_bytes(run_dir / "plan.json", plan_path.read_bytes())
+                atomic_write_bytes(
+                    run_dir / "plan.json", bounded.read_bytes(plan_path, limit=bounded.PLAN_MAX_BYTES, what="a plan")
+                )
             if fresh or not (run_dir / "run.json").is_file():  # a resume rebuilds a deleted run.json
                 root = _root_plan(plan, run_dir)
                 manifest = RunManifest(

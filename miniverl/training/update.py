@@ -8,6 +8,7 @@ group (so batching never changes the math).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,9 @@ class UpdateStats:
     kl: float | None
     tokens: int
     entropy: float | None = None  # token-mean policy entropy over the update's response tokens
+    #: against given old log-probs (a later pass or mini-batch): the clipped token fraction and verl's k1 ppo_kl
+    clip_fraction: float | None = None
+    ppo_kl: float | None = None
 
 
 def physical_batches(
@@ -53,6 +57,25 @@ def physical_batches(
     """The student's physical batches (the runtime's own length bucketing and ``auto`` policy)."""
     with runtime.use("student") as student:
         return student.plan(rows_of(sequences, teacher=False), batch_size)
+
+
+def pass_order_seed(kind: str, run_seed: int, step: int, epoch: int) -> int:
+    """The seed of one pass's mini-batch order: a function of (run seed, update, epoch) only, so a
+    resumed run replays the same order (``kind`` keeps the algorithms' streams apart)."""
+    digest = hashlib.sha256(f"{kind}-minibatch:{run_seed}:{step}:{epoch}".encode()).hexdigest()
+    return int(digest[:15], 16)
+
+
+def mini_batches(units: Sequence[Sequence[int]], count: int, seed: int, *, shuffle: bool) -> list[list[int]]:
+    """``units`` (trajectory indices that stay together: one trajectory, or one prompt group) split
+    into ``count`` mini-batches of equally many units, in an order permuted from ``seed`` when
+    ``shuffle`` (verl's ``ppo_mini_batch_size`` splits its step the same way, in prompts)."""
+    if count < 1 or len(units) % count:
+        raise ValueError(f"{len(units)} units cannot make {count} equal mini-batches")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(units), generator=generator).tolist() if shuffle else list(range(len(units)))
+    per_mini = len(units) // count
+    return [[i for u in order[k : k + per_mini] for i in units[u]] for k in range(0, len(units), per_mini)]
 
 
 def rows_of(sequences: Sequence[UpdateSequence], teacher: bool) -> SequenceRows:

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,134 @@ def test_eval_every_needs_eval_path(trained: Path) -> None:
     finally:
         os.chdir(before)
     assert code == 2 and "data.eval_path" in err and err.count("\n") == 1, err
+
+
+def test_eval_of_a_run_is_kept_in_the_run_and_reported(trained: Path) -> None:
+    import hashlib
+
+    from miniverl.evaluation.record import EvalRecord
+
+    code, out, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--seed", "5", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    path = trained / "runs" / "r" / "eval" / "step-000002.json"
+    assert result["written"] == str(Path("runs/r/eval/step-000002.json"))
+    text = path.read_text()
+    assert str(trained) not in text  # no path of this machine
+    record = EvalRecord.model_validate_json(text)
+    assert record.run_id == "r" and record.step == 2 and record.seed == 5
+    assert record.data.name == "heldout.parquet" and record.data.rows == 3
+    assert record.data.sha256 == hashlib.sha256((trained / "heldout.parquet").read_bytes()).hexdigest()
+    assert sorted(record.modes) == ["greedy", "sampled"]
+    for mode, kept in record.modes.items():
+        samples = {"greedy": 1, "sampled": 2}[mode]
+        assert kept.decoding.samples == samples and kept.trained.trajectories == 3 * samples
+        assert kept.model_dump(mode="json")["base"] == result[mode]["base"]
+        assert kept.model_dump(mode="json")["trained"] == result[mode]["trained"]
+    assert not list(path.parent.glob(".*.tmp"))
+    # the table says where it was kept
+    code, table, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--seed", "5")
+    assert code == 0 and "kept in runs/r/eval/step-000002.json" in table, table
+    # the report shows it: the held-out figure in the headline and a table per eval file
+    code, out, err = _main("report", str(trained / "runs" / "r"), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    accuracy = record.modes["greedy"]
+    base = accuracy.base.components["calculator_exact"].fraction_positive
+    after = accuracy.trained.components["calculator_exact"].fraction_positive
+    assert report["evals"][-1] == 2  # earlier tests also kept step 1; the headline takes the latest
+    assert report["headline"][-1] == (
+        f"held-out accuracy (calculator_exact) {base:.3g} \u2192 {after:.3g} "
+        "(greedy, 3 held-out prompts, base \u2192 step 2)"
+    )
+    html = (trained / "runs" / "r" / "report" / "report.html").read_text()
+    assert "Step 2: base (adapter off) vs trained on heldout.parquet (3 rows, sha256 " + record.data.sha256 in html
+    assert "seed 5" in html and "6 (3 prompts \u00d7 2)" in html and "calculator_exact accuracy (&gt; 0)" in html
+    # eval_every's greedy figures are a curve of their own
+    assert report["charts"]["eval_every"] >= 2 * 2  # reward_mean and calculator_exact accuracy, 2 updates each
+
+
+def test_report_refuses_an_eval_file_that_is_not_a_record(trained: Path, tmp_path: Path) -> None:
+    code, _, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0", "-q")
+    assert code == 0, err
+    run = tmp_path / "r"
+    shutil.copytree(trained / "runs" / "r", run, ignore=shutil.ignore_patterns("checkpoints", "report"))
+    (run / "eval").mkdir(exist_ok=True)
+    kept = sorted((run / "eval").glob("step-*.json"))[-1]
+    (run / "eval" / "step-000009.json").write_text('{"kind": "miniverl.eval", "extra": 1}')
+    code, out, err = _main("report", str(run))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "does not match the eval record schema" in err, err
+    # another run's eval is not shown as this run's
+    other = json.loads(kept.read_text())
+    other["run_id"] = "someone-else"
+    (run / "eval" / "step-000009.json").write_text(json.dumps(other))
+    code, out, err = _main("report", str(run))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "is an eval of run 'someone-else'" in err, err
+
+
+def _browser() -> Any:
+    """Playwright's Chromium (its own download, else the system's), or skip."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    manager = playwright.sync_playwright().start()
+    system = shutil.which("chromium") or shutil.which("chromium-browser")
+    for options in ({}, {"executable_path": system} if system else None):
+        if options is None:
+            continue
+        try:
+            return manager, manager.chromium.launch(args=["--no-sandbox"], **options)
+        except Exception:  # a missing browser shows as several error types
+            continue
+    manager.stop()
+    pytest.skip("no Chromium for playwright (python -m playwright install chromium, or apt-get install chromium)")
+
+
+def test_report_renders_in_a_headless_browser(trained: Path, tmp_path: Path) -> None:
+    manager, browser = _browser()
+    try:
+        code, _, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "2", "--seed", "5", "-q")
+        assert code == 0, err
+        code, _, err = _main("report", str(trained / "runs" / "r"), "--quiet")
+        assert code == 0, err
+        page = browser.new_page(viewport={"width": 1000, "height": 1400})
+        page.goto((trained / "runs" / "r" / "report" / "report.html").resolve().as_uri())
+        headline = page.inner_text("#headline")
+        assert headline.startswith("training reward ") and "held-out accuracy (calculator_exact)" in headline
+        charts = page.query_selector_all("figure svg")
+        assert len(charts) >= 8
+        for chart in charts:
+            box = chart.bounding_box()
+            assert box is not None and box["width"] > 300 and box["height"] > 150
+            # something is drawn inside the plot: points with a real size on the page
+            point = chart.query_selector("circle.pt")
+            assert point is not None and (point.bounding_box() or {}).get("width", 0) > 0
+        assert page.query_selector_all("line.grid") and page.query_selector("table.eval") is not None
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 20_000
+    finally:
+        browser.close()
+        manager.stop()
+
+
+def test_eval_not_kept_when_the_run_cannot_be_written(
+    trained: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from miniverl.evaluation import record as kept
+
+    code, out, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    run = trained / "runs" / "r"
+    path = run / "eval" / "step-000002.json"
+    before = path.read_bytes()
+
+    def read_only(*_: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(kept, "write_eval", read_only)
+    assert kept.keep_in_run(run, result) is None
+    notice = capsys.readouterr().err
+    assert notice.startswith("notice: the eval was not kept in ") and "Read-only file system" in notice
+    assert notice.count("\n") == 1 and path.read_bytes() == before

@@ -83,6 +83,16 @@ def test_extend_equals_one_go_and_records_lineage(two_runs: dict[str, Any], cli:
     assert again.json()["resumed"] is False
     assert {p: p.read_bytes() for p in sorted(ext.rglob("*")) if p.is_file()} == before
 
+    # the report's training time covers both segments, not only the extension's
+    import math
+
+    report = cli("report", str(ext), "--json")
+    assert report.code == 0, report.err
+    time = report.json()["time"]
+    seconds = [json.loads(t)["cycle_seconds"] for t in (ext / "metrics.jsonl").read_text().splitlines()]
+    assert time["cycles_timed"] == 3 and time["cycle_seconds_total"] == pytest.approx(math.fsum(seconds))
+    assert time["last_segment_wall_seconds"] == json.loads((ext / "summary.json").read_text())["wall_seconds"]
+
     # the old plan is refused with a hint, in one line, exit 2
     old = cli("run", "--plan", "two.json", "--run-id", "ext", "--resume")
     assert old.code == 2 and old.err.count("\n") == 1 and "plan.json" in old.err, old.err

@@ -145,12 +145,19 @@ def test_report_has_points_and_names_what_is_absent(runs: dict[str, Any]) -> Non
     result = json.loads(out)
     assert result["charts"]["reward_mean"] == 2 and result["charts"]["grad_norm"] == 2
     assert result["charts"]["reward_components"] == 2 and result["charts"]["time_per_phase"] == 6
-    assert "entropy" in result["absent"] and "kl" in result["absent"]  # GRPO without a reference: no KL
+    assert "kl" in result["absent"]  # GRPO without a reference: no KL
+    assert result["charts"]["entropy"] == 2  # recorded as the algorithm's actor/entropy
+    assert result["headline"][0].startswith("training reward ") and result["headline"][0].endswith(" over 2 updates")
+    assert result["headline"][-1].startswith("held-out: not evaluated") and result["evals"] == []
+    assert result["time"]["cycles_timed"] == 2 and result["time"]["cycle_seconds_total"] > 0
     html = (run_dir / "report" / "report.html").read_text()
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert html.count('class="pt"') >= 2 * 8
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["plan_digest"] in html and "Sample trajectories, cycle 1" in html and "cycle 2" in html
+    # the answer first, the identities last
+    order = [html.index(n) for n in ("id='headline'", "<h2>Curves", "Held-out evaluation", "<h2>Time", "Identities")]
+    assert order == sorted(order) and html.index(plan["plan_digest"]) > order[-1]
     markdown = (run_dir / "report" / "report.md").read_text()
     for name in re.findall(r"\]\((charts/[^)]+\.svg)\)", markdown):
         assert '<circle class="pt"' in (run_dir / "report" / name).read_text()

@@ -68,6 +68,10 @@ def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) ->
     assert speed == pytest.approx(by[("step", "miniverl_hf")]["median_step_seconds"]
                                   / by[("step", "miniverl_fast")]["median_step_seconds"])  # fmt: skip
     assert {g["status"] for g in report["goals"]} <= {"not_measured", "informational_cpu"}  # CPU cannot meet them
+    for cell in report["cells"]:
+        if cell["status"] == "measured":
+            times = cell["step_seconds"]
+            assert cell["spread_step_seconds"]["min"] == min(times) and cell["spread_step_seconds"]["max"] == max(times)
 
 
 def test_outputs_are_written_and_checksummed(bench: tuple[dict[str, Any], Path]) -> None:
@@ -85,17 +89,29 @@ def test_goals_follow_the_ratios() -> None:
         {"section": "update", "path": "naive_hf_peft", "status": "measured", "median_step_seconds": 2.0,
          "peak_reserved_gib": 10.0},
         {"section": "update", "path": "miniverl_update_bf16", "status": "measured", "median_step_seconds": 1.0,
-         "peak_reserved_gib": 8.0},
+         "peak_reserved_gib": 6.0},
         {"section": "step", "path": "trl", "status": "not_run", "reason": "trl is not importable"},
     ]  # fmt: skip
-    report = {"device": "cuda", "ratios": ratios(cells)}
+    report = {"device": "cuda", "ratios": ratios(cells), "options": {"repeats": 5}}
     goals = {g["key"]: g["status"] for g in evaluate_grpo_goals(report)}
-    assert goals["update_speed_miniverl_update_bf16_vs_naive_hf_peft"] == "met"  # 2.0 >= 1.3
-    assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "not_met"  # 0.8 > 0.75
+    assert goals["update_speed_miniverl_update_bf16_vs_naive_hf_peft"] == "met"  # 2.0 >= 2
+    assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "not_met"  # 0.6 > 0.5
     assert goals["step_speed_miniverl_fast_vs_trl"] == "not_measured"  # TRL not run: never met
-    cells[1]["peak_reserved_gib"] = 7.0
-    goals = {g["key"]: g["status"] for g in evaluate_grpo_goals({"device": "cuda", "ratios": ratios(cells)})}
+    cells[1]["peak_reserved_gib"] = 5.0
+    report = {"device": "cuda", "ratios": ratios(cells), "options": {"repeats": 5}}
+    goals = {g["key"]: g["status"] for g in evaluate_grpo_goals(report)}
     assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "met"
+    report["options"] = {"repeats": 3}  # fewer than 5 timed steps: no verdict either way
+    goals = {g["key"]: g["status"] for g in evaluate_grpo_goals(report)}
+    assert goals["update_memory_miniverl_update_bf16_vs_naive_hf_peft"] == "too_few_repeats"
+    assert goals["step_speed_miniverl_fast_vs_trl"] == "not_measured"
+
+
+def test_the_spread_goes_beside_every_median() -> None:
+    from miniverl.bench.common import spread
+
+    assert spread([5.0, 1.0, 3.0, 2.0, 4.0]) == {"min": 1.0, "q1": 2.0, "q3": 4.0, "max": 5.0}
+    assert spread([7.0]) == {"min": 7.0, "q1": 7.0, "q3": 7.0, "max": 7.0}
 
 
 @pytest.mark.parametrize(

@@ -36,9 +36,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
 def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) -> None:
     report, _ = bench
     by = {(c["path"], c["batch"]): c for c in report["cells"]}
-    assert len(by) == 2 * 6
+    assert len(by) == 2 * 7
     for batch in (2, 3):
-        for path in ("fast", "fast_eager", "hf_loop", "hf_generate"):
+        assert by[("hf_generate_static", batch)]["compiled"] is False  # CPU: the static cache, uncompiled
+        for path in ("fast", "fast_eager", "hf_loop", "hf_generate", "hf_generate_static"):
             cell = by[(path, batch)]
             assert cell["status"] == "measured", cell
             assert cell["generated_tokens"] == batch * 6  # fixed lengths, checked on every timed call
@@ -49,7 +50,13 @@ def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) ->
             assert cell["peak_reserved_gib"] is None  # CPU
         assert len(by[("fast", batch)]["seconds"]) == 2 and len(by[("hf_loop", batch)]["seconds"]) == 1
         assert all(by[(path, batch)]["calls_per_sample"] >= 1 for path in ("fast", "hf_loop"))
-        assert by[("fast", batch)]["engine_stats"]["folds"] == 1
+        fast = by[("fast", batch)]  # a fold per policy version: the cell's own, then one per call
+        assert fast["engine_stats"]["folds"] == 1 + 1 + 2 * fast["calls_per_sample"]
+        assert fast["kv_read_bytes_per_step"] == 2 * 2 * 2 * 16 * 4 * batch * (5 + 5 / 2)  # 2 layers, K+V, tiny
+        weights_and_kv = report["rollout_weight_bytes"] + fast["kv_read_bytes_per_step"]
+        bound_ms = weights_and_kv / report["copy_bandwidth_bytes_per_second"] * 1e3
+        assert fast["bandwidth_bound_ms_per_step"] == pytest.approx(bound_ms)
+        assert fast["pct_of_bandwidth_bound"] == pytest.approx(100 * bound_ms / fast["ms_per_decode_step"])
         assert by[("trl", batch)]["status"] == "not_run" and by[("fast_compiled", batch)]["status"] == "not_run"
     assert report["rollout_weight_bytes"] > 0 and report["copy_bandwidth_bytes_per_second"] > 0
     assert {g["status"] for g in report["goals"]} == {"not_measured"}  # the targets are at batch 16 and 64
@@ -85,7 +92,7 @@ def test_outputs_are_written_with_checksums(bench: tuple[dict[str, Any], Path]) 
         assert sha256_file(out / name) == digest
     table = (out / "rollout.md").read_text()
     assert table.count("| fast |") == 2 and "not_run: trl" in table
-    assert (out / "rollout.svg").read_text().count("<rect") == 8
+    assert (out / "rollout.svg").read_text().count("<rect") == 10  # 5 measured paths x 2 batches
 
 
 def test_cli_bench_rollout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

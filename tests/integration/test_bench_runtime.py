@@ -127,3 +127,61 @@ def test_cli_entry_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     )
     assert code == 0 and "| dual model |" in capsys.readouterr().out
     assert not (tmp_path / "b" / "profiler.json").exists()
+
+
+def test_bench_runs_on_the_oracle_sql_trajectories_and_records_their_padding(tmp_path: Path) -> None:
+    from miniverl.bench.oracle_workload import SEED_PADDING, hashed_encoder, oracle_workload, padding_by_batch
+    from miniverl.data.sqlite_recovery import oracle_trajectories
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        opts = BenchOptions(model="tiny", device="cpu", repeats=1, warmup=0, switch_trials=1, profile_cell="none")
+        opts.rows = "oracle-sql"
+        report = run_runtime_bench(opts, tmp_path / "oracle")
+    finally:
+        torch.set_num_threads(threads)
+    work = oracle_workload(hashed_encoder(128))
+    trajectories = report["trajectories"]
+    assert trajectories["source"] == "oracle-sql" and trajectories["digest"] == work.digest()
+    assert trajectories["lengths"] == work.lengths and len(work.lengths) == 8
+    prompts = oracle_trajectories()
+    for row, positions, trajectory in zip(work.rows.input_ids, work.rows.selected_positions, prompts, strict=True):
+        response = hashed_encoder(128)(trajectory.response)
+        assert list(row[-len(response) :]) == response and len(positions) == len(response)
+    assert trajectories["padding"] == padding_by_batch(work.lengths) and trajectories["seed_padding"] == SEED_PADDING
+    by_batch = {
+        c["trajectory_batch_size"]: c["padding_tokens"] for c in report["cells"] if c["runtime"] == "dual_model"
+    }
+    assert (
+        by_batch[1] == 0 and by_batch[2] == trajectories["padding"]["2"] and by_batch[4] == trajectories["padding"]["4"]
+    )
+    note = (tmp_path / "oracle" / "bench.md").read_text()
+    assert (
+        "RecoveryBench oracle trajectories" in note
+        and f"batch 8: {trajectories['padding']['8']:,} (seed 1,636)" in note
+    )
+
+
+def test_oracle_rows_refuse_another_trajectory_count(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="8 oracle trajectories"):
+        run_runtime_bench(BenchOptions(model="tiny", device="cpu", rows="oracle-sql", trajectories=4), tmp_path / "x")
+
+
+def test_the_cli_message_carries_the_padding_note(
+    bench: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from miniverl.bench import cli as bench_cli
+
+    report, out = bench
+    seen: list[BenchOptions] = []
+    monkeypatch.setattr(bench_cli, "run_runtime_bench", lambda opts, _out: (seen.append(opts), dict(report))[1])
+    args = argparse.Namespace(
+        model="tiny", device="cpu", quantization="none", dtype="float32", rows="synthetic", out=str(out)
+    )
+    message = bench_cli.run_bench_command(args)["message"]
+    assert seen[0].rows == "synthetic" and report["trajectories"]["source"] == "synthetic"
+    assert "Padding tokens by length bucket: batch 2: " in message and "(seed 1,636)" in message
+    assert message.splitlines()[-1].startswith("wrote bench.json")

@@ -54,7 +54,7 @@ def test_override_into_scalar_is_refused(tmp_path: Path) -> None:
         ("- 1\n- 2\n", "mapping at the top level"),
         (BASE + "surprise: 1\n", "unknown key 'surprise'"),
         (BASE + "train: {cycles: many}\n", "train.cycles"),
-        (BASE + "train: {gradient_accumulation_steps: 3}\n", "strict on-policy"),
+        (BASE + "train: {gradient_accumulation_steps: 3}\n", "the trajectories of one GRPO mini-batch"),
         (BASE + "algorithm: {name: opd}\n", "needs models.teacher"),
         (BASE + "algorithm: {grpo: {kl_coef: 0.1}}\n", "needs models.reference"),
         (

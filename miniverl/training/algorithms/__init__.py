@@ -3,7 +3,7 @@
 ========  =====================================================  ==========================
 name      roles (beyond the student)                             updates per cycle
 ========  =====================================================  ==========================
-``grpo``  reference (only with ``kl_coef > 0``)                  1
+``grpo``  reference (only with ``kl_coef > 0``)                  ppo_epochs x mini_batches
 ``opd``   teacher                                                1
 ``ppo``   critic; reference (only with ``kl_coef > 0``)          ppo_epochs x mini_batches
 ``sft``   none (oracle trajectories from a data column)          1

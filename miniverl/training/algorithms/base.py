@@ -95,6 +95,27 @@ class TrainedParameters:
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.steps_taken = 0  # optimizer steps so far (an algorithm reports its steps per update from it)
+        self._update_steps: list[int] = []  # this update's optimizer steps, one entry per pass
+
+    def begin_update(self) -> None:
+        """Start counting one cycle's update (its passes and optimizer steps, for the metrics line)."""
+        self._update_steps = []
+
+    def begin_pass(self) -> None:
+        """One pass over the cycle's trajectories starts; the steps until the next pass are its mini-batches."""
+        self._update_steps.append(0)
+
+    def update_counts(self, prefix: str) -> dict[str, float]:
+        """``{prefix}/updates`` (optimizer steps of this update), ``/passes`` and ``/mini_batches`` (steps per
+        pass), as this wrapper counted them since :meth:`begin_update`."""
+        per_pass = set(self._update_steps)
+        if len(per_pass) > 1:
+            raise RuntimeError(f"{prefix}: passes of one update took different step counts {self._update_steps}")
+        return {
+            f"{prefix}/updates": float(sum(self._update_steps)),
+            f"{prefix}/passes": float(len(self._update_steps)),
+            f"{prefix}/mini_batches": float(per_pass.pop() if per_pass else 0),
+        }
 
     def named(self) -> dict[str, torch.nn.Parameter]:
         return dict(zip(self.names, self.params, strict=True))
@@ -110,6 +131,9 @@ class TrainedParameters:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_taken += 1
+        if not self._update_steps:  # a single-step update that never called begin_pass is one pass
+            self._update_steps.append(0)
+        self._update_steps[-1] += 1
         delta = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(self.params, before, strict=True)))
         return grad_norm, delta
 

@@ -1,4 +1,12 @@
-"""GRPO: group-relative outcome advantages and a token-mean PPO-clip loss, one update per cycle.
+"""GRPO: group-relative outcome advantages and a token-mean PPO-clip loss.
+
+One update per cycle by default. ``algorithm.grpo.ppo_epochs`` x ``mini_batches`` (verl's
+``ppo_epochs`` and ``ppo_mini_batch_size``) makes that many optimizer steps instead: the old
+log-probs (and the reference's, for a KL loss) are computed once with the rollout weights, then each
+pass splits the cycle's prompt groups into mini-batches (order reshuffled per pass from (run seed,
+update, pass), so resume replays it) and takes one step per mini-batch, its physical batches
+accumulated. The ratio then moves off 1 and the clip, ``actor/pg_clipfrac`` and ``actor/ppo_kl``
+measure the drift.
 
 Roles: student; a reference when ``algorithm.grpo.kl_coef > 0``. The KL to the reference uses
 ``kl_estimator`` (k1/k2/k3/low_var_kl) either as a loss term (``kl_mode: loss``, the default, k3 as
@@ -13,12 +21,26 @@ from typing import ClassVar
 
 import torch
 
-from miniverl.algorithms import chunked_token_logprobs, grpo_advantages, kl_penalty, ppo_clip_token_losses
+from miniverl.algorithms import (
+    chunked_token_logprobs,
+    clip_fraction,
+    grpo_advantages,
+    kl_penalty,
+    ppo_clip_token_losses,
+)
 from miniverl.config.schema import MiniverlConfig
 from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch
-from miniverl.training.update import UpdateSequence, UpdateStats, physical_batches, rows_of, targets_of
+from miniverl.training.update import (
+    UpdateSequence,
+    UpdateStats,
+    mini_batches,
+    pass_order_seed,
+    physical_batches,
+    rows_of,
+    targets_of,
+)
 
 
 class Grpo(Algorithm):
@@ -52,14 +74,18 @@ class Grpo(Algorithm):
         )
         advantages = [float(a) for a in adv]
         rollout_logp = [t.sampled_logprobs for t in batch.trajectories] if origin == "rollout" else None
-        stats = grpo_update(self.runtime, batch.sequences(advantages), self.config, rollout_logp=rollout_logp)
-        steps_before = self.actor.steps_taken
-        grad_norm, delta = self.actor.step()
-        # verl's names; actor/updates counts the optimizer steps of this update (PPO: epochs x mini-batches).
-        # Strict on-policy: the ratio is exactly 1, so the clip fraction is 0 by construction and not logged;
-        # the loss is the policy-gradient surrogate, not a learning curve.
+        sequences = batch.sequences(advantages)
+        self.actor.begin_update()
+        if g.ppo_epochs * g.mini_batches == 1:
+            stats = grpo_update(self.runtime, sequences, self.config, rollout_logp=rollout_logp)
+            grad_norm, delta = self.actor.step()
+            # One step on fresh trajectories: the ratio is exactly 1, so the clip fraction is 0 by
+            # construction and not logged; the loss is the policy-gradient surrogate, not a learning curve.
+        else:
+            stats, grad_norm, delta = self._passes(batch, sequences, rollout_logp, step=step, metrics=metrics)
+        # verl's names; actor/updates counts the optimizer steps of this update (epochs x mini-batches).
         metrics["actor/pg_loss"] = stats.loss
-        metrics["actor/updates"] = float(self.actor.steps_taken - steps_before)
+        metrics.update(self.actor.update_counts("actor"))
         metrics["response_length/mean"] = stats.tokens / len(batch.trajectories)
         if stats.entropy is not None:
             metrics["actor/entropy"] = stats.entropy
@@ -72,6 +98,62 @@ class Grpo(Algorithm):
             advantages=advantages,
             metrics=metrics,
         )
+
+    def _passes(
+        self,
+        batch: CycleBatch,
+        sequences: list[UpdateSequence],
+        rollout_logp: Sequence[Sequence[float]] | None,
+        *,
+        step: int,
+        metrics: dict[str, float],
+    ) -> tuple[UpdateStats, float, float]:
+        """``ppo_epochs`` passes of ``mini_batches`` steps; returns the mean stats, mean grad norm and the change."""
+        g = self.config.algorithm.grpo
+        old_logp, ref_logp = rollout_token_logprobs(
+            self.runtime, sequences, self.config, with_reference=g.kl_coef > 0 and g.kl_mode == "loss"
+        )
+        if rollout_logp is not None:
+            old_logp = [
+                torch.tensor(lp, dtype=o.dtype, device=o.device) for lp, o in zip(rollout_logp, old_logp, strict=True)
+            ]
+        groups: dict[str, list[int]] = {}  # prompt-major: insertion order is the rollout order
+        for i, t in enumerate(batch.trajectories):
+            groups.setdefault(t.group_id, []).append(i)
+        start = [p.detach().clone() for p in self.actor.params]
+        per_step: dict[str, list[float]] = {}
+        for epoch in range(g.ppo_epochs):
+            self.actor.begin_pass()
+            seed = pass_order_seed("grpo", self.config.run.seed, step, epoch)
+            for mini in mini_batches(list(groups.values()), g.mini_batches, seed, shuffle=g.shuffle_mini_batches):
+                part = [sequences[i] for i in mini]
+                stats = grpo_update(
+                    self.runtime,
+                    part,
+                    self.config,
+                    old_logp=[old_logp[i] for i in mini],
+                    ref_logp=[ref_logp[i] for i in mini] if ref_logp is not None else None,
+                )
+                grad_norm, _ = self.actor.step()
+                per_step.setdefault("loss", []).append(stats.loss)
+                per_step.setdefault("grad_norm", []).append(grad_norm)
+                per_step.setdefault("entropy", []).append(stats.entropy or 0.0)
+                per_step.setdefault("pg_clipfrac", []).append(stats.clip_fraction or 0.0)
+                per_step.setdefault("ppo_kl", []).append(stats.ppo_kl or 0.0)
+                if stats.kl is not None:
+                    per_step.setdefault("kl", []).append(stats.kl)
+        mean = {k: sum(v) / len(v) for k, v in per_step.items()}
+        metrics["actor/pg_clipfrac"] = mean["pg_clipfrac"]
+        metrics["actor/ppo_kl"] = mean["ppo_kl"]
+        metrics["actor/grad_norm"] = mean["grad_norm"]
+        delta = sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(self.actor.params, start, strict=True)) ** 0.5
+        stats = UpdateStats(
+            loss=mean["loss"],
+            kl=mean.get("kl"),
+            tokens=sum(s.response_len for s in sequences),
+            entropy=mean["entropy"],
+        )
+        return stats, mean["grad_norm"], delta
 
 
 @torch.no_grad()
@@ -96,22 +178,53 @@ def sequence_kl(runtime: RoleRuntime, sequences: Sequence[UpdateSequence], confi
     return out
 
 
+@torch.no_grad()
+def rollout_token_logprobs(
+    runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config: MiniverlConfig, *, with_reference: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per trajectory, the current student's response-token log-probs (and the reference's), before any step."""
+    chunk = config.train.logprob_chunk_size
+    old: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    ref: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    for index_list in physical_batches(runtime, sequences, config.train.trajectory_batch_size):
+        part = [sequences[i] for i in index_list]
+        rows, targets = rows_of(part, teacher=False), targets_of(part, runtime.device)
+        sizes = [s.response_len for s in part]
+        with runtime.use("student") as student:
+            hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
+            logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
+        for i, piece in zip(index_list, logp.split(sizes), strict=True):
+            old[i] = piece
+        if with_reference:
+            with runtime.use("reference") as reference:
+                hidden = reference.selected_hidden(rows, trajectory_batch_size=len(part))
+                ref_lp, _ = chunked_token_logprobs(hidden, reference.head_weight, targets, chunk_size=chunk)
+            for i, piece in zip(index_list, ref_lp.split(sizes), strict=True):
+                ref[i] = piece
+    return old, ref if with_reference else None
+
+
 def grpo_update(
     runtime: RoleRuntime,
     sequences: Sequence[UpdateSequence],
     config: MiniverlConfig,
     *,
     rollout_logp: Sequence[Sequence[float]] | None = None,
+    old_logp: Sequence[torch.Tensor] | None = None,
+    ref_logp: Sequence[torch.Tensor] | None = None,
 ) -> UpdateStats:
-    """GRPO: token-mean PPO-clip loss over the group (+ optional KL loss to the reference), backpropagated.
+    """GRPO: token-mean PPO-clip loss over ``sequences`` (+ optional KL loss to the reference), backpropagated.
 
-    Strict on-policy: the group was sampled by the current weights and no optimizer step happens
-    before this backward, so ``old_logp`` is the current log-prob detached (ratio exactly 1; the
-    clip only matters for later epochs, which strict on-policy training never runs). This saves a
-    second student forward per physical batch. ``rollout_logp`` (one list per sequence) replaces
-    ``old_logp`` with the rollout's own log-probs (only where :func:`old_logp_origin` allowed it).
-    With ``kl_mode: reward`` the KL is already in the advantages and the loss has no KL term (the
-    reported ``kl`` is then ``None``).
+    Without ``old_logp`` (one step on fresh trajectories): the group was sampled by the current weights
+    and no optimizer step happens before this backward, so ``old_logp`` is the current log-prob
+    detached (ratio exactly 1). This saves a second student forward per physical batch.
+    ``rollout_logp`` (one list per sequence) replaces it with the rollout's own log-probs (only where
+    :func:`old_logp_origin` allowed it). With ``old_logp`` (one mini-batch of several passes: per
+    sequence, computed before the first step) the ratio measures the drift, and the stats carry its
+    clip fraction and ``ppo_kl``; ``ref_logp`` (per sequence) then saves the reference's forward.
+    The token mean is over ``sequences`` (one mini-batch, as verl's ``token-mean``). With
+    ``kl_mode: reward`` the KL is already in the advantages and the loss has no KL term (the reported
+    ``kl`` is then ``None``).
     """
     grpo = config.algorithm.grpo
     chunk = config.train.logprob_chunk_size
@@ -119,16 +232,20 @@ def grpo_update(
     loss_sum = 0.0
     kl_sum = 0.0
     entropy_sum = 0.0
+    clipped = 0.0
+    drift_sum = 0.0
     use_kl = grpo.kl_coef > 0 and grpo.kl_mode == "loss"
     for index_list in physical_batches(runtime, sequences, config.train.trajectory_batch_size):
         part = [sequences[i] for i in index_list]
         rows = rows_of(part, teacher=False)
         targets = targets_of(part, runtime.device)
-        ref_logp = None
-        if use_kl:
+        part_ref = None
+        if use_kl and ref_logp is not None:
+            part_ref = torch.cat([ref_logp[i] for i in index_list])
+        elif use_kl:
             with runtime.use("reference") as ref, torch.no_grad():
                 hidden = ref.selected_hidden(rows, trajectory_batch_size=len(part))
-                ref_logp, _ = chunked_token_logprobs(hidden, ref.head_weight, targets, chunk_size=chunk)
+                part_ref, _ = chunked_token_logprobs(hidden, ref.head_weight, targets, chunk_size=chunk)
         with runtime.use("student") as student:
             hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
             logp, entropy = chunked_token_logprobs(
@@ -136,21 +253,36 @@ def grpo_update(
             )
         if entropy is not None:
             entropy_sum += float(entropy.detach().sum())
-        if rollout_logp is None:
-            old_logp = logp.detach()
+        if old_logp is not None:
+            part_old = torch.cat([old_logp[i] for i in index_list]).to(logp.dtype)
+        elif rollout_logp is None:
+            part_old = logp.detach()
         else:
             flat = [lp for i in index_list for lp in rollout_logp[i]]
-            old_logp = torch.tensor(flat, dtype=logp.dtype, device=logp.device)
+            part_old = torch.tensor(flat, dtype=logp.dtype, device=logp.device)
         advantages = torch.tensor(
             [s.advantage for s in part for _ in range(s.response_len)], dtype=logp.dtype, device=logp.device
         )
         ones = torch.ones_like(logp, dtype=torch.bool)[None]
         token_losses = ppo_clip_token_losses(
-            logp[None], old_logp[None], advantages[None], ones, clip_low=grpo.clip_low, clip_high=grpo.clip_high
+            logp[None], part_old[None], advantages[None], ones, clip_low=grpo.clip_low, clip_high=grpo.clip_high
         )[0]
+        if old_logp is not None:
+            tokens = logp.shape[0]
+            clipped += tokens * float(
+                clip_fraction(
+                    logp.detach()[None],
+                    part_old[None],
+                    advantages[None],
+                    ones,
+                    clip_low=grpo.clip_low,
+                    clip_high=grpo.clip_high,
+                )
+            )
+            drift_sum += float((part_old - logp.detach()).sum())
         loss = token_losses.sum() / total_tokens
-        if ref_logp is not None:
-            kl_tokens = kl_penalty(logp, ref_logp, grpo.kl_estimator)
+        if part_ref is not None:
+            kl_tokens = kl_penalty(logp, part_ref, grpo.kl_estimator)
             loss = loss + grpo.kl_coef * kl_tokens.sum() / total_tokens
             kl_sum += float(kl_tokens.detach().sum())
         loss.backward()
@@ -160,4 +292,6 @@ def grpo_update(
         kl=kl_sum / total_tokens if use_kl else None,
         tokens=total_tokens,
         entropy=entropy_sum / total_tokens,
+        clip_fraction=clipped / total_tokens if old_logp is not None else None,
+        ppo_kl=drift_sum / total_tokens if old_logp is not None else None,
     )

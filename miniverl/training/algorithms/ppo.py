@@ -11,8 +11,11 @@ Roles: student (the actor), critic (LoRA + scalar value head, its own AdamW at
    (``whiten_advantages``), returns = advantages + values (unwhitened);
 4. ``ppo_epochs`` passes over ``mini_batches`` mini-batches (order reshuffled per epoch from a
    generator seeded by (run seed, update, epoch), so resume replays it): one actor step on the
-   token-mean PPO-clip loss (+ the KL loss with ``kl_mode: loss``) and one critic step on the
-   clipped value loss per mini-batch.
+   token-mean PPO-clip loss (+ the KL loss with ``kl_mode: loss``) per mini-batch;
+5. the critic's own ``critic_ppo_epochs`` passes over ``critic_mini_batches`` mini-batches (default:
+   the actor's; the same seeded orders): one critic step on verl's clipped value loss per mini-batch.
+   The actor's steps never change the critic's inputs (old values, returns), so the order of 4 and 5
+   does not matter.
 
 The strict one-update OPD rule does not apply: the ratio to the rollout policy and its clip are
 what keep the later updates proximal.
@@ -20,7 +23,6 @@ what keep the later updates proximal.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -44,7 +46,14 @@ from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.runtime.critic import values_from_hidden
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch, TrainedParameters
-from miniverl.training.update import UpdateSequence, physical_batches, rows_of, targets_of
+from miniverl.training.update import (
+    UpdateSequence,
+    mini_batches,
+    pass_order_seed,
+    physical_batches,
+    rows_of,
+    targets_of,
+)
 
 CRITIC_PARAMS = "critic_params.safetensors"
 CRITIC_OPTIMIZER = "critic_optimizer.safetensors"
@@ -139,25 +148,32 @@ class Ppo(Algorithm):
         start = [p.detach().clone() for p in self.actor.params]
         critic_start = [p.detach().clone() for p in self.critic.params]
         sums: dict[str, list[float]] = {}
-        per_mini = self.config.train.gradient_accumulation_steps or n
-        for epoch in range(ppo.ppo_epochs):
-            for mini in _mini_batches(n, per_mini, self._order_seed(step, epoch), shuffle=ppo.shuffle_mini_batches):
-                part = [seqs[i] for i in mini]
-                tok = {
-                    "old": torch.cat([old_logp[i] for i in mini]),
-                    "ref": torch.cat([ref_logp[i] for i in mini]) if ref_logp is not None else None,
-                    "adv": torch.cat([adv[i, : seqs[i].response_len] for i in mini]),
-                    "ret": torch.cat([returns[i, : seqs[i].response_len] for i in mini]),
-                    "val": torch.cat([old_values[i] for i in mini]),
-                }
-                for key, value in self._actor_step(part, tok).items():
-                    sums.setdefault(key, []).append(value)
-                for key, value in self._critic_step(part, tok).items():
-                    sums.setdefault(key, []).append(value)
+        trajectories = [[i] for i in range(n)]
+
+        def mini_tensors(mini: list[int]) -> dict[str, Any]:
+            return {
+                "old": torch.cat([old_logp[i] for i in mini]),
+                "ref": torch.cat([ref_logp[i] for i in mini]) if ref_logp is not None else None,
+                "adv": torch.cat([adv[i, : seqs[i].response_len] for i in mini]),
+                "ret": torch.cat([returns[i, : seqs[i].response_len] for i in mini]),
+                "val": torch.cat([old_values[i] for i in mini]),
+            }
+
+        for trained, epochs, count, take_step in (
+            (self.actor, ppo.ppo_epochs, ppo.mini_batches, self._actor_step),
+            (self.critic, ppo.critic_epoch_count, ppo.critic_mini_batch_count, self._critic_step),
+        ):
+            trained.begin_update()
+            for epoch in range(epochs):
+                trained.begin_pass()
+                seed = pass_order_seed("ppo", self.config.run.seed, step, epoch)
+                for mini in mini_batches(trajectories, count, seed, shuffle=ppo.shuffle_mini_batches):
+                    for key, value in take_step([seqs[i] for i in mini], mini_tensors(mini)).items():
+                        sums.setdefault(key, []).append(value)
         for key, values_list in sums.items():
             metrics[key] = sum(values_list) / len(values_list)
-        metrics["actor/updates"] = float(len(sums["actor/pg_loss"]))
-        metrics["critic/updates"] = float(len(sums["critic/vf_loss"]))
+        metrics.update(self.actor.update_counts("actor"))
+        metrics.update(self.critic.update_counts("critic"))
         metrics["critic/delta_norm"] = _delta(self.critic.params, critic_start)
         return AlgorithmStep(
             loss=metrics["actor/pg_loss"],
@@ -168,10 +184,6 @@ class Ppo(Algorithm):
             advantages=per_traj_adv,
             metrics=metrics,
         )
-
-    def _order_seed(self, step: int, epoch: int) -> int:
-        digest = hashlib.sha256(f"ppo-minibatch:{self.config.run.seed}:{step}:{epoch}".encode()).hexdigest()
-        return int(digest[:15], 16)
 
     @torch.no_grad()
     def _rollout_tensors(
@@ -283,11 +295,6 @@ def _offsets(part: Sequence[UpdateSequence]) -> list[int]:
         out.append(acc)
         acc += s.response_len
     return out
-
-
-def _mini_batches(n: int, per_mini: int, seed: int, *, shuffle: bool) -> list[list[int]]:
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if shuffle else list(range(n))
-    return [order[i : i + per_mini] for i in range(0, n, per_mini)]
 
 
 def _delta(params: Sequence[torch.Tensor], before: Sequence[torch.Tensor]) -> float:
