@@ -23,12 +23,15 @@ from miniverl import bounded
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import BUILTIN_MODELS
 from miniverl.errors import UsageError
-from miniverl.handoff.ir import COMPILER_V2, COMPILER_V4
+from miniverl.handoff.ir import COMPILER_V4
 from miniverl.handoff.native_rules import (
     BINDINGS,
     IGNORED_KEYS,
+    INTERPOLATED,
+    KL_GATED,
     RULES,
     RUNTIME_KEYS,
+    Estimator,
     ImportRule,
     import_rules_digest,
     rules_by_key,
@@ -39,9 +42,33 @@ from miniverl.records import DirectConfig, NativeSource, PlanRecord
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 HUB_PIN = re.compile(r"^(?P<id>[^@\s]+)@(?P<rev>[0-9a-f]{40})$")
 LEAF_KEYS = frozenset({"reward.custom_reward_function.reward_kwargs.miniverl_rewards"})
-#: maps whose absence is allowed (the KL keys only matter when a KL switch is on)
-OPTIONAL = frozenset({"kl_coef", "kl_est"})
-STATUSES = ("same", "runtime", "ignored", "extended", "changed", "native_only", "bundle_only")
+#: maps whose absence is allowed: the KL keys only matter when a KL switch is on (and a switch that is absent is
+#: off in verl, as in miniverl); critic.enable absent is decided by the estimator; the critic's epochs and
+#: mini-batch size default to the actor's in verl (interpolation) and in miniverl (None)
+OPTIONAL = frozenset(
+    {"kl_coef", "kl_est", "kl_loss", "kl_reward", "critic_enable", "critic_epochs", "critic_mini_batches"}
+)
+#: maps whose value is set by a function of several keys (KL, the critic switch, the precision checks)
+DERIVED = frozenset({"kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_sample", "critic_enable"})
+ESTIMATORS: dict[Any, Estimator] = {"grpo": "grpo", "gae": "ppo"}
+#: verl kl_penalty / kl_loss_type names computed by miniverl under the same name and formula
+KL_ESTIMATORS = ("k1", "k2", "low_var_kl")
+#: verl's other names for those formulas (verl 0.9.1's kl_penalty_forward): kl = k1, mse = k2, and k3 = its clamped
+#: low_var_kl, which is miniverl's low_var_kl (miniverl's own k3 is unclamped: never the import of verl's k3)
+KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
+#: native keys holding a KL estimator name: the bundle states the miniverl name of the same formula
+KL_NAME_KEYS = frozenset({"actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"})
+STATUSES = (
+    "same",
+    "default",
+    "derived",
+    "runtime",
+    "ignored",
+    "extended",
+    "changed",
+    "native_only",
+    "bundle_only",
+)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -160,32 +187,84 @@ def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def _check_rule(rule: ImportRule, flat: dict[str, Any]) -> None:
-    value = flat[rule.key]
+def estimator_of(flat: dict[str, Any]) -> Estimator:
+    """The miniverl algorithm of a native file: ``grpo`` (adv_estimator grpo) or ``ppo`` (gae, with a critic)."""
+    value = flat.get("algorithm.adv_estimator")
+    if value is None:
+        raise _refused(
+            "native_key_missing", "algorithm.adv_estimator is absent (verl's default gae would apply unseen)"
+        )
+    if not isinstance(value, str) or value not in ESTIMATORS:
+        raise _refused("native_adv_estimator", f"algorithm.adv_estimator {value!r}: v4 imports grpo and gae")
+    estimator = ESTIMATORS[value]
+    enabled = flat.get("critic.enable")
+    if enabled is not None and enabled is not (estimator == "ppo"):
+        raise _refused(
+            "native_critic_enable",
+            f"critic.enable {enabled!r} with adv_estimator {value}: miniverl's PPO (gae) always trains its critic "
+            "and its GRPO has none",
+        )
+    return estimator
+
+
+def _check_rule(rule: ImportRule, flat: dict[str, Any], value: Any) -> None:
     if rule.action == "expect" and value != rule.value:
-        if rule.code == "critic_lora_value_head":
-            raise refuse("critic_lora_value_head", f"{rule.key}: {value!r}", compiler=COMPILER_V2)
         raise _refused(str(rule.code), f"{rule.key}: {value!r} (miniverl needs {rule.value!r}): {rule.reason}")
-    if rule.action == "same" and rule.field in flat and value != flat[rule.field]:
-        raise _refused(str(rule.code), f"{rule.key} {value!r} != {rule.field} {flat[rule.field]!r}: {rule.reason}")
+    if rule.action == "same" and rule.field in flat and not _same(value, flat[rule.field]):
+        absent = " (absent: verl's default)" if rule.key not in flat else ""
+        raise _refused(
+            str(rule.code), f"{rule.key} {value!r}{absent} != {rule.field} {flat[rule.field]!r}: {rule.reason}"
+        )
+
+
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refused("native_not_a_count", f"{key} {value!r}: a whole number is needed")
+    return value
+
+
+def _mini_batches(key: str, value: Any, flat: dict[str, Any]) -> int:
+    prompts, size = _whole("data.train_batch_size", flat["data.train_batch_size"]), _whole(key, value)
+    if size < 1 or size > prompts or prompts % size:
+        raise _refused(
+            "mini_batch_splits_groups",
+            f"{key} {value!r} does not divide data.train_batch_size {prompts}: verl's mini-batches are whole "
+            "prompt groups and miniverl's mini-batches are equal shares of the step",
+        )
+    return prompts // size
 
 
 def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
     to = rule.to
     if to == "estimator":
-        if value == "gae":
-            raise refuse("critic_lora_value_head", "algorithm.adv_estimator: gae (PPO)", compiler=COMPILER_V2)
-        if value != "grpo":
-            raise _refused("native_adv_estimator", f"algorithm.adv_estimator {value!r}: v4 imports grpo (and gae)")
-        return "grpo"
+        return ESTIMATORS[value]
+    if to in ("mini_batches", "critic_mini_batches"):
+        return _mini_batches(rule.key, value, flat)
+    if to == "critic_epochs":
+        return _whole(rule.key, value)
+    if to == "critic_rank":
+        if _whole(rule.key, value) == 0:
+            raise _refused(
+                "critic_full_parameter",
+                f"{rule.key}: 0 (a full-parameter critic): miniverl's critic is a LoRA plus a value head on the "
+                "actor's base; a full-parameter critic (every weight of a second model trained, with its AdamW "
+                "state) has no miniverl counterpart on one device. Give critic.model.lora_rank > 0",
+            )
+        return int(value)
     if to == "precision":
         if value not in PRECISIONS:
             raise _refused("native_precision", f"{rule.key} {value!r}: one of {', '.join(PRECISIONS)}")
         return PRECISIONS[value]
     if to == "top_k":
-        return 0 if int(value) == -1 else int(value)
-    if to == "kl_est" and value == "k3":
-        raise refuse("kl_k3_clamped", f"{rule.key}: k3")
+        return 0 if _whole(rule.key, value) == -1 else value
+    if to == "kl_est":
+        if not isinstance(value, str) or KL_ALIASES.get(value, value) not in KL_ESTIMATORS:
+            raise _refused(
+                "native_kl_estimator",
+                f"{rule.key} {value!r}: miniverl computes verl's {', '.join(sorted(KL_ALIASES))} and "
+                f"{', '.join(KL_ESTIMATORS)}; abs, full and the straight-through '+' forms have no counterpart",
+            )
+        return KL_ALIASES.get(value, value)
     return value
 
 
@@ -211,56 +290,65 @@ def _kl(flat: dict[str, Any]) -> dict[str, Any]:
     return {"kl_coef": float(flat[keys[0]]), "kl_mode": "loss" if loss else "reward", "kl_estimator": estimator}
 
 
+def _lora(config: dict[str, Any], role: str, what: str) -> dict[str, Any]:
+    lora = config["models"][role]["lora"]
+    if not isinstance(lora["target_modules"], list):
+        raise _refused("native_target_modules", f"{what}.target_modules must list module names (not 'all-linear')")
+    return {**lora, "enabled": True, "dropout": 0.0}
+
+
 def native_to_config(flat: dict[str, Any], bindings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The miniverl config (plain data) and the decision per native key."""
-    if flat.get("critic.enable") is True or flat.get("algorithm.adv_estimator") == "gae":
-        rank = flat.get("critic.model.lora_rank") or 0
-        what = (
-            "its LoRA critic is wrapped fresh by verl (CAUSAL_LM, no modules_to_save): verl never trains that "
-            "value head, while miniverl always does (a miniverl PPO config hands off with a trained-head critic "
-            "adapter, compiler v2)"
-            if rank
-            else "its critic is full-parameter (critic.model.lora_rank 0 or absent): miniverl's critic is a LoRA "
-            "plus a value head"
-        )
-        raise refuse("critic_lora_value_head", f"a native PPO config (critic, gae): {what}", compiler=COMPILER_V2)
-    # After the PPO refusal: a PPO file's critic keys have no import rule, and their names would hide the reason.
     table = rules_by_key()
     unknown = sorted(k for k in flat if k not in table)
     if unknown:
         raise _refused("unknown_native_key", f"{', '.join(unknown)}: no import rule (nothing is guessed)")
-    config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {"grpo": {"eps": 1e-6}}}
+    algo = estimator_of(flat)
+    # verl's GRPO epsilon is fixed at 1e-6; verl always whitens GAE advantages
+    section: dict[str, Any] = {"eps": 1e-6} if algo == "grpo" else {"whiten_advantages": True}
+    config: dict[str, Any] = {"run": {}, "models": {"student": {}}, "algorithm": {algo: section}}
+    if algo == "ppo":
+        config["models"]["critic"] = {"source": "student"}
     decisions: dict[str, str] = {}
     for rule in RULES:
+        if rule.only is not None and rule.only != algo:
+            if rule.key in flat:
+                decisions[rule.key] = "unused"  # verl never reads it for this estimator
+            continue
         if rule.key not in flat:
-            if rule.action == "map" and rule.to not in OPTIONAL and rule.to not in ("kl_loss", "kl_reward"):
+            if rule.action == "same" and rule.verl_default is not None:
+                _check_rule(rule, flat, rule.verl_default)
+            if rule.action == "map" and rule.to not in OPTIONAL:
                 raise _refused("native_key_missing", f"{rule.key} is absent (verl's default would apply unseen)")
             continue
-        decisions[rule.key] = rule.action + (f":{rule.field}" if rule.field and rule.action == "map" else "")
-        _check_rule(rule, flat)
-        if rule.action != "map" or rule.to in ("kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_sample"):
+        decisions[rule.key] = rule.action + (f":{rule.target(algo)}" if rule.field and rule.action == "map" else "")
+        _check_rule(rule, flat, flat[rule.key])
+        if rule.action != "map" or rule.to in DERIVED:
             continue
         value = _convert(rule, flat[rule.key], flat)
         if rule.key == "data.train_files":
             value = _single_file(value)
-        _set(config, str(rule.field), value)
-    _set(config, "algorithm.grpo", {**config["algorithm"]["grpo"], **_kl(flat)})
+        _set(config, rule.target(algo), value)
+    kl = _kl(flat)
+    _set(config, f"algorithm.{algo}", {**config["algorithm"][algo], **kl})
     models = config["models"]
+    if kl["kl_coef"] > 0:  # verl's reference of a LoRA actor is its own base with the adapter disabled
+        models["reference"] = {"source": "student"}
     rollout_dtype = flat.get("actor_rollout_ref.rollout.dtype")
     if rollout_dtype is not None and rollout_dtype != models["dtype"]:
         raise _refused("native_dtypes_differ", f"rollout.dtype {rollout_dtype!r} != model dtype {models['dtype']!r}")
     do_sample = flat.get("actor_rollout_ref.rollout.do_sample")
     if do_sample is not None and bool(do_sample) != (float(config["rollout"]["temperature"]) > 0):
         raise _refused("native_do_sample", f"do_sample {do_sample!r} disagrees with the temperature")
-    if int(models["student"]["lora"]["r"]) == 0:
+    if _whole("actor_rollout_ref.model.lora_rank", models["student"]["lora"]["r"]) == 0:
         raise refuse("lora_disabled", "actor_rollout_ref.model.lora_rank: 0")
-    if not isinstance(models["student"]["lora"]["target_modules"], list):
-        raise _refused("native_target_modules", "target_modules must list module names (not 'all-linear')")
     models["student"] = {
         **student_from_binding(bindings["model"]),
         "quantization": bindings.get("quantization", "none"),
-        "lora": {**models["student"]["lora"], "enabled": True, "dropout": 0.0},
+        "lora": _lora(config, "student", "actor_rollout_ref.model"),
     }
+    if algo == "ppo":
+        models["critic"]["lora"] = _lora(config, "critic", "critic.model")
     models["device"] = bindings.get("device", "auto")
     config["train"]["trajectory_batch_size"] = bindings.get("trajectory_batch_size", "auto")
     if "batch_size" in bindings:
@@ -321,32 +409,74 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
 
 
+def _verl_default(key: str, value: Any, native: dict[str, Any], estimator: Estimator | None) -> bool:
+    """Whether ``value`` is what verl 0.9.1 uses for ``key`` when the native file leaves it out."""
+    if key == "critic.enable":
+        return estimator is not None and value is (estimator == "ppo")
+    if key in INTERPOLATED:
+        return INTERPOLATED[key] in native and _same(native[INTERPOLATED[key]], value)
+    rule = rules_by_key().get(key)
+    return rule is not None and rule.verl_default is not None and _same(rule.verl_default, value)
+
+
+def _derived(key: str, value: Any, native: dict[str, Any]) -> bool:
+    """Whether ``value`` is the value of the native key a ``same`` rule ties ``key`` to (the one seed)."""
+    rule = rules_by_key().get(key)
+    return rule is not None and rule.action == "same" and rule.field in native and _same(native[rule.field], value)
+
+
+def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycles: int, algo: Estimator | None) -> str:
+    in_n, in_b = key in native, key in bundle
+    rule = rules_by_key().get(key)
+    if in_n and in_b and _same(native[key], bundle[key]):
+        return "same"
+    if key in KL_NAME_KEYS and in_n and in_b and KL_ALIASES.get(str(native[key])) == bundle[key]:
+        return "same"  # verl's other name of the same formula (kl = k1, mse = k2, k3 = low_var_kl)
+    if key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
+        return "extended"
+    if key in RUNTIME_KEYS:
+        return "runtime"
+    if key in IGNORED_KEYS or (rule is not None and rule.only is not None and algo is not None and rule.only != algo):
+        return "ignored"
+    if any(
+        key in keys and native.get(switch) is not True and bundle.get(switch) is not True
+        for switch, keys in KL_GATED.items()
+    ):
+        return "ignored"  # a KL setting while its switch is off: verl never reads it
+    if (
+        in_n
+        and not in_b
+        and rule is not None
+        and rule.verl_default is not None
+        and _same(native[key], rule.verl_default)
+    ):
+        return "default"  # the bundle leaves the key to verl, whose default is the native value
+    if in_b and not in_n and _verl_default(key, bundle[key], native, algo):
+        return "default"
+    if in_b and not in_n and _derived(key, bundle[key], native):
+        return "derived"
+    if not in_n:
+        return "bundle_only"
+    return "native_only" if not in_b else "changed"
+
+
 def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycles: int = 0) -> dict[str, Any]:
     """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings.
 
     ``added_cycles``: the cycles the run's recorded extensions added (``run --resume --extend N``,
     the plan's ``lineage``). ``trainer.total_training_steps`` is then ``extended`` when it is exactly the
-    native value plus those cycles, and ``changed`` otherwise.
+    native value plus those cycles, and ``changed`` otherwise. A key the native file leaves out is
+    ``default`` when the bundle states what verl 0.9.1 would use anyway (its default, or the actor's key a
+    critic key interpolates) and ``derived`` when it states the value of the key a ``same`` rule ties it
+    to (the one seed); a key the bundle leaves out whose native value is verl's default is ``default`` too. A key
+    of the other estimator (a critic key in a GRPO file) and a KL setting whose switch is off are ``ignored``.
     """
     native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
     bundle = flatten(bundle_config)
+    algo = ESTIMATORS.get(str(native.get("algorithm.adv_estimator")))
     entries = []
     for key in sorted(set(native) | set(bundle)):
-        in_n, in_b = key in native, key in bundle
-        if in_n and in_b and _same(native[key], bundle[key]):
-            status = "same"
-        elif key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
-            status = "extended"
-        elif key in RUNTIME_KEYS:
-            status = "runtime"
-        elif key in IGNORED_KEYS:
-            status = "ignored"
-        elif not in_n:
-            status = "bundle_only"
-        elif not in_b:
-            status = "native_only"
-        else:
-            status = "changed"
+        status = _status(key, native, bundle, added_cycles, algo)
         entries.append({"key": key, "status": status, "native": native.get(key), "bundle": bundle.get(key)})
     counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
     return {

@@ -312,7 +312,6 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "actor_rollout_ref.model.path",  # the binding (a local model: the bundle's model/)
         "actor_rollout_ref.model.lora_adapter_path",  # the run's adapter the bundle starts from
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",  # trajectory_batch_size
-        "actor_rollout_ref.actor.shuffle",  # ignored by the v4 import (one mini-batch); GRPO's default is True
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.gpu_memory_utilization",  # vLLM only

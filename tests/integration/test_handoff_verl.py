@@ -238,3 +238,30 @@ def test_direct_config_bundle_is_ready(cli, prompts, workdir: Path) -> None:
     assert code == 0 and report["launch_status"] == "ready", report["blockers"]
     assert report["checks"]["validate_config"]["adv_estimator"] == "grpo"
     assert report["checks"]["reward"]["terms"] == ["calculator_exact", "target_length"]
+
+
+@pytest.mark.parametrize(
+    ("example", "estimator"), [("verl-native-ppo.yaml", "gae"), ("verl-native-grpo-2x2.yaml", "grpo")]
+)
+def test_native_multi_pass_bundles_are_ready(cli, tiny_model_dir, prompts, workdir: Path, example, estimator) -> None:
+    """Compiler v4 on the native PPO file (GAE, LoRA critic, 2 epochs x 2 mini-batches; the critic 1 x 2) and the
+    native GRPO 2 x 2 file, unedited, on a local model: the bundles round-trip and verl 0.9.1 validates them."""
+    native = EXAMPLES / example
+    planned = cli(
+        "plan", "--verl-config", str(native), "--set", f"model={tiny_model_dir}", "--set", "device=cpu",
+        "--out", "plan.json", "--json",
+    )  # fmt: skip
+    assert planned.code == 0, planned.err
+    result = cli("handoff", "plan.json", "--out", "bundle", "--json")
+    assert result.code == 0, result.err
+    assert result.json()["direct_config"]["semantically_equal"] is True
+    code, report = _diagnose(cli, Path("bundle"))
+    assert code == 0 and report["launch_status"] == "ready", report["blockers"]
+    checks = report["checks"]
+    assert checks["validate_config"]["adv_estimator"] == estimator and checks["overlay"]["applied"]
+    assert checks["validate_config"]["use_critic"] is (estimator == "gae")
+    if estimator == "gae":
+        assert report["compiler"] == "verl-rl-v0.9-single-gpu-v2"
+        assert (
+            checks["critic_adapter"]["task_type"] == "TOKEN_CLS" and checks["critic_adapter"]["value_head"] == "score"
+        )
