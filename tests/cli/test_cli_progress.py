@@ -32,10 +32,12 @@ def _miniverl(cwd: Path, *argv: str, env: dict[str, str] | None = None) -> subpr
     )  # fmt: skip
 
 
-def _lines(err: str) -> list[str]:
+def _lines(err: str, *, others: bool = False) -> list[str]:
+    """Our progress lines, without their stamps; every line is one unless ``others`` (a library's own warning)."""
     lines = err.splitlines()
-    assert lines and all(STAMP.match(line) for line in lines), err
-    return [STAMP.sub("", line) for line in lines]
+    ours = [line for line in lines if STAMP.match(line)]
+    assert ours and (others or ours == lines), err
+    return [STAMP.sub("", line) for line in ours]
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +83,11 @@ def test_bench_in_a_pipe_counts_cells(tmp_path: Path) -> None:
             "--paths", "fast,hf_generate", "--no-profile", "--pairs", "1"]  # fmt: skip
     done = _miniverl(tmp_path, *args, "--out", "b")
     assert done.returncode == 0, done.stderr
-    lines = _lines(done.stderr)
+    lines = _lines(done.stderr, others=True)  # bitsandbytes may warn on import that its CPU kernels are missing
     assert lines[0] == "bench rollout: 0/2 cells" and "pairs: 1 interleaved pairs at batch 2" in lines
     assert lines[-1].startswith("bench rollout: 2/2 cells, elapsed ") and lines[-1].endswith("ETA 0m00s")
     quiet = _miniverl(tmp_path, *args, "--out", "c", "--json")
-    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert quiet.returncode == 0 and "miniverl:" not in quiet.stderr, quiet.stderr
 
 
 def test_models_fetch_of_a_cached_model_says_it_verifies(tmp_path: Path) -> None:
