@@ -14,8 +14,9 @@ $(NOX):
 
 tools: $(NOX)
 
+# The suite, then the decode step's triton kernels under triton's interpreter (their own venv, with triton).
 test: $(NOX)
-	$(NOX) -s tests
+	$(NOX) -s tests kernels
 
 lint: $(NOX)
 	$(NOX) -s lint

@@ -40,6 +40,20 @@ def runtime_smoke(session: nox.Session) -> None:
     session.run("bash", "scripts/runtime_smoke.sh", *session.posargs, external=True)
 
 
+KERNELS_TRITON = "triton==3.6.0"  # the H200 stack's triton (known-good/h200-cu130.txt)
+
+
+@nox.session(python=PYTHON)
+def kernels(session: nox.Session) -> None:
+    """The decode step's triton kernels on CPU, under triton's interpreter, in a venv that has triton
+    (the project with only what these tests import: torch, transformers for the tiny models, pytest)."""
+    session.install("--constraint", CPU_STACK, "-e", ".", "torch", "transformers", "pytest", KERNELS_TRITON)
+    session.run(
+        "python", "-m", "pytest", "-q", "tests/unit/test_rollout_kernels.py", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "MINIVERL_CACHE": ".cache/miniverl"},
+    )  # fmt: skip
+
+
 # --- release harness sessions (owned by the harness; torch-free venvs) -------------------------------
 HARNESS = ("-r", "harness/requirements-audit.txt")
 BUILD_TOOLCHAIN = ("-r", "harness/constraints-build.txt")

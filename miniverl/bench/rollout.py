@@ -9,6 +9,8 @@ so the lengths cannot decide a ratio. Paths:
   CUDA-graph decode steps on CUDA, on-device sampling);
 * ``fast_compiled``: the same with the element-wise glue of the decode step ``torch.compile``'d
   (fused kernels, still captured in our own CUDA graphs; the compile time is in ``first_call_seconds``);
+* ``fast_triton``: the same with the decode step on the triton kernels of :mod:`miniverl.rollout.kernels`
+  (``kernels="triton"``: norm + RoPE + KV write, split-span decode attention, residual + norm; CUDA only);
 * ``fast_eager``: the same engine with CUDA graphs off (what the graphs buy);
 * ``hf_loop``: miniverl's previous path (transformers forward with a dynamic cache, per-sample
   CPU generators, a host sync per step);
@@ -67,6 +69,7 @@ FORMAT = "miniverl-rollout-bench/v1"
 GIB = float(1 << 30)
 MIN_SAMPLE_SECONDS = 0.2
 MAX_CALLS_PER_SAMPLE = 100
+TRITON_ON_CPU = "the triton kernels are measured on CUDA only (on CPU they run under the interpreter, for tests)"
 
 
 @dataclass
@@ -160,7 +163,7 @@ def _runners(
     """A zero-argument call that generates ``new_tokens`` for every prompt; returns tokens generated."""
     n, vocab = opts.new_tokens, int(model.config.vocab_size)
     batch = len(prompts)
-    if path in ("fast", "fast_compiled", "fast_eager"):
+    if path in ("fast", "fast_compiled", "fast_triton", "fast_eager"):
         from miniverl.rollout.decoder import SamplingSpec
         from miniverl.rollout.engine import EngineRow
 
@@ -251,6 +254,8 @@ def _unmeasurable(path: str, opts: RolloutBenchOptions, device: torch.device) ->
         return "trl's rollout is not measured"
     if path == "fast_compiled" and device.type != "cuda":
         return "compiled glue is measured on CUDA only"
+    if path == "fast_triton" and device.type != "cuda":
+        return TRITON_ON_CPU
     return None
 
 
@@ -324,6 +329,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
         "fast": {},
         "fast_eager": {"use_graphs": False},
         "fast_compiled": {"compile_glue": True},
+        "fast_triton": {"kernels": "triton"},
     }
     cells: list[dict[str, Any]] = []
     comparisons: list[dict[str, Any]] = []
@@ -336,6 +342,10 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
             cell: dict[str, Any] = {"path": path, "batch": batch, "new_tokens": opts.new_tokens}
             if path == "fast_compiled" and device.type != "cuda":
                 cell.update(status="not_run", reason="compiled glue is measured on CUDA only")
+                cells.append(cell)
+                continue
+            if path == "fast_triton" and device.type != "cuda":
+                cell.update(status="not_run", reason=TRITON_ON_CPU)
                 cells.append(cell)
                 continue
             if path == "trl":
@@ -353,7 +363,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
                 engines[path] = FastRolloutEngine(device=device, dtype=dtype, **engine_kwargs[path])
                 engines[path].sync_policy(model, 0)
             run = _runners(path, model, prompts, opts, device, engines)
-            repeats = opts.repeats if path == "fast" else opts.slow_repeats
+            repeats = opts.repeats if path in ("fast", "fast_triton") else opts.slow_repeats
             try:
                 cell.update(measure(run, warmup=opts.warmup, repeats=repeats, device=device,
                                     expected_tokens=batch * opts.new_tokens))  # fmt: skip

@@ -6,7 +6,16 @@ import argparse
 
 from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int_list
 
-PATHS = ("fast", "fast_compiled", "fast_eager", "hf_loop", "hf_generate", "hf_generate_static", "trl")
+PATHS = (
+    "fast",
+    "fast_compiled",
+    "fast_triton",
+    "fast_eager",
+    "hf_loop",
+    "hf_generate",
+    "hf_generate_static",
+    "trl",
+)
 ROLLOUT_MODELS = ("tiny", "qwen3-0.6b-shape")
 
 

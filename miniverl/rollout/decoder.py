@@ -19,7 +19,10 @@ scaling, SiLU MLP), arranged for few kernels: one fused ``rms_norm`` per norm, o
 RoPE pass over q and k together, and the attention scale folded into the weights. With
 ``compile_glue`` the element-wise glue around the GEMMs of a decode step (norm, q/k norm, RoPE,
 residuals, SiLU gate) is ``torch.compile``'d into a few fused kernels (compiled once per workspace
-shape, then captured in the CUDA graph like any other kernel).
+shape, then captured in the CUDA graph like any other kernel). With ``kernels="triton"`` a decode
+step runs the triton kernels of :mod:`miniverl.rollout.kernels` instead (norm + RoPE + KV write in
+one kernel, split-span decode attention, residual + norm fused), around the same GEMMs; the prefill
+stays on the torch path.
 """
 
 from __future__ import annotations
@@ -49,21 +52,58 @@ def pre_attention(
     heads: int,
     kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm, the stacked q/k/v projection, per-head q/k norm and RoPE: ``q, k, v`` ``[B, h, S, d]``.
+    """RMSNorm, the stacked q/k/v projection, then :func:`qk_norm_rope`: ``q, k, v`` ``[B, h, S, d]``."""
+    batch, seq, _ = x.shape
+    h = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    mixed = F.linear(h, qkv, qkv_bias).view(batch, seq, heads + 2 * kv_heads, cos.shape[-1])
+    return qk_norm_rope(mixed, qk_norm, cos, sin, eps, heads, kv_heads)
+
+
+def qk_norm_rope(
+    mixed: torch.Tensor,
+    qk_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-head q/k norm and RoPE of the projected ``mixed`` ``[B, S, h + 2 kv, d]``: ``q, k, v`` ``[B, h, S, d]``.
 
     RoPE as ``x * cos + roll(x, d/2) * sin_signed`` with ``sin_signed = (-sin, sin)`` halves, which
-    equals ``x * cos + rotate_half(x) * sin``. q comes out pre-scaled by ``d ** -0.5`` (folded weights).
+    equals ``x * cos + rotate_half(x) * sin``; ``cos``/``sin`` are ``[B, S, 1, d]``. q comes out
+    pre-scaled by ``d ** -0.5`` (folded weights).
     """
-    batch, seq, _ = x.shape
-    head_dim = cos.shape[-1]
-    h = F.rms_norm(x, (x.shape[-1],), norm, eps)
-    mixed = F.linear(h, qkv, qkv_bias).view(batch, seq, heads + 2 * kv_heads, head_dim)
+    head_dim = mixed.shape[-1]
     qk, v = mixed.split([heads + kv_heads, kv_heads], dim=2)
     if qk_norm is not None:
         qk = F.rms_norm(qk, (head_dim,), None, eps) * qk_norm
     qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
     q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
     return q, k, v.transpose(1, 2)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Attention of ``q`` ``[B, h, S, d]`` over the first ``span`` cache slots: ``[B, S, h * d]``.
+
+    ``bias`` ``[B, S, span]`` (0 / -inf) is added to the scores; ``k_cache``/``v_cache`` are
+    ``[B, kv, capacity, d]`` and each KV head serves ``h / kv`` query heads (GQA).
+    """
+    batch, heads, seq, hd = q.shape
+    kv, span = k_cache.shape[1], bias.shape[-1]
+    group = heads // kv
+    scores = torch.matmul(q.reshape(batch, kv, group * seq, hd), k_cache[:, :, :span].transpose(-1, -2))
+    probs = torch.softmax(scores.view(batch, kv, group, seq, span) + bias.view(batch, 1, 1, seq, span), dim=-1)
+    attn = torch.matmul(probs.view(batch, kv, group * seq, span), v_cache[:, :, :span])
+    return attn.view(batch, heads, seq, hd).transpose(1, 2).reshape(batch, seq, heads * hd)
+
+
+def add_rms_norm(
+    residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new residual ``residual + update`` and its RMSNorm."""
+    x = residual + update
+    return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def post_attention(
@@ -77,8 +117,7 @@ def post_attention(
     eps: float,
 ) -> torch.Tensor:
     """Output projection + residual, RMSNorm, SiLU-gated MLP + residual."""
-    x = x + F.linear(attn, o, o_bias)
-    h = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    x, h = add_rms_norm(x, F.linear(attn, o, o_bias), norm, eps)
     gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, down)
 
@@ -131,6 +170,7 @@ class DecodeWorkspace:
         max_new_tokens: int,
         device: torch.device,
         compile_glue: bool = False,
+        kernels: str = "torch",
     ) -> None:
         shape = weights.shape
         self.weights, self.batch, self.device = weights, batch, device
@@ -149,6 +189,7 @@ class DecodeWorkspace:
         self.sin = (signed.sin() * shape.attention_scaling).to(dtype)
         self.bias = torch.full((batch, self.capacity), float("-inf"), dtype=dtype, device=device)
         self.compile_glue = compile_glue
+        self.kernels = kernels
         self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
@@ -180,28 +221,47 @@ class DecodeWorkspace:
         """
         w, shape = self.weights, self.weights.shape
         batch, seq = ids.shape
-        heads, kv, hd = shape.heads, shape.kv_heads, shape.head_dim
-        group = heads // kv
+        heads, kv = shape.heads, shape.kv_heads
         pre, post = self._compiled_glue() if compiled else (pre_attention, post_attention)
         cos = self.cos[positions].unsqueeze(2)  # [B, S, 1, D]
         sin = self.sin[positions].unsqueeze(2)
-        bias = bias.view(batch, 1, 1, seq, span)
+        bias = bias.view(batch, seq, span)
         x = F.embedding(ids, w.embed)
         for index, layer in enumerate(w.layers):
             q, k, v = pre(x, layer.input_norm, layer.qkv, layer.qkv_bias, layer.qk_norm, cos, sin, shape.eps, heads, kv)
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
             k_cache.index_copy_(2, slots, k)
             v_cache.index_copy_(2, slots, v)
-            scores = torch.matmul(q.reshape(batch, kv, group * seq, hd), k_cache[:, :, :span].transpose(-1, -2))
-            probs = torch.softmax(scores.view(batch, kv, group, seq, span) + bias, dim=-1)
-            attn = torch.matmul(probs.view(batch, kv, group * seq, span), v_cache[:, :, :span])
-            attn = attn.view(batch, heads, seq, hd).transpose(1, 2).reshape(batch, seq, heads * hd)
+            attn = attend(q, k_cache, v_cache, bias)
             x = post(x, attn, layer.o, layer.o_bias, layer.post_norm, layer.gate_up, layer.down, shape.eps)
         last = F.rms_norm(x[:, -1], (shape.hidden,), w.final_norm, shape.eps)
         return F.linear(last, w.lm_head)
 
     def _compiled_glue(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return compiled_glue()
+
+    def decode_forward_triton(self, span: int) -> torch.Tensor:
+        """The decode step's forward on the triton kernels: logits ``[B, V]`` of the workspace's next
+        tokens at their positions, K/V written at the current slot, attention over slots ``0 .. span-1``."""
+        from miniverl.rollout.kernels import load_triton_ops
+
+        ops = load_triton_ops()
+        w, shape = self.weights, self.weights.shape
+        heads, kv, eps = shape.heads, shape.kv_heads, shape.eps
+        x = F.embedding(self.tokens.unsqueeze(1), w.embed)  # [B, 1, hidden]
+        _, h = ops.add_rms_norm(x, None, w.layers[0].input_norm, eps)
+        for index, layer in enumerate(w.layers):
+            mixed = F.linear(h, layer.qkv, layer.qkv_bias).view(self.batch, 1, heads + 2 * kv, shape.head_dim)
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            q = ops.qk_norm_rope_cache_write(
+                mixed, layer.qk_norm, self.cos, self.sin, self.positions, k_cache, v_cache, self.slot, eps, heads, kv
+            )
+            attn = ops.decode_attention(q, k_cache, v_cache, self.bias, span)
+            x, h = ops.add_rms_norm(x, F.linear(attn, layer.o, layer.o_bias), layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            following = w.layers[index + 1].input_norm if index + 1 < len(w.layers) else w.final_norm
+            x, h = ops.add_rms_norm(x, F.linear(F.silu(gate) * up, layer.down), following, eps)
+        return F.linear(h[:, -1], w.lm_head)
 
     # -- one batch ----------------------------------------------------------------------------
     def prefill(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], pad_id: int, spec: SamplingSpec) -> None:
@@ -248,10 +308,13 @@ class DecodeWorkspace:
     def step(self, span: int, spec: SamplingSpec) -> None:
         """One decode step on the workspace state (capturable: device tensors only, no host sync)."""
         self.bias.index_fill_(1, self.slot, 0.0)
-        bias = self.bias[:, :span].unsqueeze(1)
-        logits = self.forward(
-            self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias, compiled=self.compile_glue
-        )
+        if self.kernels == "triton":
+            logits = self.decode_forward_triton(span)
+        else:
+            bias = self.bias[:, :span].unsqueeze(1)
+            logits = self.forward(
+                self.tokens.unsqueeze(1), self.positions.unsqueeze(1), self.slot, span, bias, compiled=self.compile_glue
+            )
         chosen, logprob = sample_tokens(logits, self.seeds, self.column, spec)
         self.out_tokens.index_copy_(1, self.column, chosen.unsqueeze(1))
         self.out_logprobs.index_copy_(1, self.column, logprob.unsqueeze(1))

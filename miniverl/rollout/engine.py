@@ -30,7 +30,9 @@ from typing import Any, Literal
 
 import torch
 
+from miniverl.errors import UsageError
 from miniverl.rollout.decoder import DecodeWorkspace, SamplingSpec
+from miniverl.rollout.kernels import KERNEL_CHOICES, triton_unavailable_reason
 from miniverl.rollout.weights import RolloutWeights, fold_policy, policy_digest, unsupported_reason
 
 FinishReason = Literal["eos", "length"]
@@ -74,10 +76,14 @@ class FastRolloutEngine:
         dtype: torch.dtype,
         use_graphs: bool | None = None,
         compile_glue: bool = False,
+        kernels: str = "torch",
     ) -> None:
+        """``kernels``: ``"torch"`` (the decoder's torch maths) or ``"triton"`` (the decode step's triton
+        kernels, :mod:`miniverl.rollout.kernels`; on CPU only under ``TRITON_INTERPRET=1``)."""
         self.device, self.dtype = _normalized(device), dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.compile_glue = compile_glue
+        self.kernels = _checked_kernels(kernels, self.device, compile_glue)
         self.weights: RolloutWeights | None = None
         self.workspace: DecodeWorkspace | None = None
         self._fold_key: tuple[Any, ...] | None = None
@@ -120,6 +126,7 @@ class FastRolloutEngine:
                 max_new_tokens=max_new_tokens,
                 device=self.device,
                 compile_glue=self.compile_glue,
+                kernels=self.kernels,
             )
             self.workspace = ws
         return ws
@@ -185,6 +192,18 @@ class FastRolloutEngine:
             else:
                 results.append((row_tokens[:end], row_logprobs[:end], "eos"))
         return results
+
+
+def _checked_kernels(kernels: str, device: torch.device, compile_glue: bool) -> str:
+    if kernels not in KERNEL_CHOICES:
+        raise UsageError(f"kernels {kernels!r} is not one of {', '.join(KERNEL_CHOICES)}")
+    if kernels == "triton":
+        if compile_glue:
+            raise UsageError("compile_glue and kernels='triton' are two fusions of the same glue: choose one")
+        reason = triton_unavailable_reason(device)
+        if reason is not None:
+            raise UsageError(f"kernels='triton' refused: {reason}")
+    return kernels
 
 
 def _normalized(device: torch.device) -> torch.device:

@@ -36,7 +36,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
 def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) -> None:
     report, _ = bench
     by = {(c["path"], c["batch"]): c for c in report["cells"]}
-    assert len(by) == 2 * 7
+    assert len(by) == 2 * 8
     for batch in (2, 3):
         assert by[("hf_generate_static", batch)]["compiled"] is False  # CPU: the static cache, uncompiled
         for path in ("fast", "fast_eager", "hf_loop", "hf_generate", "hf_generate_static"):
@@ -58,6 +58,7 @@ def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) ->
         assert fast["bandwidth_bound_ms_per_step"] == pytest.approx(bound_ms)
         assert fast["pct_of_bandwidth_bound"] == pytest.approx(100 * bound_ms / fast["ms_per_decode_step"])
         assert by[("trl", batch)]["status"] == "not_run" and by[("fast_compiled", batch)]["status"] == "not_run"
+        assert by[("fast_triton", batch)]["status"] == "not_run" and "CUDA only" in by[("fast_triton", batch)]["reason"]
     assert report["rollout_weight_bytes"] > 0 and report["copy_bandwidth_bytes_per_second"] > 0
     assert {g["status"] for g in report["goals"]} == {"not_measured"}  # the targets are at batch 16 and 64
 
