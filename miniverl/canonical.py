@@ -55,12 +55,28 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def umask_mode(*, directory: bool) -> int:
+    """The mode ``open``/``mkdir`` give under the process umask (``mkstemp``/``mkdtemp`` force 0600/0700)."""
+    umask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def temp_dir_beside(target: Path, prefix: str) -> Path:
+    """A new private directory in ``target``'s parent for building ``target``; renamed into place, it keeps the
+    mode an ordinary ``mkdir`` would have given (the user's umask), not mkdtemp's 0700."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    os.chmod(tmp, umask_mode(directory=True))
+    return tmp
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write to a temp file beside ``path``, fsync, rename into place, fsync the directory."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, umask_mode(directory=False))  # the user's umask, as a plain open() would
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -87,7 +103,16 @@ def atomic_write_json(path: str | os.PathLike[str], value: Any, *, pretty: bool 
 
 
 def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (used before a directory rename)."""
+    """fsync every file and directory under ``root`` (used before a directory rename, so before it is published).
+
+    Each also gets the mode a plain ``open``/``mkdir`` would have given under the user's umask (an executable
+    keeps its x bits): safetensors, ``mkstemp`` and ``mkdtemp`` create 0600/0700 whatever the umask.
+    """
+    files, directories = umask_mode(directory=False), umask_mode(directory=True)
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            executable = path.is_dir() or path.stat().st_mode & 0o111
+            os.chmod(path, directories if executable else files)
     for path in sorted(root.rglob("*")):
         if path.is_file():
             with open(path, "rb") as handle:

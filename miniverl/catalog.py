@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from miniverl.rewards.base import META_KEYS, get_reward, list_rewards
+
+
+def plain_text(docstring: str) -> str:
+    """A docstring line for a terminal: RST roles and double backticks (``x``, :func:`f`) become plain words."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", docstring)
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 def rewards_catalog() -> list[dict[str, Any]]:
@@ -29,7 +36,8 @@ def rewards_catalog() -> list[dict[str, Any]]:
             for p in inspect.signature(fn).parameters.values()
             if p.name in META_KEYS and p.default is inspect.Parameter.empty
         )
-        out.append({"name": name, "summary": doc.split("\n\n")[0].replace("\n", " "), "params": params, "uses": needs})
+        summary = plain_text(doc.split("\n\n")[0].replace("\n", " "))
+        out.append({"name": name, "summary": summary, "params": params, "uses": needs})
     return out
 
 

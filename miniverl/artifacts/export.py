@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from miniverl import __version__, bounded
+from miniverl import __version__, bounded, progress
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
-from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
+from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
 from miniverl.records import CheckpointFile, ExportManifest, ExportReload
 
@@ -53,10 +52,11 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
     if not candidates:
         raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
     ckpt_dir = candidates[-1]
-    record = verify_checkpoint(ckpt_dir)
+    record = verify_checkpoint(ckpt_dir)  # quick, and a refusal here stays the command's one line
     probe = _probe_ids(run_dir)
     tmp = _fresh_staging_dir(out)
     try:
+        progress.phase("reload", f"{ckpt_dir.name}: write the PEFT adapter, reload it on a fresh base, compare logits")
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
         name_base(tmp / "adapter_config.json", config.models.student)
         tolerance = RELOAD_TOLERANCE[config.models.dtype]
@@ -72,6 +72,8 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         critic = None
         if config.algorithm.name == "ppo":
             from miniverl.artifacts.export_critic import export_critic
+
+            progress.phase("critic", "export the critic adapter and value head")
 
             critic = export_critic(config, plan.models, ckpt_dir, tmp, probe)
         export_manifest = ExportManifest(
@@ -94,6 +96,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
             ),
             critic=critic,
         )
+        progress.phase("write", "manifest, fsync, rename into place")
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
         if out.exists():
@@ -128,8 +131,7 @@ def base_reference(spec: Any) -> tuple[str, str | None]:
 def _fresh_staging_dir(out: Path) -> Path:
     """A new directory beside ``out`` that no one else owns: export deletes only what it created."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-export-{out.name}-", dir=out.parent))
-    return tmp
+    return temp_dir_beside(out, f".tmp-export-{out.name}-")
 
 
 def name_base(adapter_config: Path, spec: Any) -> None:

@@ -105,6 +105,19 @@ def _fmt(value: Any) -> str:
     return "absent" if value is None else f"{value:.5f}"
 
 
+def _update_lines(report: dict[str, Any]) -> list[str]:
+    """One line per update; a series the run never recorded is named once, not shown as absent on every line."""
+    series = [("kl", report["kl_by_update"]), ("loss", report["loss_by_update"]),
+              ("reward mean", report["reward_mean_by_update"])]  # fmt: skip
+    shown = [(label, values) for label, values in series if any(v is not None for v in values)]
+    never = [label for label, values in series if values and all(v is None for v in values)]
+    lines = [f"  not recorded: {', '.join(never)} (this run has no such metric)"] if never else []
+    for index in range(len(report["loss_by_update"])):
+        cells = "  ".join(f"{label} {_fmt(values[index])}" for label, values in shown)
+        lines.append(f"    update {index + 1}: {cells}")
+    return lines
+
+
 def render_inspection(report: dict[str, Any]) -> str:
     lines = [
         f"run {report['run_id']}: {report['status']} ({report['algorithm']}, {report['runtime']})",
@@ -120,10 +133,7 @@ def render_inspection(report: dict[str, Any]) -> str:
     objective = report.get("objective")
     if objective is not None:
         lines.append(f"  objective {objective['metric']} ({objective['direction']}): {objective['description']}")
-    for step, (loss, reward, kl) in enumerate(
-        zip(report["loss_by_update"], report["reward_mean_by_update"], report["kl_by_update"], strict=True), 1
-    ):
-        lines.append(f"    update {step}: kl {_fmt(kl)}  loss {loss:.5f}  reward mean {_fmt(reward)}")
+    lines.extend(_update_lines(report))
     for ckpt in report["checkpoints"]:
         lines.append(
             f"  checkpoint {ckpt['name']}: {ckpt['state']}" + (f" ({ckpt['reason']})" if ckpt["reason"] else "")

@@ -213,7 +213,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     cycles = sorted(by_cycle)
     chosen = sorted({cycles[0], cycles[-1]}) if cycles else []
     spread = {cycle: _spread(by_cycle[cycle]) for cycle in chosen}
-    prompts = _prompt_texts(plan.data.path, {r.get("prompt_id") for s in spread.values() for r in s})
+    columns = plan.config["data"].get("columns")
+    prompts = _prompt_texts(plan.data.path, columns, {r.get("prompt_id") for s in spread.values() for r in s})
     cycle_seconds = [y for _, y in _points(metrics, "cycle_seconds")]
     return {
         "run_id": manifest.run_id,
@@ -312,13 +313,13 @@ def _spread(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out[:SAMPLES_PER_CYCLE]
 
 
-def _prompt_texts(data_path: str, ids: set[Any]) -> dict[str, str]:
+def _prompt_texts(data_path: str, columns: Any, ids: set[Any]) -> dict[str, str]:
     """Prompt texts for the sampled ids, when the plan's data file is still readable from here."""
     from miniverl.data import load_prompts
     from miniverl.errors import MiniverlError
 
     try:
-        rows = load_prompts(data_path)
+        rows = load_prompts(data_path, columns)
     except MiniverlError:
         return {}
     return {row.prompt_id: row.prompt for row in rows if row.prompt_id in ids}

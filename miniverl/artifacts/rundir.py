@@ -142,6 +142,15 @@ def completed_run(run_dir: Path, plan_digest: str) -> RunSummary | None:
     return summary
 
 
+def another_plan(what: str, run_dir: Path) -> str:
+    """The refusal of ``--resume`` with a plan that is not the run's: what to type instead."""
+    return (
+        f"{what} belongs to another plan (the config, an override or the data changed since the run started); "
+        f"continue the run with its own plan (`--plan {run_dir / 'plan.json'} --resume`, plus `--extend N` "
+        "for N more cycles), or start the new plan under another --run-id"
+    )
+
+
 #: What a run directory holds before its first checkpoint (a run killed then may be restarted from step 0).
 RUN_OUTPUTS = frozenset({"plan.json", "run.json", "metrics.jsonl", "trajectories", "checkpoints"})
 
@@ -171,7 +180,7 @@ def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
             except (UsageError, AttributeError):
                 digest = None  # a plan.json cut short by the kill: it was being copied from this plan
             if digest is not None and digest != plan_digest:
-                raise CheckpointError(f"{run_dir} belongs to another plan; resume with the same plan")
+                raise UsageError(another_plan(str(run_dir), run_dir))
     clear_run_outputs(run_dir)
 
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 import torch
 
+from miniverl import progress
 from miniverl.bench.common import package_version, save_partial, spread
 from miniverl.bench.grpo_args import GRPO_MODELS, STEP_PATHS, UPDATE_PATHS, add_grpo_arguments
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file
@@ -379,7 +380,9 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     completion_tokens = opts.prompts * opts.samples * opts.new_tokens
     cells: list[dict[str, Any]] = []
     sections = [("update", p) for p in opts.update_paths] + [("step", p) for p in opts.paths]  # cheap ones first
+    progress.task("bench grpo", len(sections), "cells")
     for section, path in sections:
+        progress.advance(len(cells), f"bench grpo, measuring {section} {path}")
         cell: dict[str, Any] = {"section": section, "path": path}
         _release(device)
         if path.endswith("_bf16") and dtype_name != "bfloat16":
@@ -406,6 +409,7 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell["ms_per_step"] = cell["median_step_seconds"] * 1e3
         cells.append(cell)
         save_partial(Path(out) / "grpo.partial.json", FORMAT, cells)
+    progress.advance(len(cells), "bench grpo")
     _release(device)
     report: dict[str, Any] = {
         "format": FORMAT,

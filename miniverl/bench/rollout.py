@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from miniverl import progress
 from miniverl.bench.common import package_version, save_partial
 from miniverl.bench.pairs import measure_pairs
 from miniverl.bench.rollout_args import PATHS, ROLLOUT_MODELS, add_rollout_arguments
@@ -333,9 +334,11 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
     cells: list[dict[str, Any]] = []
     comparisons: list[dict[str, Any]] = []
     profiler = None
+    progress.task("bench rollout", len(opts.batches) * len(opts.paths), "cells")
     for batch in opts.batches:
         prompts = _prompts(batch, opts.prompt_tokens, vocab, opts.seed + batch)
         for path in opts.paths:
+            progress.advance(len(cells), f"bench rollout, measuring {path} x batch {batch}")
             cell: dict[str, Any] = {"path": path, "batch": batch, "new_tokens": opts.new_tokens}
             if path == "fast_compiled" and device.type != "cuda":
                 cell.update(status="not_run", reason="compiled glue is measured on CUDA only")
@@ -387,7 +390,9 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
                 profiler = _profile_fast(run, device)
             del run, engines
         if opts.pairs:
+            progress.phase("pairs", f"{opts.pairs} interleaved pairs at batch {batch}")
             comparisons.append(_compare(model, prompts, opts, device, dtype, engine_kwargs))
+    progress.advance(len(cells), "bench rollout")
     report: dict[str, Any] = {
         "format": FORMAT,
         "options": asdict(opts),

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from miniverl import progress
 from miniverl.bench.argtypes import non_negative_int, positive_int
 from miniverl.bench.oracle_workload import (
     ROW_SOURCES,
@@ -317,11 +318,14 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
     started = time.perf_counter()
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="miniverl-bench-") as work_dir:
+        progress.phase("load", f"{opts.model} on {device}")
         prepared = prepare_model(opts.model, work_dir)
         work, tokens = bench_workload(opts, prepared)
         try:
+            progress.task("bench runtime", len(BATCHES) * len(RUNTIMES), "cells")
             for batch in BATCHES:
                 for name in RUNTIMES:
+                    progress.advance(len(cells), f"bench runtime, measuring {name} x batch {batch}")
                     profile = opts.profile_cell == f"{name}:{batch}"
                     mine = [c for c in cells if c["runtime"] == name]
                     calibration = calibrate_overhead_tokens(mine, work.lengths) if batch == "auto" else None
@@ -330,6 +334,7 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
                     if batch == "auto":
                         cell["auto_policy"] = {**asdict(auto), "source": source, "calibration": calibration}
                     cells.append(cell)
+            progress.advance(len(cells), "bench runtime")
         finally:
             prepared.close()
     profiler = next((c.pop("profiler") for c in cells if "profiler" in c), None)

@@ -33,8 +33,8 @@ def build_plan(
     check_config(config)
     _check_context(config)
     resolved_config = config.model_dump(mode="json")
-    described = describe_dataset(Path(config.data.path))
-    check_data(config, load_prompts(config.data.path))
+    described = describe_dataset(Path(config.data.path), config.data.columns)
+    check_data(config, load_prompts(config.data.path, config.data.columns))
     models = {role: _identity(spec, config) for role, spec in _roles(config).items()}
     if config.models.reward is not None:
         from miniverl.rewards.reward_model import reward_model_identity
@@ -81,13 +81,13 @@ def _eval_binding(config: MiniverlConfig) -> DataBinding | None:
 
     every, path = config.algorithm.eval_every, config.data.eval_path
     if every is not None and path is None:
-        raise ConfigError("algorithm.eval_every needs data.eval_path (a held-out prompts parquet)")
+        raise ConfigError("algorithm.eval_every needs data.eval_path (held-out prompts: .parquet, .jsonl or .csv)")
     if every is not None and config.algorithm.name in ("sft", "kd"):
         raise ConfigError(f"algorithm.eval_every scores with the run's rewards; {config.algorithm.name} has none")
     if path is None:
         return None
-    described = describe_dataset(Path(path))
-    load_prompts(path)
+    described = describe_dataset(Path(path), config.data.columns)
+    load_prompts(path, config.data.columns)
     return DataBinding(path=path, sha256=described["sha256"], rows=described["rows"])
 
 

@@ -203,11 +203,19 @@ class ModelsSection(Strict):
         return self
 
 
+DatasetColumn = Literal["prompt_id", "prompt", "answer", "context", "task"]
+
+
 class DataSection(Strict):
-    path: str
+    path: str = Field(description="the training prompts: a .parquet, .jsonl or .csv file")
     shuffle: bool = True
     #: held-out prompts for ``algorithm.eval_every`` (greedy, the run's rewards; never trained on)
     eval_path: str | None = None
+    columns: dict[DatasetColumn, Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=dict,
+        description="which file column holds each dataset field, e.g. {prompt: question, answer: solution} "
+        "(applies to data.path and data.eval_path; an unmapped field is read from the column of its own name)",
+    )
 
 
 class RolloutSection(Strict):

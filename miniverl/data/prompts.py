@@ -1,23 +1,28 @@
-"""The canonical prompt dataset: a Parquet file with five string columns.
+"""Prompt datasets: five string fields per row, read from Parquet, JSON Lines or CSV.
 
-=========== ============================================================
-``prompt_id`` unique, non-empty
-``prompt``    the user message, non-empty
-``answer``    reference answer for verifiers (may be empty)
-``context``   privileged context a teacher may see (may be empty)
-``task``      task name, non-empty (e.g. ``calculator``)
-=========== ============================================================
+=============== ====================================================================================
+``prompt_id``   unique, non-empty; derived when the file has no such column (see :func:`derive_ids`)
+``prompt``      the user message, non-empty (the only column a file must have)
+``answer``      reference answer for verifiers (may be empty; ``""`` when the file has no such column)
+``context``     privileged context a teacher may see (may be empty; ``""`` when absent)
+``task``        task name, non-empty (e.g. ``calculator``; :data:`DEFAULT_TASK` when absent)
+=============== ====================================================================================
 
-Files are written deterministically (same rows and same pyarrow version → same bytes): no
-pandas metadata, no timestamps, fixed compression, one row group. This module needs pyarrow only
-(never torch), so ``plan`` can describe a dataset cheaply.
+``data.columns`` maps a field to the file column that holds it (``{prompt: question}``); a field it does
+not map is read from the column of its own name. Columns that map to no field are ignored, with one
+notice on stderr. Every value must be a string (a JSON number is refused: quote it).
+
+Files miniverl writes are Parquet, written deterministically (same rows and same pyarrow version →
+same bytes): no pandas metadata, no timestamps, fixed compression, one row group. This module
+needs pyarrow only (never torch), so ``plan`` can describe a dataset cheaply.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from miniverl import bounded
 from miniverl.canonical import atomic_write_bytes, sha256_bytes, sha256_file
+from miniverl.data.readers import check_file, dataset_format, parquet_columns, parquet_file, read_columns
 from miniverl.errors import DataError
 
 COLUMNS: tuple[str, ...] = ("prompt_id", "prompt", "answer", "context", "task")
@@ -131,62 +136,109 @@ def write_prompts(path: str | os.PathLike[str], rows: Iterable[PromptRow | Mappi
     return sha256_bytes(data)
 
 
-def _open(path: str | os.PathLike[str]) -> pq.ParquetFile:
-    target = Path(path)
-    if not target.exists():
-        raise DataError(
-            f"dataset not found: {os.fspath(path)} "
-            "(create one with `miniverl data sample --task calculator --rows 16 --out <file>.parquet`)"
-        )
-    if not target.is_file():
-        raise DataError(f"dataset {os.fspath(path)} is not a file; give the path of a .parquet file")
-    bounded.check_regular(target, limit=bounded.PARQUET_MAX_BYTES, what="a prompts dataset")
-    try:
-        return pq.ParquetFile(target)
-    except (pa.ArrowException, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{os.fspath(path)} is not a readable Parquet file ({first})") from None
+#: the task of every row of a file without a ``task`` column
+DEFAULT_TASK = "default"
+#: the fields a file may leave out, and what they become (``prompt_id`` is derived instead)
+_OPTIONAL = {"answer": "", "context": "", "task": DEFAULT_TASK}
+_noticed: set[tuple[str, tuple[str, ...]]] = set()
 
 
-def _check_schema(schema: pa.Schema, source: str) -> None:
-    names = list(schema.names)
-    if sorted(names) != sorted(COLUMNS) or len(set(names)) != len(names):
-        _raise_columns(names, source)
-    for field in schema:
-        if field.type not in _STRING_TYPES:
-            raise DataError(f"{source}: column {field.name!r} has type {field.type}; expected string")
+def derive_ids(prompts: Sequence[str]) -> list[str]:
+    """Stable ids for a file without ``prompt_id``: the first 16 hex digits of the prompt's sha256.
+
+    A prompt that repeats gets ``-2``, ``-3``, ... in file order, so ids stay unique; an id depends on
+    the prompt text (and its repeats before it), not on where the row sits in the file.
+    """
+    seen: dict[str, int] = {}
+    ids = []
+    for prompt in prompts:
+        base = sha256_bytes(prompt.encode("utf-8"))[:16]
+        seen[base] = seen.get(base, 0) + 1
+        ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return ids
 
 
-def describe_dataset(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``{"rows", "sha256", "columns"}`` from the Parquet footer alone (no row data read, no torch).
+def _sources(columns: Mapping[Any, str] | None) -> dict[str, str]:
+    """Dataset field → the file column that holds it."""
+    mapping = dict(columns or {})
+    unknown = sorted(set(mapping) - set(COLUMNS))
+    if unknown:
+        raise DataError(f"data.columns: unknown field {', '.join(unknown)}; fields: {', '.join(COLUMNS)}")
+    return {name: mapping.get(name, name) for name in COLUMNS}
 
-    Checks what the footer can show: the file exists and is Parquet, the columns are exactly the
-    canonical five (all strings), and there is at least one row. :func:`load_prompts` checks the rest.
+
+def _chooser(source: str, columns: Mapping[Any, str] | None) -> Callable[[list[str]], list[str]]:
+    """From the file's columns, the ones to read (a DataError when a needed one is missing; a notice for extras)."""
+    sources = _sources(columns)
+
+    def choose(found: list[str]) -> list[str]:
+        mapped = {name: column for name, column in sources.items() if name in (columns or {})}
+        for name, column in mapped.items():
+            if column not in found:
+                raise DataError(
+                    f"{source}: data.columns maps {name} to {column!r}, which is not a column of this file; "
+                    f"its columns: {', '.join(found)}"
+                )
+        if sources["prompt"] not in found:
+            raise DataError(
+                f"{source}: no 'prompt' column; its columns: {', '.join(found)} "
+                "(name the prompt column with data.columns, e.g. `columns: {prompt: question}`)"
+            )
+        used = [column for column in dict.fromkeys(sources.values()) if column in found]
+        extra = tuple(c for c in found if c not in used)
+        if extra and (source, extra) not in _noticed:
+            _noticed.add((source, extra))
+            sys.stderr.write(
+                f"miniverl: notice: {source}: ignoring column(s) {', '.join(extra)} "
+                f"(miniverl reads {', '.join(COLUMNS)}; map others with data.columns)\n"
+            )
+        return used
+
+    return choose
+
+
+def describe_dataset(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> dict[str, Any]:
+    """``{"rows", "sha256", "columns"}`` (``columns``: the file's own column names).
+
+    A Parquet file is described from its footer alone (no row data read, no torch): it exists, the
+    needed columns are there and hold strings, and it has at least one row. JSON Lines and CSV have
+    no footer, so they are read and checked whole; for Parquet, :func:`load_prompts` checks the rest.
     """
     source = os.fspath(path)
-    parquet = _open(path)
-    schema = parquet.schema_arrow
-    _check_schema(schema, source)
-    rows = parquet.metadata.num_rows
+    target = check_file(path)
+    if dataset_format(target) == "parquet":
+        parquet = parquet_file(target)
+        found = parquet_columns(parquet, source)
+        wanted = _chooser(source, columns)(found)
+        schema = parquet.schema_arrow
+        for name in wanted:
+            if schema.field(name).type not in _STRING_TYPES:
+                raise DataError(f"{source}: column {name!r} has type {schema.field(name).type}; expected string")
+        rows = parquet.metadata.num_rows
+    else:  # no footer: the whole file is read, so it is checked whole
+        found, loaded = _load(target, source, columns)
+        rows = len(loaded)
     if rows < 1:
         raise DataError(f"{source}: the dataset is empty; it needs at least one row")
-    return {"rows": rows, "sha256": sha256_file(path), "columns": list(schema.names)}
+    return {"rows": rows, "sha256": sha256_file(path), "columns": found}
 
 
-def load_prompts(path: str | os.PathLike[str]) -> list[PromptRow]:
-    """Every row of a prompt dataset, validated; a one-line :class:`DataError` says what is wrong."""
+def load_prompts(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> list[PromptRow]:
+    """Every row of a prompt dataset, validated; a one-line :class:`DataError` says what is wrong.
+
+    ``columns`` is the config's ``data.columns`` (dataset field → file column).
+    """
     source = os.fspath(path)
-    parquet = _open(path)
-    _check_schema(parquet.schema_arrow, source)
-    try:
-        table = parquet.read()
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{source}: cannot read the Parquet data ({str(exc).splitlines()[0]})") from None
-    try:
-        columns = {name: table.column(name).to_pylist() for name in COLUMNS}
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{source}: a string column holds bytes that are not UTF-8 ({exc.reason}); re-encode the file as UTF-8"
-        ) from None
-    rows = [{name: columns[name][i] for name in COLUMNS} for i in range(table.num_rows)]
-    return validate_rows(rows, source=source)
+    return _load(check_file(path), source, columns)[1]
+
+
+def _load(target: Path, source: str, columns: Mapping[Any, str] | None) -> tuple[list[str], list[PromptRow]]:
+    """The file's column names and its validated rows."""
+    table = read_columns(target, _chooser(source, columns), source)
+    sources = _sources(columns)
+    rows = [{name: raw.get(column, _OPTIONAL.get(name)) for name, column in sources.items()} for raw in table.rows]
+    if sources["prompt_id"] not in table.columns and rows:
+        prompts = [r["prompt"] if isinstance(r["prompt"], str) else "" for r in rows]  # validate_rows names a bad one
+        for row, derived in zip(rows, derive_ids(prompts), strict=True):
+            row["prompt_id"] = derived
+    return table.columns, validate_rows(rows, source=source)

@@ -10,6 +10,7 @@ greedy (one response per prompt) and, unless ``samples`` is 0, ``samples`` sampl
 from __future__ import annotations
 
 import gc
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -138,9 +139,9 @@ def evaluate(
     if samples < 0:
         raise UsageError(f"--samples {samples}: give 0 (greedy only) or more")
     source = resolve_source(source_path, config_path, step)
-    described = describe_dataset(data)
-    rows = load_prompts(data)
     config = source.config
+    described = describe_dataset(data, config.data.columns)  # the run's data.columns name the eval file's too
+    rows = load_prompts(data, config.data.columns)
     r = config.rollout
     seed = config.run.seed if seed is None else seed
     greedy = Decoding.greedy_of(r, seed)
@@ -177,6 +178,7 @@ def evaluate(
 def _run_modes(source: Source, rows: list[Any], modes: dict[str, Decoding]) -> dict[str, dict[str, Summary]]:
     import torch
 
+    from miniverl import progress
     from miniverl.models.loading import resolve_device
     from miniverl.rewards.reward_model import MixedReward, RewardModel
     from miniverl.runtime import build_runtime
@@ -186,6 +188,7 @@ def _run_modes(source: Source, rows: list[Any], modes: dict[str, Decoding]) -> d
     student_only = config.models.model_copy(
         update={"runtime": "dual_model", "teacher": None, "reference": None, "critic": None}
     )
+    progress.phase("load", f"student for eval on {device}")
     runtime = build_runtime(student_only, device=device)
     reward = None
     try:
@@ -209,11 +212,15 @@ def _run_modes(source: Source, rows: list[Any], modes: dict[str, Decoding]) -> d
             )
         reward = MixedReward(config.algorithm.rewards, rm)
         out: dict[str, dict[str, Summary]] = {}
+        counter = _Responses(sum(2 * len(rows) * d.samples for d in modes.values()))
         for name, decoding in modes.items():
             found: dict[str, Summary] = {}
             for which in ("base", "trained"):
                 with runtime.generation_model() as model, _adapter_off(model, which == "base"):
-                    trajectories = generate(model, runtime.tokenizer, rows, decoding, version=0)
+                    trajectories = []
+                    for chunk in _chunks(rows, decoding):
+                        trajectories += generate(model, runtime.tokenizer, chunk, decoding, version=0)
+                        counter.add(len(chunk) * decoding.samples, f"eval {name} {which}")
                 found[which] = summarize(trajectories, reward.score_batch(rows, trajectories))
             out[name] = {**found, "difference": difference(found["base"], found["trained"])}
         return out
@@ -223,6 +230,29 @@ def _run_modes(source: Source, rows: list[Any], modes: dict[str, Decoding]) -> d
         runtime.close()
         del runtime
         gc.collect()
+
+
+class _Responses:
+    """Progress over every response an eval decodes (both models, every mode), for one ETA over the whole eval."""
+
+    def __init__(self, total: int) -> None:
+        from miniverl import progress
+
+        self.done = 0
+        progress.task("eval", total, "responses")
+
+    def add(self, count: int, label: str) -> None:
+        from miniverl import progress
+
+        self.done += count
+        progress.advance(self.done, label)
+
+
+def _chunks(rows: list[Any], decoding: Decoding) -> list[list[Any]]:
+    """``rows`` in pieces for progress, each filling whole decode batches, so the decoder's batches are those of
+    one call over every row (a sample's stream depends on its prompt_id and index alone, not on its batch)."""
+    size = max(1, decoding.batch_size // math.gcd(decoding.batch_size, decoding.samples))
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
 
 
 class _adapter_off:

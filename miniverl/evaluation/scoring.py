@@ -128,7 +128,7 @@ def periodic_evaluator(config: Any, plan: Any) -> EvalHook | None:
         return None
     from miniverl.data import load_prompts
 
-    rows = load_prompts(plan.eval_data.path)
+    rows = load_prompts(plan.eval_data.path, config.data.columns)
     decoding = Decoding.greedy_of(config.rollout, config.run.seed)
 
     def evaluate(runtime: Any, reward: Any, step: int) -> dict[str, float]:

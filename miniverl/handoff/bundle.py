@@ -23,14 +23,22 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from miniverl import __version__, bounded
-from miniverl.canonical import atomic_write_bytes, atomic_write_text, canonical_bytes, fsync_tree, sha256_file
+from miniverl import __version__, bounded, progress
+from miniverl.canonical import (
+    atomic_write_bytes,
+    atomic_write_text,
+    canonical_bytes,
+    fsync_tree,
+    sha256_file,
+    umask_mode,
+)
 from miniverl.config.loader import validate_config
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
@@ -94,6 +102,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         adapter = _write_adapter(run_dir, tmp, ir, critic, written) if run_dir is not None else None
         if critic is not None and run_dir is None:
             written = _write_fresh_critic(tmp, ir, critic)
+        progress.phase("write", "config, prompts in verl's columns, reward function, launch script, model")
         _write_contents(tmp, ir, plan, config)
         direct = _write_native(tmp, ir, plan) if plan.direct_config is not None else None
         manifest = BundleManifest(
@@ -122,6 +131,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         atomic_write_bytes(
             tmp / MANIFEST_NAME, json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
         )
+        progress.phase("sync", f"{out}: fsync and rename into place")
         fsync_tree(tmp)
         if out.exists():
             raise UsageError(f"bundle target {out} appeared while writing; nothing was overwritten")
@@ -165,10 +175,12 @@ def _write_contents(root: Path, ir: ExperimentIR, plan: PlanRecord, config: Mini
     )
     name = config_name(ir)
     atomic_write_text(root / "config" / f"{name}.yaml", render_yaml(emit_verl_config(ir), header=header))
-    atomic_write_bytes(root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256))
+    atomic_write_bytes(
+        root / ir.data.train_file, verl_parquet_bytes(Path(plan.data.path), plan.data.sha256, config.data.columns)
+    )
     atomic_write_text(root / ir.reward.function_file, reward_file(ir))
     atomic_write_text(root / "launch.sh", launch_script(ir, name))
-    os.chmod(root / "launch.sh", 0o755)
+    os.chmod(root / "launch.sh", umask_mode(directory=True))  # executable, within the user's umask
     atomic_write_bytes(root / "ir.json", canonical_bytes(ir.model_dump(mode="json")) + b"\n")
     atomic_write_bytes(root / "rules.json", canonical_bytes(load_rules(ir.compiler).model_dump(mode="json")) + b"\n")
     if ir.model.binding == "bundle":
@@ -205,13 +217,14 @@ def _portable_bindings(bindings: dict[str, Any], ir: ExperimentIR) -> dict[str, 
     return dict(bindings)
 
 
-def verl_parquet_bytes(path: Path, sha256: str) -> bytes:
-    """The plan's prompts in verl's RLHFDataset columns (deterministic Parquet bytes)."""
+def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[Any, str] | None = None) -> bytes:
+    """The plan's prompts (any accepted format, ``data.columns`` applied) in verl's RLHFDataset columns
+    (deterministic Parquet bytes)."""
     if not path.is_file():
         raise DataError(f"data file not found: {path} (bound by the plan; run handoff where the plan was made)")
     if sha256_file(path) != sha256:
         raise DataError(f"data file {path} changed since `miniverl plan` (sha256 mismatch); re-run plan")
-    rows = load_prompts(path)
+    rows = load_prompts(path, columns)
     table = pa.table(
         {
             "data_source": [f"miniverl/{r.task}" for r in rows],

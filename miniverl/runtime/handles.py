@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from miniverl.canonical import fsync_tree
+from miniverl.canonical import fsync_tree, temp_dir_beside
 from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
 from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
 from miniverl.runtime.loading import ADAPTER_CONFIG, ADAPTER_WEIGHTS, decoder_of, head_weight_of
@@ -72,7 +71,7 @@ def save_peft_adapter(peft_model: Any, adapter_name: str, directory: str | os.Pa
     config = peft_model.peft_config[adapter_name].to_dict()
     config["base_model_name_or_path"] = None
     config["inference_mode"] = True
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = temp_dir_beside(target, f".{target.name}.")
     try:
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         with open(tmp / ADAPTER_CONFIG, "w", encoding="utf-8") as handle:

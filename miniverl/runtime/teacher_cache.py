@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from miniverl import bounded
-from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, sha256_json
+from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, sha256_json, temp_dir_beside
 from miniverl.config.strict import loads_json
 from miniverl.errors import DataError
 from miniverl.runtime.base import BatchSize, RoleName, RoleRuntime, SequenceRows
@@ -70,7 +69,7 @@ def write_teacher_cache(
     if target.exists():
         raise TeacherCacheError(f"teacher cache {target} already exists; remove it or write to a new directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = temp_dir_beside(target, f".{target.name}.")
     try:
         offsets = [0]
         for c in targets.counts:

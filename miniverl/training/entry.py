@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from miniverl import __version__, bounded
 from miniverl import progress as progress_log
 from miniverl.artifacts import runlock
-from miniverl.artifacts.rundir import clear_run_outputs, read_plan
+from miniverl.artifacts.rundir import another_plan, clear_run_outputs, read_plan
 from miniverl.canonical import atomic_write_bytes, atomic_write_json
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
@@ -74,7 +74,7 @@ def run_from_plan(
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
 
-    rows = load_prompts(plan.data.path)
+    rows = load_prompts(plan.data.path, config.data.columns)
     if dry_run:
         if run_dir.exists():
             raise UsageError(f"run directory {run_dir} already exists; choose another --run-id")
@@ -127,7 +127,7 @@ def _resume(
     plan, config = load_plan(plan_path)
     from miniverl.data import load_prompts
 
-    rows = load_prompts(plan.data.path)
+    rows = load_prompts(plan.data.path, config.data.columns)
     found = latest_checkpoint(run_dir / "checkpoints")
     if found is None:  # killed before its first checkpoint: start again at step 0
         from miniverl.artifacts.rundir import restart_unstarted_run
@@ -142,7 +142,7 @@ def _resume(
                     f"checkpoint {found[0].name} belongs to another plan: this run was extended; "
                     f"resume with --plan {run_dir / 'plan.json'}"
                 )
-            raise CheckpointError(f"checkpoint {found[0].name} belongs to another plan; resume with the same plan")
+            raise UsageError(another_plan(f"checkpoint {found[0].name}", run_dir))
         verify_resume_point(found[0].name, found[1], plan, config)
         check_run_records(run_dir, plan, plan_path)
     _require_torch()

@@ -96,7 +96,7 @@ def test_tampered_plan(cli: Callable[..., CliResult], write_config, tiny_model_d
 def test_wrong_parquet_columns(cli: Callable[..., CliResult], write_config, tiny_model_dir, workdir) -> None:
     pq.write_table(pa.table({"question": ["1+1"], "solution": ["2"]}), workdir / "prompts.parquet")
     write_config(tiny_config(tiny_model_dir))
-    assert_clean_error(cli("plan", "config.yaml", "--out", "plan.json"), 2, "prompt_id")
+    assert_clean_error(cli("plan", "config.yaml", "--out", "plan.json"), 2, "no 'prompt' column")
 
 
 def test_empty_dataset(cli: Callable[..., CliResult], write_config, tiny_model_dir, workdir) -> None:

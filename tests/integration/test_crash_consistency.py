@@ -154,7 +154,7 @@ def test_killed_before_the_first_checkpoint_restarts_from_step_zero(
     other.mkdir()
     manifest = json.loads((workdir / "runs/straight/run.json").read_text())
     (other / "run.json").write_text(json.dumps({**manifest, "plan_digest": "0" * 64}))
-    _one_line(_resume(cli, "other"), 1, "another plan")
+    _one_line(_resume(cli, "other"), 2, "--run-id")
     assert (other / "run.json").is_file()
 
 
@@ -211,7 +211,9 @@ def test_sigterm_stops_like_sigint(cli, write_config, tiny_model_dir, prompts, w
     late.send_signal(signal.SIGTERM)
     out, err = late.communicate(timeout=120)
     assert late.returncode == 130, err
-    assert err == "miniverl: interrupted\n" and out == ""
+    resume = "miniverl run --plan plan.json --output runs --run-id late --threads 1 --resume"
+    assert err == f"miniverl: interrupted; the run continues from its last complete checkpoint with `{resume}`\n"
+    assert out == ""
     run_dir = workdir / "runs/late"
     assert not [p for p in run_dir.rglob("*") if p.name.startswith(".tmp") or p.name.endswith(".tmp")]
     assert not (run_dir / "summary.json").exists()
@@ -226,5 +228,9 @@ def test_sigterm_stops_like_sigint(cli, write_config, tiny_model_dir, prompts, w
     _wait_for(workdir / "runs/early", early)  # created once the handler is in place, before the model loads
     early.send_signal(signal.SIGTERM)
     out, err = early.communicate(timeout=120)
-    assert early.returncode == 130 and err == "miniverl: interrupted\n", err
+    again = "miniverl run --plan plan.json --output runs --run-id early --threads 1"
+    assert (
+        early.returncode == 130
+        and err == f"miniverl: interrupted before the first checkpoint; start again with `{again}`\n"
+    )
     assert not (workdir / "runs/early").exists()

@@ -140,7 +140,8 @@ def test_refusal_leaves_nothing(cli, write_config, tiny_model_dir, prompts, work
     )  # fmt: skip
     assert section["ir_digest"] is None and len(section["rules_digest"]) == 64
     human = cli("plan", "config.yaml", "--out", "plan2.json")
-    assert "handoff refused (grpo_eps) by verl-rl-v0.9-single-gpu-v1" in human.out
+    assert "notice: the plan is valid and runs here; only a verl handoff is unavailable for it " in human.out
+    assert "(grpo_eps, verl-rl-v0.9-single-gpu-v1: algorithm.grpo" in human.out and "refused" not in human.out
     result = cli("handoff", "plan.json", "--out", "bundle")
     assert result.code == 2
     assert result.err.startswith("miniverl: error: handoff refused (grpo_eps)") and result.err.count("\n") == 1
