@@ -586,6 +586,11 @@ _ENVIRONMENT_ADVICE = {
 }
 
 
+#: a full disk, a file size limit, a read-only or unwritable path: the user must fix something, as with bad
+#: input, and the run stays resumable (the issue's contract: exit 2 and one line, never an internal error)
+ENVIRONMENT_EXIT = 2
+
+
 def _environment_advice(exc: OSError) -> str | None:
     """One line for an OSError the environment caused (full disk, read-only mount, ...); None for others."""
     advice = _ENVIRONMENT_ADVICE.get(exc.errno or 0)
@@ -611,6 +616,14 @@ def _interrupted(args: argparse.Namespace | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a second stop that lands while the first is being reported: still one line, 130
+        sys.stderr.write("miniverl: interrupted\n")
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args: argparse.Namespace | None = None
     try:
@@ -634,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         sys.stderr.write(f"miniverl: error: {advice}\n")
-        return 1
+        return ENVIRONMENT_EXIT
     except Exception as exc:  # the CLI promises one line, never a traceback
         from miniverl.training.checkpoint_files import as_os_error
 
@@ -642,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         advice = _environment_advice(behind) if behind is not None else None
         if advice is not None:
             sys.stderr.write(f"miniverl: error: {advice}\n")
-            return 1
+            return ENVIRONMENT_EXIT
         if os.environ.get("MINIVERL_DEBUG"):
             raise
         sys.stderr.write(f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n")

@@ -156,7 +156,7 @@ def test_environment_oserror_is_one_line(
 
     monkeypatch.setattr(miniverl.examples, "write_example", fail)
     result = cli("init", "proj", "--example", "grpo")
-    assert_one_line(result, 1, advice)
+    assert_one_line(result, 2, advice)
     assert "runs/x/metrics.jsonl" in result.err and "--resume" in result.err
 
 

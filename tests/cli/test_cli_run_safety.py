@@ -214,7 +214,7 @@ def test_file_size_limit_mid_run_is_one_line_and_resumable(work: Path, cli: Call
     shutil.rmtree(work / "runs" / "r")
     run = ("run", "--plan", "two.json", "--run-id", "r", "--threads", "1", "-q")
     broken = _driven("fsize:50000", "rollout", 1, *run)
-    _one_line(broken, 1, "`ulimit -f`", "raise the limit", "--resume")
+    _one_line(broken, 2, "`ulimit -f`", "raise the limit", "--resume")
     run_dir = work / "runs" / "r"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000001"]
     assert not (run_dir / "summary.json").exists()
@@ -238,7 +238,7 @@ def test_file_size_limit_from_the_start_leaves_nothing(work: Path, cli: Callable
     broken = subprocess.run(
         argv, capture_output=True, text=True, env=_env(), timeout=300, check=False, preexec_fn=limit
     )
-    _one_line(broken, 1, "`ulimit -f`", "optimizer.safetensors")
+    _one_line(broken, 2, "`ulimit -f`", "optimizer.safetensors")
     assert not (work / "runs" / "r").exists()
     again = cli(*RESUME[:-2], "--json")
     assert again.code == 0 and again.json()["updates"] == 2, again.err
@@ -266,9 +266,9 @@ def test_read_only_run_dir_mid_run_is_one_line_and_resumable(work: Path, cli: Ca
     run = ("run", "--plan", "two.json", "--run-id", "r", "--threads", "1", "-q")
     broken = _driven(f"readonly:{run_dir}", "rollout", 1, *run, prefix=prefix)
     if os.geteuid() == 0:
-        _one_line(broken, 1, "read-only file system", "--resume")
+        _one_line(broken, 2, "read-only file system", "--resume")
     else:
-        _one_line(broken, 1, "permission denied; fix the permissions", "--resume")
+        _one_line(broken, 2, "permission denied; fix the permissions", "--resume")
         for folder in [run_dir, *(p for p in run_dir.rglob("*") if p.is_dir())]:
             folder.chmod(0o755)  # fixed, as the line says
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000001"]
