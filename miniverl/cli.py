@@ -532,9 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_matrix_arguments(runtime_bench)
     runtime_bench.add_argument(
         "--rows",
-        default="synthetic",
+        default="oracle-sql",
         choices=["synthetic", "oracle-sql"],
-        help="the 8 trajectories: synthetic (seed length profile) or the RecoveryBench oracle-sql ones",
+        help="the 8 trajectories: the RecoveryBench oracle-sql ones (default) or synthetic (the seed's padding)",
     )
     runtime_bench.set_defaults(handler=cmd_bench)
     from miniverl.bench.rollout_args import add_rollout_arguments

@@ -12,10 +12,11 @@ ops on the device, CPU self time on CPU) is stored as checksummed JSON.
 Writes ``bench.json``, ``bench.md``, ``pareto.svg`` (throughput against peak memory) and
 ``profiler.json`` under ``--out``. The performance goals are evaluated from the measured figures.
 
-``--rows`` picks the 8 trajectories: ``synthetic`` (the default: random tokens whose lengths
-reproduce the seed's padding) or ``oracle-sql`` (the 8 pinned RecoveryBench oracle trajectories,
-see :mod:`miniverl.bench.oracle_workload`). Either way the report and ``bench.md`` give the
-padding that length buckets of 2, 4 and 8 add, beside the seed's (270, 616, 1,636).
+``--rows`` picks the 8 trajectories: ``oracle-sql`` (the default: the 8 pinned RecoveryBench oracle
+trajectories, see :mod:`miniverl.bench.oracle_workload`, as the seed's benchmark ran on its own) or
+``synthetic`` (random tokens whose lengths reproduce the seed's padding exactly; the only choice for
+another ``--trajectories`` count). Either way the report and ``bench.md`` give the padding that
+length buckets of 2, 4 and 8 add, beside the seed's (270, 616, 1,636).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class BenchOptions:
     profile_cell: str = "shared_backbone:auto"
     switch_trials: int = 20
     seed: int = 0
-    rows: str = "synthetic"
+    rows: str = "oracle-sql"
 
 
 def _sync(device: torch.device) -> None:
@@ -279,15 +280,22 @@ def measure_cell(
         release_device_memory(device)
 
 
+def check_rows(opts: BenchOptions) -> None:
+    """Refuse, before any model loads, rows that ``opts`` cannot have."""
+    if opts.rows not in ROW_SOURCES:
+        raise ValueError(f"unknown rows {opts.rows!r}; choose one of {', '.join(ROW_SOURCES)}")
+    if opts.rows == "oracle-sql" and opts.trajectories != 8:
+        raise ValueError(
+            "--rows oracle-sql is the 8 oracle trajectories; leave --trajectories at 8 or pass --rows synthetic"
+        )
+
+
 def bench_workload(opts: BenchOptions, prepared: PreparedModel) -> tuple[Workload, str]:
     """The 8 trajectories ``opts.rows`` names, and how their tokens were made."""
     if opts.rows == "synthetic":
         work = synthetic_workload(prepared.vocab_size, trajectories=opts.trajectories, scale=prepared.workload_scale)
         return work, "random ids"
-    if opts.rows != "oracle-sql":
-        raise ValueError(f"unknown rows {opts.rows!r}; choose one of {', '.join(ROW_SOURCES)}")
-    if opts.trajectories != 8:
-        raise ValueError("--rows oracle-sql is the 8 oracle trajectories; leave --trajectories at 8")
+    check_rows(opts)
     if prepared.name == "smollm2":
         return oracle_workload(_smollm2_encoder(prepared)), "the SmolLM2 tokenizer (plain text, no chat template)"
     return oracle_workload(hashed_encoder(prepared.vocab_size)), "pre-tokenizer pieces hashed into the vocab"
@@ -313,6 +321,7 @@ def run_runtime_bench(opts: BenchOptions, out: str | os.PathLike[str]) -> dict[s
     """Run the matrix and write ``bench.json``, ``bench.md``, ``pareto.svg`` and ``profiler.json``."""
     if opts.model not in MODEL_CHOICES:
         raise ValueError(f"unknown model {opts.model!r}; choose one of {', '.join(MODEL_CHOICES)}")
+    check_rows(opts)
     device = resolve_device(opts.device)
     out_dir = Path(out)
     started = time.perf_counter()
@@ -397,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-auto-calibrate", action="store_true", help="auto uses the device default cost model, not the fitted one"
     )
     parser.add_argument("--profile-cell", default="shared_backbone:auto")
-    parser.add_argument("--rows", choices=ROW_SOURCES, default="synthetic", help="which 8 trajectories")
+    parser.add_argument(
+        "--rows", choices=ROW_SOURCES, default="oracle-sql", help="which trajectories (synthetic: the seed's padding)"
+    )
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
     opts = BenchOptions(
@@ -416,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
         profile_cell=args.profile_cell,
         rows=args.rows,
     )
+    try:
+        check_rows(opts)
+    except ValueError as refused:
+        sys.stderr.write(f"{parser.prog}: error: {refused}\n")
+        return 2
     report = run_runtime_bench(opts, args.out)
     sys.stdout.write(render_markdown(report))
     return 0

@@ -1,4 +1,8 @@
-"""The runtime benchmark on the tiny model: 8 cells, outputs written, goals computed from figures."""
+"""The runtime benchmark on the tiny model: 8 cells, outputs written, goals computed from figures.
+
+The module fixture runs the default rows (the 8 RecoveryBench oracle trajectories); the CLI entry
+test runs ``--rows synthetic``, the seed's padding profile.
+"""
 
 from __future__ import annotations
 
@@ -108,39 +112,56 @@ def test_calibration_reproduces_the_fixed_cells() -> None:
     assert fit is not None and fit["overhead_tokens"] == round(per_forward / per_token)
 
 
-def test_cli_entry_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "--model",
-            "tiny",
-            "--device",
-            "cpu",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--profile-cell",
-            "none",
-            "--out",
-            str(tmp_path / "b"),
-        ]
-    )
+def test_cli_entry_runs_the_synthetic_rows_with_the_seeds_padding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from miniverl.bench.oracle_workload import SEED_PADDING, padding_by_batch
+    from miniverl.gate.workload import synthetic_workload
+
+    argv = ["--model", "tiny", "--device", "cpu", "--repeats", "1", "--warmup", "0", "--profile-cell", "none"]
+    code = main([*argv, "--rows", "synthetic", "--out", str(tmp_path / "b")])
     assert code == 0 and "| dual model |" in capsys.readouterr().out
     assert not (tmp_path / "b" / "profiler.json").exists()
+    trajectories = json.loads((tmp_path / "b" / "bench.json").read_text())["trajectories"]
+    assert trajectories["source"] == "synthetic" and trajectories["tokens"] == "random ids"
+    # the seed's lengths at the tiny model's 1/8 scale; at full scale they give the seed's padding exactly
+    assert trajectories["lengths"] == synthetic_workload(128, scale=0.125).lengths
+    assert padding_by_batch(synthetic_workload(128).lengths) == SEED_PADDING == trajectories["seed_padding"]
+    assert "synthetic rows with the seed's length profile" in (tmp_path / "b" / "bench.md").read_text()
 
 
-def test_bench_runs_on_the_oracle_sql_trajectories_and_records_their_padding(tmp_path: Path) -> None:
+def _recording(seen: list[BenchOptions], report: dict[str, Any]) -> Any:
+    """A stand-in for ``run_runtime_bench``: keeps the options it is given, returns ``report``."""
+
+    def run(opts: BenchOptions, _out: Any) -> dict[str, Any]:
+        seen.append(opts)
+        return report
+
+    return run
+
+
+def test_the_default_rows_are_the_oracle_sql_trajectories(
+    bench: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from miniverl.bench import runtime
+    from miniverl.cli import build_parser
+
+    assert BenchOptions().rows == "oracle-sql"
+    assert build_parser().parse_args(["bench", "runtime", "--out", "unused"]).rows == "oracle-sql"
+    seen: list[BenchOptions] = []
+    monkeypatch.setattr(runtime, "run_runtime_bench", _recording(seen, bench[0]))
+    assert runtime.main(["--out", "unused"]) == 0 and seen[0].rows == "oracle-sql"
+    assert "| dual model |" in capsys.readouterr().out
+
+
+def test_bench_runs_on_the_oracle_sql_trajectories_by_default_and_records_their_padding(
+    bench: tuple[dict[str, Any], Path],
+) -> None:
     from miniverl.bench.oracle_workload import SEED_PADDING, hashed_encoder, oracle_workload, padding_by_batch
     from miniverl.data.sqlite_recovery import oracle_trajectories
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        opts = BenchOptions(model="tiny", device="cpu", repeats=1, warmup=0, switch_trials=1, profile_cell="none")
-        opts.rows = "oracle-sql"
-        report = run_runtime_bench(opts, tmp_path / "oracle")
-    finally:
-        torch.set_num_threads(threads)
+    report, out = bench
+    assert report["options"]["rows"] == "oracle-sql"
     work = oracle_workload(hashed_encoder(128))
     trajectories = report["trajectories"]
     assert trajectories["source"] == "oracle-sql" and trajectories["digest"] == work.digest()
@@ -156,32 +177,37 @@ def test_bench_runs_on_the_oracle_sql_trajectories_and_records_their_padding(tmp
     assert (
         by_batch[1] == 0 and by_batch[2] == trajectories["padding"]["2"] and by_batch[4] == trajectories["padding"]["4"]
     )
-    note = (tmp_path / "oracle" / "bench.md").read_text()
+    note = (out / "bench.md").read_text()
     assert (
         "RecoveryBench oracle trajectories" in note
         and f"batch 8: {trajectories['padding']['8']:,} (seed 1,636)" in note
     )
 
 
-def test_oracle_rows_refuse_another_trajectory_count(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="8 oracle trajectories"):
-        run_runtime_bench(BenchOptions(model="tiny", device="cpu", rows="oracle-sql", trajectories=4), tmp_path / "x")
+def test_oracle_rows_refuse_another_trajectory_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=r"8 oracle trajectories.*--rows synthetic"):
+        run_runtime_bench(BenchOptions(model="tiny", device="cpu", trajectories=4), tmp_path / "x")
+    assert main(["--trajectories", "4", "--device", "cpu", "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("miniverl bench runtime: error: --rows oracle-sql is the 8")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_the_cli_message_carries_the_padding_note(
     bench: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import argparse
-
     from miniverl.bench import cli as bench_cli
+    from miniverl.cli import build_parser
 
     report, out = bench
     seen: list[BenchOptions] = []
-    monkeypatch.setattr(bench_cli, "run_runtime_bench", lambda opts, _out: (seen.append(opts), dict(report))[1])
-    args = argparse.Namespace(
-        model="tiny", device="cpu", quantization="none", dtype="float32", rows="synthetic", out=str(out)
-    )
+    monkeypatch.setattr(bench_cli, "run_runtime_bench", _recording(seen, dict(report)))
+    args = build_parser().parse_args(["bench", "runtime", "--model", "tiny", "--device", "cpu", "--out", str(out)])
     message = bench_cli.run_bench_command(args)["message"]
-    assert seen[0].rows == "synthetic" and report["trajectories"]["source"] == "synthetic"
+    assert seen[0].rows == "oracle-sql" and report["trajectories"]["source"] == "oracle-sql"
     assert "Padding tokens by length bucket: batch 2: " in message and "(seed 1,636)" in message
+    assert "RecoveryBench oracle trajectories" in message
+    synthetic = build_parser().parse_args(["bench", "runtime", "--rows", "synthetic", "--out", str(out)])
+    bench_cli.run_bench_command(synthetic)
+    assert seen[1].rows == "synthetic"
     assert message.splitlines()[-1].startswith("wrote bench.json")
