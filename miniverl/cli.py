@@ -609,6 +609,11 @@ def _interrupted(args: argparse.Namespace | None) -> str:
         command += ["--threads", str(args.threads)]
     if not (Path(args.output) / args.run_id).is_dir():  # stopped before the run directory held anything
         return f"miniverl: interrupted before the first checkpoint; start again with `{shlex.join(command)}`"
+    if getattr(args, "extend", 0):  # the same command again finishes the same recorded extension target
+        return (
+            "miniverl: interrupted; the same command finishes the extension from its last complete checkpoint: "
+            f"`{shlex.join([*command, '--resume', '--extend', str(args.extend)])}`"
+        )
     return (
         "miniverl: interrupted; the run continues from its last complete checkpoint with "
         f"`{shlex.join([*command, '--resume'])}`"

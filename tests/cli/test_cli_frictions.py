@@ -86,3 +86,19 @@ def test_inspect_names_an_unrecorded_metric_once(cli, tiny_model_dir, prompts, w
     assert out.count("not recorded: kl") == 1 and "absent" not in out, out
     updates = [line for line in out.splitlines() if line.strip().startswith("update ")]
     assert len(updates) == 2 and all("loss " in u and "reward mean " in u and "kl" not in u for u in updates)
+
+
+def test_an_interrupted_extension_names_the_same_command_which_finishes_its_target(tmp_path: Path) -> None:
+    """Ctrl-C during `--resume --extend N` prints that command again (the recorded target makes it idempotent:
+    `test_cli_run_lock::test_killed_extension_retried_adds_exactly_n`), never a bare --resume."""
+    import argparse
+
+    from miniverl.cli import _interrupted
+
+    (tmp_path / "runs" / "first").mkdir(parents=True)
+    args = argparse.Namespace(command="run", dry_run=False, plan="runs/first/plan.json", output=str(tmp_path / "runs"),
+                              run_id="first", threads=None, extend=2)  # fmt: skip
+    line = _interrupted(args)
+    assert line.endswith("--run-id first --resume --extend 2`") and "the same command finishes the extension" in line
+    args.extend = None
+    assert _interrupted(args).endswith("--run-id first --resume`")
