@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from miniverl.algorithms import chunked_token_logprobs
+from miniverl.config.schema import MiniverlConfig
 from miniverl.runtime.base import BatchSize, RoleRuntime, SequenceRows
 
 
@@ -127,3 +129,29 @@ class Bf16MasterAdapter:
             torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.masters))
         for p in self.params:
             p.grad = None
+
+
+@torch.no_grad()
+def rollout_token_logprobs(
+    runtime: RoleRuntime, sequences: Sequence[UpdateSequence], config: MiniverlConfig, *, with_reference: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per trajectory, the current student's response-token log-probs (and the reference's), before any step."""
+    chunk = config.train.logprob_chunk_size
+    old: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    ref: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    for index_list in physical_batches(runtime, sequences, config.train.trajectory_batch_size):
+        part = [sequences[i] for i in index_list]
+        rows, targets = rows_of(part, teacher=False), targets_of(part, runtime.device)
+        sizes = [s.response_len for s in part]
+        with runtime.use("student") as student:
+            hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
+            logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
+        for i, piece in zip(index_list, logp.split(sizes), strict=True):
+            old[i] = piece
+        if with_reference:
+            with runtime.use("reference") as reference:
+                hidden = reference.selected_hidden(rows, trajectory_batch_size=len(part))
+                ref_lp, _ = chunked_token_logprobs(hidden, reference.head_weight, targets, chunk_size=chunk)
+            for i, piece in zip(index_list, ref_lp.split(sizes), strict=True):
+                ref[i] = piece
+    return old, ref if with_reference else None

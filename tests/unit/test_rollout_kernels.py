@@ -36,12 +36,7 @@ HEAD_DIM, CAPACITY, EPS = 16, 48, 1e-6
 GQA = [(4, 4), (4, 2), (8, 2)]  # (query heads, KV heads): ratios 1, 2, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

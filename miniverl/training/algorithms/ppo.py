@@ -51,6 +51,7 @@ from miniverl.training.update import (
     mini_batches,
     pass_order_seed,
     physical_batches,
+    rollout_token_logprobs,
     rows_of,
     targets_of,
 )
@@ -190,30 +191,18 @@ class Ppo(Algorithm):
         self, seqs: Sequence[UpdateSequence]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor]]:
         """Per trajectory: the rollout actor's log-probs, the reference's (if KL) and the critic's values."""
-        rt, chunk = self.runtime, self.config.train.logprob_chunk_size
-        n = len(seqs)
-        old: list[torch.Tensor] = [torch.empty(0)] * n
-        ref: list[torch.Tensor] = [torch.empty(0)] * n
-        vals: list[torch.Tensor] = [torch.empty(0)] * n
-        use_ref = self.config.algorithm.ppo.kl_coef > 0
+        rt = self.runtime
+        old, ref = rollout_token_logprobs(rt, seqs, self.config, with_reference=self.config.algorithm.ppo.kl_coef > 0)
+        vals: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
         for index_list in physical_batches(rt, seqs, self.config.train.trajectory_batch_size):
             part = [seqs[i] for i in index_list]
-            rows, targets = rows_of(part, teacher=False), targets_of(part, rt.device)
-            sizes = [s.response_len for s in part]
-            with rt.use("student") as student:
-                hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
-                logp, _ = chunked_token_logprobs(hidden, student.head_weight, targets, chunk_size=chunk)
-            if use_ref:
-                with rt.use("reference") as reference:
-                    hidden = reference.selected_hidden(rows, trajectory_batch_size=len(part))
-                    ref_lp, _ = chunked_token_logprobs(hidden, reference.head_weight, targets, chunk_size=chunk)
-                for i, piece in zip(index_list, ref_lp.split(sizes), strict=True):
-                    ref[i] = piece
             with rt.use("critic") as critic:
-                value = values_from_hidden(rt.value_head, critic.selected_hidden(rows, trajectory_batch_size=len(part)))
-            for i, lp, v in zip(index_list, logp.split(sizes), value.split(sizes), strict=True):
-                old[i], vals[i] = lp, v
-        return old, ref if use_ref else None, vals
+                value = values_from_hidden(
+                    rt.value_head, critic.selected_hidden(rows_of(part, teacher=False), trajectory_batch_size=len(part))
+                )
+            for i, v in zip(index_list, value.split([s.response_len for s in part]), strict=True):
+                vals[i] = v
+        return old, ref, vals
 
     def _actor_step(self, part: list[UpdateSequence], tok: dict[str, Any]) -> dict[str, float]:
         ppo, rt, chunk = self.config.algorithm.ppo, self.runtime, self.config.train.logprob_chunk_size
