@@ -1,0 +1,117 @@
+"""The import-cycle check (scripts/check_import_cycles.py): it finds planted cycles of every kind it claims to."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "check_import_cycles.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("check_import_cycles", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load()
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _run(root: Path, *packages: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(root), *packages], capture_output=True, text=True, check=False
+    )
+
+
+def test_a_clean_package_passes(tmp_path: Path) -> None:
+    _package(tmp_path, {"p/__init__.py": "", "p/a.py": "from p import b\n", "p/b.py": "import json\n"})
+    done = _run(tmp_path, "p")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.startswith("no import cycles: 3 modules, 1 imports")
+
+
+@pytest.mark.parametrize(
+    ("a_text", "b_text"),
+    [
+        ("import p.b\n", "import p.a\n"),
+        ("from p import b\n", "from p.a import thing\n"),
+        ("from . import b\n", "from .a import thing\n"),
+        ("def late():\n    from p.b import x\n", "from p import a\n"),
+        ("import json\nclass C:\n    def m(self):\n        import p.b\n", "from .a import C\n"),
+    ],
+    ids=["import", "from-module", "relative", "function-level", "method-level"],
+)
+def test_a_two_module_cycle_is_found(tmp_path: Path, a_text: str, b_text: str) -> None:
+    _package(tmp_path, {"p/__init__.py": "", "p/a.py": a_text, "p/b.py": b_text})
+    done = _run(tmp_path, "p")
+    assert done.returncode == 1
+    assert done.stdout.strip() == "import cycle (2 modules): p.a <-> p.b"
+
+
+def test_a_cycle_across_subpackages_and_packages_is_found(tmp_path: Path) -> None:
+    _package(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/sub/__init__.py": "from .deep import f\n",
+            "p/sub/deep.py": "from ..top import g\n",
+            "p/top.py": "from q.mod import h\n",
+            "q/__init__.py": "",
+            "q/mod.py": "from p.sub import f\n",
+        },
+    )
+    done = _run(tmp_path, "p", "q")
+    assert done.returncode == 1
+    assert done.stdout.strip() == "import cycle (4 modules): p.sub <-> p.sub.deep <-> p.top <-> q.mod"
+
+
+def test_type_checking_imports_do_not_count(tmp_path: Path) -> None:
+    _package(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.b import B\n",
+            "p/b.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    import json\nfrom p.a import A\n",
+        },
+    )
+    assert _run(tmp_path, "p").returncode == 0
+
+
+def test_an_import_in_the_else_of_a_type_checking_guard_counts(tmp_path: Path) -> None:
+    _package(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/a.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    pass\nelse:\n    from p import b\n",
+            "p/b.py": "from p import a\n",
+        },
+    )
+    assert _run(tmp_path, "p").returncode == 1
+
+
+def test_a_missing_package_is_one_error_line(tmp_path: Path) -> None:
+    done = _run(tmp_path, "nothere")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "not a package" in done.stderr
+
+
+def test_three_separate_cycles_are_reported_largest_first() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"f"}, "g": set()}
+    assert check.cycles(graph) == [["a", "b", "c"], ["d", "e"]]
