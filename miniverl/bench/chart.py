@@ -1,5 +1,5 @@
-"""What the rollout and GRPO bench reports share in their rendering: a figure as text, and the SVG of horizontal bars
-(one per measured cell) that each report draws."""
+"""What the rollout and GRPO bench reports share in their rendering: a figure as text, the goals table, and the SVG
+of horizontal bars (one per measured cell) that each report draws."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ def figure(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
+
+
+def goals_table(goals: list[dict[str, Any]], digits: int = 3) -> list[str]:
+    """The markdown lines of a report's goals (name, observed figure, target, status), a blank line first."""
+    rows = [f"| {g['name']} | {figure(g['observed'], digits)} | {g['target']} | {g['status']} |" for g in goals]
+    return ["", "| goal | observed | target | status |", "|---|---:|---|---|", *rows]
 
 
 def horizontal_bars_svg(title: str, bars: list[tuple[str, float, Any, bool]], *, width: int, left: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.bench.chart import figure, horizontal_bars_svg
+from miniverl.bench.chart import figure, goals_table, horizontal_bars_svg
 from miniverl.bench.common import MIN_REPEATS_FOR_A_RESULT
 
 # Issue 21's targets on the H200: (ratio key, bound, what it measures)
@@ -79,9 +79,7 @@ def render_grpo_markdown(report: dict[str, Any]) -> str:
     lines += ["", "| ratio | value |", "|---|---:|"]
     for key, value in report["ratios"].items():
         lines.append(f"| {key} | {figure(value, 4)} |")
-    lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
-    for g in report["goals"]:
-        lines.append(f"| {g['name']} | {figure(g['observed'], 4)} | {g['target']} | {g['status']} |")
+    lines += goals_table(report["goals"], digits=4)
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.bench.chart import figure, horizontal_bars_svg
+from miniverl.bench.chart import figure, goals_table, horizontal_bars_svg
 
 #: Issue 21's decode targets (H200, Qwen3-0.6B shape, LoRA folded): (batch, most ms per decode step, least % of the
 #: bandwidth bound that counts weights and KV reads)
@@ -90,9 +90,7 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
             continue
         figures = " | ".join(figure(c[k]) for k in ("median_ratio", "min_ratio", "q1_ratio", "q3_ratio", "max_ratio"))
         lines.append(f"| {c['a']} / {c['b']} | {c['batch']} | {len(c['pairs'])} | {figures} |")
-    lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
-    for g in report["goals"]:
-        lines.append(f"| {g['name']} | {figure(g['observed'])} | {g['target']} | {g['status']} |")
+    lines += goals_table(report["goals"])
     return "\n".join(lines) + "\n"
 
 
