@@ -1,4 +1,7 @@
-"""Release assets: exactly the seed's top-level layout, built from a candidate and a qualification directory."""
+"""Release assets: exactly the seed's top-level layout, built from a candidate and a qualification directory.
+
+The builder sits above the auditor: it publishes the auditor's chain verification and re-audits the staged
+directory before moving it into place, so nothing unaudited is ever written as release assets."""
 
 from __future__ import annotations
 
@@ -15,41 +18,9 @@ from harness.core.errors import AssetsError, UsageError
 from harness.core.jsonio import atomic_write_bytes, fsync_tree, sha256_file
 from harness.core.policy import PRINCIPAL_FILES
 from harness.core.recordio import load_record, record_bytes
-from harness.core.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
-from harness.core.safeio import file_digest, path_below
-from harness.evidence.archive import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, Member, write_archive
+from harness.core.records import Qualification
+from harness.evidence.archive import PRINCIPAL_ROLE_PREFIX, pack_evidence
 from harness.evidence.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION
-
-PRINCIPAL_ROLE_PREFIX = "principal_"
-
-
-def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path, *, mtime: int) -> EvidenceManifest:
-    """Write the archive + its manifest into ``out_dir`` from the qualification's subordinate artifacts."""
-    members: list[Member] = []
-    entries: list[EvidenceMember] = []
-    for art in qual.artifacts:
-        if art.role.startswith(PRINCIPAL_ROLE_PREFIX):
-            continue
-        name = ARCHIVE_MEMBERS.get(art.role)
-        if name is None:
-            raise AssetsError(f"no evidence-role mapping for role {art.role!r} ({art.path})", check="evidence_roles")
-        source = path_below(qual_dir, art.path, art.path, check="artifact_file_type", error=AssetsError)
-        if file_digest(source, art.path, check="artifact_file_type", error=AssetsError) != (art.bytes, art.sha256):
-            raise AssetsError(f"{art.path} differs from qualification.json", check="artifact_sha256")
-        members.append(Member(name=name, role=art.role, source=source))
-        entries.append(EvidenceMember(name=name, role=art.role, bytes=art.bytes, sha256=art.sha256))
-    archive = out_dir / ARCHIVE
-    write_archive(members, archive, mtime=mtime)
-    manifest = EvidenceManifest(
-        kind="miniverl.evidence-manifest",
-        schema_version=1,
-        archive=FileDigest(filename=ARCHIVE, bytes=archive.stat().st_size, sha256=sha256_file(archive)),
-        source_commit=qual.candidate.source_commit,
-        qualification_sha256=sha256_file(qual_dir / "qualification.json"),
-        members=sorted(entries, key=lambda e: e.name),
-    )
-    atomic_write_bytes(out_dir / ARCHIVE_MANIFEST, record_bytes(manifest))
-    return manifest
 
 
 def build_release_assets(

@@ -1,9 +1,12 @@
 """One exception type per failure kind. Each carries the name of the check that failed.
 
-The CLI prints ``harness: error: [<check>] <message>`` on one line and exits non-zero; no traceback.
+The CLI prints ``harness: error: [<check>] <message>`` on one line and exits non-zero; no traceback. A kind
+names its default check (and exit code) in its class statement: ``class X(HarnessError, check="x")``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class HarnessError(Exception):
@@ -11,6 +14,13 @@ class HarnessError(Exception):
 
     check = "harness"
     exit_code = 1
+
+    def __init_subclass__(cls, *, check: str | None = None, exit_code: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if check is not None:
+            cls.check = check
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
     def __init__(self, message: str, *, check: str | None = None) -> None:
         super().__init__(message)
@@ -21,68 +31,45 @@ class HarnessError(Exception):
         return f"[{self.check}] {self}"
 
 
-class UsageError(HarnessError):
+class UsageError(HarnessError, check="usage", exit_code=2):
     """Bad arguments: the caller must change what they asked for."""
 
-    check = "usage"
-    exit_code = 2
 
-
-class ToolchainError(HarnessError):
+class ToolchainError(HarnessError, check="toolchain"):
     """The pinned build toolchain (build, hatchling, twine) is missing or has other versions."""
 
-    check = "toolchain"
 
-
-class SourceError(HarnessError):
+class SourceError(HarnessError, check="source"):
     """The checkout cannot be exported: not a git repository, unknown commit, dirty when refused."""
 
-    check = "source"
 
-
-class BuildError(HarnessError):
+class BuildError(HarnessError, check="build"):
     """``python -m build`` or ``twine check --strict`` failed."""
 
-    check = "build"
 
-
-class CandidateError(HarnessError):
+class CandidateError(HarnessError, check="candidate"):
     """A candidate directory is not exactly manifest + SHA256SUMS + wheel + sdist, or its bytes differ."""
 
-    check = "candidate"
 
-
-class RecordError(HarnessError):
+class RecordError(HarnessError, check="record"):
     """A record does not validate against its schema, holds NaN, or holds a local path."""
 
-    check = "record"
 
-
-class StackError(HarnessError):
+class StackError(HarnessError, check="known_good"):
     """A known-good stack or profile is missing, inconsistent or not the one the record names."""
 
-    check = "known_good"
 
-
-class InstallError(HarnessError):
+class InstallError(HarnessError, check="install"):
     """The fresh virtual environment could not be created or the candidate could not be installed."""
 
-    check = "install"
 
-
-class ArchiveError(HarnessError):
+class ArchiveError(HarnessError, check="archive"):
     """An evidence archive is unsafe (links, devices, ``..``, absolute names, duplicates, size bombs)."""
 
-    check = "archive"
 
-
-class AssetsError(HarnessError):
+class AssetsError(HarnessError, check="release_assets"):
     """The release-asset directory cannot be built: missing principal records, wrong layout."""
 
-    check = "release_assets"
 
-
-class VerificationError(HarnessError):
+class VerificationError(HarnessError, check="verification"):
     """The auditor found a failed check."""
-
-    check = "verification"

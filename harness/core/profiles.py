@@ -11,60 +11,61 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
+# Every profile: teardown within max(2 MiB, 2 % of the baseline). A CUDA profile's peak reserved is held to the
+# 14.5 GiB budget of the seed's 16 GiB release card, the H200 included (the release smoke must still fit the card).
+RELEASE_CARD_PEAK_RESERVED_BYTES = int(14.5 * GIB)
+
+
+def _thresholds(peak_reserved_bytes_max: int | None) -> Thresholds:
+    return Thresholds(
+        peak_reserved_bytes_max=peak_reserved_bytes_max,
+        teardown_tolerance_bytes_min=2 * MIB,
+        teardown_tolerance_fraction=0.02,
+    )
+
+
+def _profile(name: str, *, required_gpu_name: str | None, can_authorize_release: bool, description: str) -> Profile:
+    """A profile whose known-good stack bears its name; a GPU profile runs on CUDA with the CUDA extras."""
+    cuda = required_gpu_name is not None
+    return Profile(
+        kind="miniverl.profile",
+        schema_version=1,
+        name=name,
+        device="cuda" if cuda else "cpu",
+        required_gpu_name=required_gpu_name,
+        known_good=name,
+        install_extras=["train", "cuda"] if cuda else ["train"],
+        thresholds=_thresholds(RELEASE_CARD_PEAK_RESERVED_BYTES if cuda else None),
+        can_authorize_release=can_authorize_release,
+        description=description,
+    )
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile(
-            kind="miniverl.profile",
-            schema_version=1,
-            name="rtx4080-wsl2-cu130",
-            device="cuda",
+        _profile(
+            "rtx4080-wsl2-cu130",
             required_gpu_name="NVIDIA GeForce RTX 4080",
-            known_good="rtx4080-wsl2-cu130",
-            install_extras=["train", "cuda"],
-            thresholds=Thresholds(
-                peak_reserved_bytes_max=int(14.5 * GIB),
-                teardown_tolerance_bytes_min=2 * MIB,
-                teardown_tolerance_fraction=0.02,
-            ),
             can_authorize_release=True,
             description=(
                 "The seed's release runner: Ubuntu under WSL2, Python 3.12.13, one 16 GiB RTX 4080. "
                 "Its stack is declared here, not measured; a declared stack cannot authorize a release."
             ),
         ),
-        Profile(
-            kind="miniverl.profile",
-            schema_version=1,
-            name="h200-cu130",
-            device="cuda",
+        # The seed names one release machine; the H200 is measured here but can never authorize a release.
+        _profile(
+            "h200-cu130",
             required_gpu_name="NVIDIA H200",
-            known_good="h200-cu130",
-            install_extras=["train", "cuda"],
-            # The release smoke must still fit the 16 GiB release card, so the H200 keeps its budget.
-            thresholds=Thresholds(
-                peak_reserved_bytes_max=int(14.5 * GIB),
-                teardown_tolerance_bytes_min=2 * MIB,
-                teardown_tolerance_fraction=0.02,
-            ),
-            # The seed names one release machine; the H200 is measured here but can never authorize a release.
             can_authorize_release=False,
             description=(
                 "The H200 machine measured here (no network; torch 2.11 cu130 system-wide, the venv uses "
                 "--system-site-packages). Peak reserved is held to the 14.5 GiB budget of the 16 GiB release card."
             ),
         ),
-        Profile(
-            kind="miniverl.profile",
-            schema_version=1,
-            name="cpu-reference",
-            device="cpu",
+        _profile(
+            "cpu-reference",
             required_gpu_name=None,
-            known_good="cpu-reference",
-            install_extras=["train"],
-            thresholds=Thresholds(
-                peak_reserved_bytes_max=None, teardown_tolerance_bytes_min=2 * MIB, teardown_tolerance_fraction=0.02
-            ),
             can_authorize_release=False,
             description="CI on CPU: runtime correctness only. It can never authorize a release.",
         ),

@@ -12,9 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.errors import ArchiveError
-from harness.core.jsonio import fsync_dir, sha256_file
-from harness.core.safeio import regular_file_size
+from harness.core.errors import ArchiveError, AssetsError
+from harness.core.jsonio import atomic_write_bytes, fsync_dir, sha256_file
+from harness.core.recordio import record_bytes
+from harness.core.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
+from harness.core.safeio import file_digest, path_below, regular_file_size
 from harness.qualify.full.catalog import archive_members
 
 ARCHIVE = "qualification-evidence.tar.gz"
@@ -207,3 +209,35 @@ def safe_extract(
 
 def describe(path: Path) -> tuple[int, str]:
     return path.stat().st_size, sha256_file(path)
+
+
+PRINCIPAL_ROLE_PREFIX = "principal_"
+
+
+def pack_evidence(qual_dir: Path, qual: Qualification, out_dir: Path, *, mtime: int) -> EvidenceManifest:
+    """Write the archive + its manifest into ``out_dir`` from the qualification's subordinate artifacts."""
+    members: list[Member] = []
+    entries: list[EvidenceMember] = []
+    for art in qual.artifacts:
+        if art.role.startswith(PRINCIPAL_ROLE_PREFIX):
+            continue
+        name = ARCHIVE_MEMBERS.get(art.role)
+        if name is None:
+            raise AssetsError(f"no evidence-role mapping for role {art.role!r} ({art.path})", check="evidence_roles")
+        source = path_below(qual_dir, art.path, art.path, check="artifact_file_type", error=AssetsError)
+        if file_digest(source, art.path, check="artifact_file_type", error=AssetsError) != (art.bytes, art.sha256):
+            raise AssetsError(f"{art.path} differs from qualification.json", check="artifact_sha256")
+        members.append(Member(name=name, role=art.role, source=source))
+        entries.append(EvidenceMember(name=name, role=art.role, bytes=art.bytes, sha256=art.sha256))
+    archive = out_dir / ARCHIVE
+    write_archive(members, archive, mtime=mtime)
+    manifest = EvidenceManifest(
+        kind="miniverl.evidence-manifest",
+        schema_version=1,
+        archive=FileDigest(filename=ARCHIVE, bytes=archive.stat().st_size, sha256=sha256_file(archive)),
+        source_commit=qual.candidate.source_commit,
+        qualification_sha256=sha256_file(qual_dir / "qualification.json"),
+        members=sorted(entries, key=lambda e: e.name),
+    )
+    atomic_write_bytes(out_dir / ARCHIVE_MANIFEST, record_bytes(manifest))
+    return manifest

@@ -13,7 +13,5 @@ from __future__ import annotations
 from harness.core.errors import HarnessError
 
 
-class GateError(HarnessError):
+class GateError(HarnessError, check="gate"):
     """A gate check failed; ``check`` names it (``[check] why`` on stderr, exit 1)."""
-
-    check = "gate"
