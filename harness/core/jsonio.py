@@ -8,8 +8,10 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from harness.core.errors import RecordError
 
@@ -148,13 +150,15 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file beside ``path``, fsync, rename into place, fsync the directory."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A temp file beside ``path`` to write; on a clean exit it is fsynced, made 0644, renamed into place and the
+    directory fsynced, so ``path`` holds either its old bytes or all the new ones. On an error it is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, 0o644)
@@ -163,6 +167,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as handle:
+        handle.write(data)
 
 
 def atomic_write_json(path: Path, value: Any) -> bytes:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import ArchiveError, AssetsError
-from harness.core.jsonio import atomic_write_bytes, fsync_dir, sha256_file
+from harness.core.jsonio import atomic_file, atomic_write_bytes, sha256_file
 from harness.core.recordio import record_bytes
 from harness.core.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
 from harness.core.safeio import file_digest, path_below, regular_file_size
@@ -68,31 +66,20 @@ def write_archive(members: Iterable[Member], out: Path, *, mtime: int) -> None:
     names = [m.name for m in ordered]
     if len(names) != len(set(names)):
         raise ArchiveError("two evidence files map to one archive member", check="archive_duplicate")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            # tarfile's own "w:gz" writes the filename and the current time into the gzip header.
-            with (
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-            ):
-                for member in ordered:
-                    data = member.source.read_bytes()
-                    info = tarfile.TarInfo(member.name)
-                    info.size, info.mtime, info.mode = len(data), mtime, MEMBER_MODE
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    info.type = tarfile.REGTYPE
-                    tar.addfile(info, io.BytesIO(data))
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(out.parent)
+    # tarfile's own "w:gz" writes the filename and the current time into the gzip header.
+    with (
+        atomic_file(out) as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for member in ordered:
+            data = member.source.read_bytes()
+            info = tarfile.TarInfo(member.name)
+            info.size, info.mtime, info.mode = len(data), mtime, MEMBER_MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.type = tarfile.REGTYPE
+            tar.addfile(info, io.BytesIO(data))
 
 
 def _check_name(name: str) -> None:
