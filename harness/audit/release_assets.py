@@ -13,9 +13,9 @@ from pathlib import Path
 
 from harness.audit.auditor import audit
 from harness.audit.chain import AuditRequest, verify_chain
-from harness.build.candidate import MANIFEST, SUMS, check_candidate, replace_dir
+from harness.build.candidate import MANIFEST, SUMS, check_candidate
 from harness.core.errors import AssetsError, UsageError
-from harness.core.jsonio import atomic_write_bytes, fsync_tree, sha256_file
+from harness.core.jsonio import atomic_write_bytes, publish_dir, sha256_file
 from harness.core.policy import PRINCIPAL_FILES
 from harness.core.recordio import load_record, record_bytes
 from harness.core.records import Qualification
@@ -88,9 +88,7 @@ def build_release_assets(
             raise AssetsError(
                 f"the auditor refused the assets: {', '.join(final.failed_checks)}", check=final.failed_checks[0]
             )
-        os.chmod(staging, 0o755)
-        fsync_tree(staging)
-        replace_dir(staging, out)
+        publish_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from harness.core.errors import BuildError, CandidateError, RecordError, SourceError, ToolchainError, UsageError
-from harness.core.jsonio import atomic_write_bytes, fsync_tree, sha256_bytes, sha256_file
+from harness.core.jsonio import atomic_write_bytes, fsync_tree, replace_dir, sha256_bytes, sha256_file
 from harness.core.proc import HARNESS_DIR, clean_env, git, last_line, run
 from harness.core.recordio import parse_record, record_bytes
 from harness.core.records import (
@@ -191,19 +191,6 @@ def build_candidate(
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return manifest
-
-
-def replace_dir(staging: Path, target: Path) -> None:
-    """Move a finished ``staging`` directory onto ``target``; the old one is removed only afterwards."""
-    old = None
-    if target.is_symlink() or target.is_file():
-        raise UsageError(f"{target.name} exists and is not a directory; remove it first", check="output")
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(staging, target)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def _same_files(new: Path, old: Path) -> bool:

@@ -7,13 +7,14 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from harness.core.errors import RecordError
+from harness.core.errors import RecordError, UsageError
 
 CHUNK = 1 << 20
 
@@ -189,3 +190,23 @@ def fsync_tree(root: Path) -> None:
                 os.fsync(handle.fileno())
     for directory in sorted({root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())}):
         fsync_dir(directory)
+
+
+def replace_dir(staging: Path, target: Path) -> None:
+    """Move a finished ``staging`` directory onto ``target``; the old one is removed only afterwards."""
+    old = None
+    if target.is_symlink() or target.is_file():
+        raise UsageError(f"{target.name} exists and is not a directory; remove it first", check="output")
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def publish_dir(staging: Path, target: Path) -> None:
+    """A finished ``staging`` directory made 0755, fsynced whole, then moved onto ``target``."""
+    os.chmod(staging, 0o755)
+    fsync_tree(staging)
+    replace_dir(staging, target)

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.build.candidate import replace_dir
 from harness.core import policy, registry
-from harness.core.jsonio import fsync_tree, sha256_file
+from harness.core.jsonio import publish_dir, sha256_file
 from harness.core.recordio import record_bytes
 from harness.core.records import (
     Artifact,
@@ -246,9 +245,7 @@ def write_qualification(q: QualificationInputs) -> str:
             scientific_scope=ScientificScope(),
         )
         (staging / "qualification.json").write_bytes(record_bytes(record))
-        os.chmod(staging, 0o755)
-        fsync_tree(staging)
-        replace_dir(staging, out)
+        publish_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
