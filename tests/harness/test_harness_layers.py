@@ -84,7 +84,7 @@ def test_each_stage_says_what_it_owns_and_may_import() -> None:
     for stage in STAGES:
         init = REPO / "harness" / stage / "__init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
-        assert doc and "import" in doc.lower(), f"harness/{stage}/__init__.py needs a docstring naming what it may import"
+        assert doc and "import" in doc.lower(), f"harness/{stage}/__init__.py: no docstring saying what it may import"
 
 
 def test_a_planted_upward_import_is_found(tmp_path: Path) -> None:
