@@ -238,13 +238,18 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     result = write_example(args.example, Path(args.dir), force=args.force)
     where = args.dir
+    heldout = result.get("heldout_rows")
+    wrote = f"{where}/config.yaml and {where}/prompts.parquet ({result['rows']} prompts)" + (
+        f" and {where}/heldout.parquet ({heldout} held-out prompts)" if heldout else ""
+    )
     human = (
-        f"wrote {where}/config.yaml and {where}/prompts.parquet ({result['rows']} prompts). Next:\n"
+        f"wrote {wrote}. Next:\n"
         + (f"  cd {where}\n" if Path(where) != Path(".") else "")
         + "  miniverl models fetch smollm2-135m-instruct\n"
         "  miniverl plan config.yaml --out plan.json\n"
         "  miniverl run --plan plan.json --output runs --run-id first\n"
-        "  miniverl report runs/first"
+        + ("  miniverl eval runs/first --data heldout.parquet\n" if heldout else "")
+        + "  miniverl report runs/first"
     )
     _emit(args, result, human)
     return 0
@@ -280,7 +285,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     with run_writer(Path(args.run_dir), what="the report", optional=True):
         result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    _emit(args, result, f"wrote {result['html']} and {result['markdown']}")
+    _emit(args, result, "\n".join([*result["headline"], f"wrote {result['html']} and {result['markdown']}"]))
     return 0
 
 

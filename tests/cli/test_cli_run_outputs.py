@@ -164,6 +164,16 @@ def test_report_has_points_and_names_what_is_absent(runs: dict[str, Any]) -> Non
     assert str(runs["root"]) not in markdown
 
 
+def test_report_prints_its_headline_then_where_it_wrote(runs: dict[str, Any]) -> None:
+    run_dir: Path = runs["grpo"]["dir"]
+    code, out, err = _main("report", str(run_dir))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("training reward ") and lines[0].endswith(" over 2 updates")
+    assert lines[-2].startswith("held-out: not evaluated")
+    assert lines[-1] == f"wrote {run_dir / 'report' / 'report.html'} and {run_dir / 'report' / 'report.md'}"
+
+
 def test_report_renders_in_headless_chromium(runs: dict[str, Any], tmp_path: Path) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
