@@ -80,6 +80,7 @@ class Controller:
         progress: Callable[[int, int, MetricsLine], None] | None = None,
         on_phase: Callable[[str, int], None] | None = None,
         backend: RolloutBackend | None = None,
+        load_metrics: dict[str, float] | None = None,
     ) -> None:
         self.config = config
         self.backend = backend if backend is not None else rollout_backend(config.rollout)
@@ -109,8 +110,12 @@ class Controller:
             f"adapter precision {self.algorithm.actor.precision} (train.adapter_precision "
             f"{config.train.adapter_precision})",
         )
-        #: recorded on every metrics line: the adapter precision this run trains in (1.0: bf16_master)
-        self.precision_metrics = {"train/adapter_bf16_master": float(self.algorithm.actor.precision == "bf16_master")}
+        #: recorded on every metrics line: the adapter precision this run trains in (1.0: bf16_master) and
+        #: what the load decided beside it (the memory plan, when a budget chose one)
+        self.load_metrics = {
+            "train/adapter_bf16_master": float(self.algorithm.actor.precision == "bf16_master"),
+            **(load_metrics or {}),
+        }
         self.state = Progress()
         #: trajectories/ file name -> sha256 of every update so far (checkpoint.json binds them)
         self.trajectory_hashes: dict[str, str] = {}
@@ -304,7 +309,7 @@ class Controller:
                         **result.metrics,
                         **self._reward_model_metrics(scores),
                         **evaluated,
-                        **self.precision_metrics,
+                        **self.load_metrics,
                     }.items()
                 )
                 if math.isfinite(v)
