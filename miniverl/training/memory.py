@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from miniverl.config.schema import MiniverlConfig
+from miniverl.config.schema import OFFLINE_ALGORITHMS, MiniverlConfig
 from miniverl.data import PromptRow
 from miniverl.runtime.base import RoleRuntime
 from miniverl.runtime.memory_plan import DecoderDims, MemoryPlan, Workload, choose_plan
@@ -23,6 +23,14 @@ def longest_prompt_tokens(tokenizer: Any, rows: Sequence[PromptRow], *, use_chat
     from miniverl.rollout.hf import encode_prompt
 
     return max((len(encode_prompt(tokenizer, r.prompt, use_chat_template=use_chat_template)) for r in rows), default=1)
+
+
+def longest_oracle_tokens(config: MiniverlConfig, tokenizer: Any, rows: Sequence[PromptRow]) -> int:
+    """The longest oracle trajectory (prompt + target + EOS) an offline algorithm will train on."""
+    from miniverl.training.algorithms.sft import oracle_trajectories
+
+    trajectories = oracle_trajectories(config, tokenizer, rows, policy_version=0)
+    return max((len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories), default=1)
 
 
 def update_rows(config: MiniverlConfig) -> int:
@@ -55,9 +63,15 @@ def workload_of(
     r = config.rollout
     lora = config.models.student.lora
     assert lora is not None  # the schema fills the default
-    prompt = longest_prompt_tokens(runtime.tokenizer, rows, use_chat_template=r.use_chat_template)
-    row_tokens = prompt + r.max_new_tokens
-    fast = runtime.device.type == "cuda" and r.engine in ("auto", "fast") and r.backend == "hf"
+    offline = config.algorithm.name in OFFLINE_ALGORITHMS
+    if offline:  # SFT / KD train on the dataset's own responses, whatever their length; nothing is sampled
+        row_tokens = longest_oracle_tokens(config, runtime.tokenizer, rows)
+        rollout_rows = 0
+    else:
+        prompt = longest_prompt_tokens(runtime.tokenizer, rows, use_chat_template=r.use_chat_template)
+        row_tokens = prompt + r.max_new_tokens
+        rollout_rows = min(r.batch_size, config.trajectories_per_cycle)
+    fast = not offline and runtime.device.type == "cuda" and r.engine in ("auto", "fast") and r.backend == "hf"
     return Workload(
         dtype=config.models.dtype,
         adapter_precision=precision,
@@ -66,7 +80,7 @@ def workload_of(
         row_tokens=row_tokens,
         update_rows=update_rows(config),
         logprob_chunk=config.train.logprob_chunk_size,
-        rollout_rows=min(r.batch_size, config.trajectories_per_cycle),
+        rollout_rows=rollout_rows,
         rollout_capacity=row_tokens,
         fast_engine=fast,
         extra_models=extra_models(config, runtime),

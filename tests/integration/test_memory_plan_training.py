@@ -112,3 +112,22 @@ def test_a_cuda_run_records_its_plan_and_stays_under_the_budget(
         assert metrics["memory_plan/budget_gib"] == pytest.approx(2.0)
         assert metrics["train/adapter_bf16_master"] == 1.0  # auto: a bfloat16 student on CUDA
         assert line["peak_reserved_bytes"] <= 2.0 * GIB
+
+
+def test_offline_rows_are_measured_from_the_oracle_responses(tiny_model_dir: Path, prompts: Path) -> None:
+    from miniverl.data import load_prompts
+    from miniverl.runtime import build_runtime
+    from miniverl.training.algorithms.sft import oracle_trajectories
+    from miniverl.training.memory import workload_of
+
+    raw = tiny_config(tiny_model_dir, algorithm="sft")
+    raw["rollout"]["max_new_tokens"] = 1  # not what SFT trains on: the data's answers are
+    config = MiniverlConfig.model_validate(raw)
+    runtime = build_runtime(config.models, device=torch.device("cpu"))
+    rows = load_prompts(config.data.path)
+    work = workload_of(config, runtime, rows, "fp32")
+    longest = max(
+        len(t.prompt_token_ids) + len(t.response_token_ids)
+        for t in oracle_trajectories(config, runtime.tokenizer, rows, policy_version=0)
+    )
+    assert work.row_tokens == longest and work.rollout_rows == 0 and not work.fast_engine
