@@ -18,6 +18,7 @@ import torch
 from miniverl.algorithms import chunked_token_logprobs
 from miniverl.config.schema import MiniverlConfig
 from miniverl.runtime.base import BatchSize, RoleRuntime, SequenceRows
+from miniverl.runtime.batching import to_device
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,9 @@ def rows_of(sequences: Sequence[UpdateSequence], teacher: bool) -> SequenceRows:
 
 
 def targets_of(sequences: Sequence[UpdateSequence], device: torch.device) -> torch.Tensor:
+    """The response token ids, on ``device`` without a host sync (pinned, non-blocking on CUDA)."""
     ids = [t for s in sequences for t in s.response_ids()]
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    return to_device(torch.tensor(ids, dtype=torch.long), device)
 
 
 class Bf16MasterAdapter:
