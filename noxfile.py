@@ -26,11 +26,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff and mypy over the runtime and the harness."""
+    """ruff, mypy and the import-cycle check over the runtime and the harness."""
     install_project(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("python", "scripts/check_import_cycles.py", "miniverl", "harness")
 
 
 @nox.session(python=PYTHON)

@@ -8,14 +8,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.errors import HarnessError, UsageError
-from harness.proc import REPO_ROOT
+from harness.core.errors import HarnessError, UsageError
+from harness.core.proc import REPO_ROOT
 
 DEFAULT_CANDIDATE = REPO_ROOT / "out" / "candidate"
 
 
 def _build(args: argparse.Namespace) -> int:
-    from harness.candidate import build_candidate, check_candidate
+    from harness.build.candidate import build_candidate, check_candidate
 
     out = Path(args.out)
     if args.check:
@@ -28,8 +28,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace, level: str) -> int:
-    from harness.profiles import get_profile
-    from harness.smoke import SmokeOptions, run_smoke
+    from harness.core.profiles import get_profile
+    from harness.qualify.smoke import SmokeOptions, run_smoke
 
     opts = SmokeOptions(
         profile=get_profile(args.profile),
@@ -53,7 +53,7 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
 def _verl_python(value: str | None, *, required: bool) -> Path | None:
     """An interpreter whose environment has verl 0.9.1 (`make verl-env` builds one); the path itself is not
     resolved, so a venv's python stays the venv's (and a wrapper script stays the wrapper)."""
-    from harness.verl_env import MISSING
+    from harness.install.verl_env import MISSING
 
     if value is None:
         if required:
@@ -75,15 +75,15 @@ def _dir(value: str | None, flag: str) -> Path | None:
 
 
 def _stack(args: argparse.Namespace) -> int:
-    from harness.candidate import check_candidate
-    from harness.install import InstallOptions, fresh_venv, install_candidate
-    from harness.proc import Redactor
-    from harness.profiles import get_profile
-    from harness.stacks import gpu_facts, installed_closure, load_known_good, write_known_good
+    from harness.build.candidate import check_candidate
+    from harness.build.stacks import gpu_facts, installed_closure, load_known_good, write_known_good
+    from harness.core.proc import Redactor
+    from harness.core.profiles import get_profile
+    from harness.install.venv import InstallOptions, fresh_venv, install_candidate
 
     profile = get_profile(args.profile)
     if args.action == "describe":
-        from harness.stacks import describe_existing
+        from harness.build.stacks import describe_existing
 
         d = describe_existing(
             profile,
@@ -137,8 +137,8 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _assets(args: argparse.Namespace) -> int:
-    from harness.assets import build_release_assets
-    from harness.audit_cli import checkout_request
+    from harness.audit.cli import checkout_request
+    from harness.audit.release_assets import build_release_assets
 
     # The bindings to trust come from this checkout and the profile, never from the records being packed.
     req = checkout_request(args.profile, "full_qualification", assets=False)
@@ -157,7 +157,7 @@ def _assets(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
-    from harness import schemas
+    from harness.core import schemas
 
     if args.check:
         problems = schemas.drift()
@@ -173,14 +173,14 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from harness.audit_cli import run_audit
+    from harness.audit.cli import run_audit
 
     return run_audit(args)
 
 
 def _verify_checkout(args: argparse.Namespace) -> int:
-    from harness.audit import audit
-    from harness.audit_cli import checkout_request, report
+    from harness.audit.auditor import audit
+    from harness.audit.cli import checkout_request, report
 
     return report(audit(checkout_request(args.profile, args.level, assets=args.assets)), args.out)
 
@@ -245,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--replace", action="store_true")
     sc = sub.add_parser("schemas", help="regenerate manifests/harness (or --check for drift)")
     sc.add_argument("--check", action="store_true")
-    from harness.audit_cli import add_arguments
+    from harness.audit.cli import add_arguments
 
     add_arguments(sub.add_parser("verify", help="the torch-free auditor (scripts/validate_release_chain.py)"))
     vc = sub.add_parser(
@@ -255,8 +255,8 @@ def parser() -> argparse.ArgumentParser:
     vc.add_argument("--level", required=True, choices=["release_smoke", "full_qualification"])
     vc.add_argument("--assets", action="store_true", help="also audit out/release-assets")
     vc.add_argument("--out", default=str(REPO_ROOT / "out" / "release-verification.json"))
-    from harness.full.probe import add_arguments as add_workload_arguments
     from harness.gate.main import add_arguments as add_gate_arguments
+    from harness.qualify.full.probe import add_arguments as add_workload_arguments
 
     add_workload_arguments(sub.add_parser("workload", help="run one full workload against an existing venv (dev)"))
     add_gate_arguments(sub.add_parser("release-gate", help="verify one gpu.yml run through the GitHub API"))
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "release-gate":
             return _release_gate(args)
         if args.command == "workload":
-            from harness.full.probe import probe
+            from harness.qualify.full.probe import probe
 
             return probe(args)
         return _verify(args)

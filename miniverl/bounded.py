@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from miniverl.config.strict import MAX_DEPTH, loads_json, loads_yaml, nesting_depth
 from miniverl.errors import UsageError
 
 KIB = 1 << 10
@@ -30,8 +31,6 @@ MODEL_CONFIG_MAX_BYTES = 4 * MIB  # a model's config.json, adapter_config.json
 METRICS_MAX_BYTES = 1 * GIB  # metrics.jsonl (one line per update)
 PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset
 WEIGHTS_MAX_BYTES = 64 * GIB  # a safetensors file (an adapter's, a cached model's): only devices and FIFOs are kept out
-#: Containers nested deeper than this in a JSON or YAML input are refused (real configs nest < 10 deep).
-MAX_DEPTH = 64
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -114,26 +113,6 @@ def read_text(path: Path, *, limit: int, what: str, nofollow: bool = False) -> s
     return read_bytes(path, limit=limit, what=what, nofollow=nofollow).decode("utf-8")
 
 
-def nesting_depth(value: Any) -> int:
-    """How deeply dicts and lists nest in ``value`` (a scalar: 0), computed without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        depth += 1
-        deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
-            return depth
-        stack.extend((child, depth) for child in children)
-    return deepest
-
-
 def check_depth(value: Any, *, origin: str) -> Any:
     """``value`` when it nests at most :data:`MAX_DEPTH` deep; an :class:`InputBoundError` naming ``origin``."""
     if nesting_depth(value) > MAX_DEPTH:
@@ -154,13 +133,9 @@ def read_json(path: Path, *, limit: int, what: str, nofollow: bool = False) -> A
     Unlike :func:`read_text`, a directory is an :class:`InputBoundError` too; a missing file is a
     :class:`FileNotFoundError`; text that is not UTF-8 or not JSON a :class:`ValueError`.
     """
-    from miniverl.config.strict import loads_json  # it imports this module
-
     return loads_json(_document_text(Path(path), limit=limit, what=what, nofollow=nofollow))
 
 
 def read_yaml(path: Path, *, limit: int, what: str, nofollow: bool = False) -> Any:
     """A YAML file safe-loaded strictly (:func:`~miniverl.config.strict.loads_yaml`), as :func:`read_json`."""
-    from miniverl.config.strict import loads_yaml
-
     return loads_yaml(_document_text(Path(path), limit=limit, what=what, nofollow=nofollow))

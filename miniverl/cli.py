@@ -379,6 +379,18 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_grpo(args: argparse.Namespace) -> int:
+    from miniverl import progress
+    from miniverl.bench.grpo import options_from_args, run_grpo_bench
+    from miniverl.bench.grpo_render import render_grpo_markdown
+
+    writable_out(args)
+    with progress.active(_reporter(args)):
+        report = run_grpo_bench(options_from_args(args), args.out)
+    _emit(args, report, render_grpo_markdown(report) + f"\nwrote grpo.json, grpo.md, grpo.svg to {args.out}")
+    return 0
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     from miniverl.schemas import write_schemas
 
@@ -543,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_arguments(rollout_bench)
     rollout_bench.add_argument("--json", action="store_true", help="print the result as JSON")
     rollout_bench.set_defaults(handler=cmd_bench_rollout)
-    from miniverl.bench.grpo_args import add_grpo_arguments, cmd_bench_grpo
+    from miniverl.bench.grpo_args import add_grpo_arguments
 
     grpo_bench = bench.add_parser("grpo", help="GRPO step and update: miniverl fast/hf vs TRL vs naive HF+PEFT")
     add_grpo_arguments(grpo_bench)

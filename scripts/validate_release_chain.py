@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.audit_cli import main
+from harness.audit.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

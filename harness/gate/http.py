@@ -31,9 +31,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from harness.errors import RecordError
+from harness.core.errors import RecordError
+from harness.core.jsonio import loads_strict
 from harness.gate import GateError
-from harness.jsonio import loads_strict
 
 API_VERSION = "2022-11-28"
 ACCEPT = "application/vnd.github+json"

@@ -20,10 +20,8 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from harness.errors import HarnessError, UsageError
-from harness.gate import GateError
-from harness.gate.http import Deadline, GitHubClient, origin, origin_text
-from harness.gate.records import (
+from harness.core.errors import HarnessError, UsageError
+from harness.core.gate_records import (
     ArtifactRef,
     ChosenRun,
     GateCheck,
@@ -33,14 +31,16 @@ from harness.gate.records import (
     is_api_path,
     is_repository,
 )
+from harness.core.jsonio import looks_like_local_path, sha256_file
+from harness.core.policy import profile_for_gpu
+from harness.core.profiles import PROFILES
+from harness.core.recordio import write_record
+from harness.core.records import FileDigest
+from harness.gate import GateError
+from harness.gate.http import Deadline, GitHubClient, origin, origin_text
 from harness.gate.runs import LEVEL_ARTIFACTS, NoRunError, Target, select_run
 from harness.gate.safezip import ZipLimits
 from harness.gate.verify import check_digest, download, extract, known_good_sha256, unpack, write_outputs
-from harness.jsonio import looks_like_local_path, sha256_file
-from harness.policy import profile_for_gpu
-from harness.profiles import PROFILES
-from harness.recordio import write_record
-from harness.records import FileDigest
 
 GATE_JSON = "gate.json"
 DEFAULT_GPU = PROFILES["rtx4080-wsl2-cu130"].required_gpu_name

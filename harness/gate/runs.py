@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.core.gate_records import OtherRun
 from harness.gate import GateError
 from harness.gate.http import GitHubClient
-from harness.gate.records import OtherRun
 
 ARTIFACT_MARGIN = 1 << 20
 MAX_ARTIFACT_BYTES = 4 << 30

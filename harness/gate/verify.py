@@ -10,18 +10,19 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.assets import build_release_assets
-from harness.audit import AuditRequest, audit
-from harness.candidate import MANIFEST, check_candidate
-from harness.errors import HarnessError
+from harness.audit.auditor import audit
+from harness.audit.chain import AuditRequest
+from harness.audit.release_assets import build_release_assets
+from harness.build.candidate import MANIFEST, check_candidate
+from harness.build.known_good import read_known_good
+from harness.core.errors import HarnessError
+from harness.core.gate_records import ArtifactRef
+from harness.core.recordio import load_record, write_record
+from harness.core.records import CandidateManifest, GithubActionsBinding, Profile, Qualification, ReleaseVerification
 from harness.gate import GateError
 from harness.gate.http import GitHubClient
-from harness.gate.records import ArtifactRef
 from harness.gate.runs import ApiArtifact, ApiRun, Target, download_bound, parse_time
 from harness.gate.safezip import ZipLimits, safe_extract
-from harness.known_good import read_known_good
-from harness.recordio import load_record, write_record
-from harness.records import CandidateManifest, GithubActionsBinding, Profile, Qualification, ReleaseVerification
 
 QUALIFICATION = "qualification.json"
 

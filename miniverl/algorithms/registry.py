@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from miniverl.algorithms.advantages import gae_advantages, grpo_advantages
@@ -45,6 +45,10 @@ DIVERGENCES: dict[str, Callable[..., Any]] = {
 }
 
 
+DEFAULT_TOPK = 64
+TOPK_SUPPORTS = frozenset({"topk_tail", "topk"})
+
+
 @dataclass(frozen=True)
 class DistillObjective:
     """What a distillation/SFT objective computes at each selected position.
@@ -54,48 +58,37 @@ class DistillObjective:
       top-k + one tail bucket, :func:`chunked_topk_tail_divergence`), ``"topk"`` (teacher top-k
       renormalized, no tail, :func:`forward_kl_topk`) or ``"token"`` (the oracle token only,
       :func:`sft_token_nll`).
-    * ``default_k``: k for top-k supports, ``None`` otherwise.
     * ``on_policy``: positions come from student-sampled rollouts (``True``) or oracle/offline
       trajectories (``False``).
+    * ``default_k`` (derived): :data:`DEFAULT_TOPK` for the top-k supports, ``None`` otherwise.
     """
 
     name: str
     divergence: Literal["forward_kl", "reverse_kl", "jsd", "nll"]
     support: Literal["exact", "topk_tail", "topk", "token"]
-    default_k: int | None
+    default_k: int | None = field(init=False)
     on_policy: bool
     description: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default_k", DEFAULT_TOPK if self.support in TOPK_SUPPORTS else None)
 
-DEFAULT_TOPK = 64
 
+_OPD = "strict on-policy distillation"
 DISTILL_OBJECTIVES: dict[str, DistillObjective] = {
     o.name: o
     for o in (
-        DistillObjective(
-            "opd_exact", "reverse_kl", "exact", None, True,
-            "strict on-policy distillation: exact reverse KL(student||teacher) on student samples",
-        ),
-        DistillObjective(
-            "opd_topk_tail", "reverse_kl", "topk_tail", DEFAULT_TOPK, True,
-            "strict on-policy distillation: reverse KL over the teacher's top-k plus a tail bucket",
-        ),
-        DistillObjective(
-            "kd_exact", "forward_kl", "exact", None, False,
-            "offline KD: exact forward KL(teacher||student) on oracle trajectories",
-        ),
-        DistillObjective(
-            "kd_topk_tail", "forward_kl", "topk_tail", DEFAULT_TOPK, False,
-            "offline KD: forward KL over the teacher's top-k plus a tail bucket",
-        ),
-        DistillObjective(
-            "sft", "nll", "token", None, False,
-            "supervised fine-tuning: cross-entropy on the oracle tokens",
-        ),
-        DistillObjective(
-            "gkd_forward_kl_topk", "forward_kl", "topk", DEFAULT_TOPK, True,
-            "GKD: forward KL over the teacher's renormalized top-k (no tail) on student samples",
-        ),
+        DistillObjective("opd_exact", "reverse_kl", "exact", True,
+                         f"{_OPD}: exact reverse KL(student||teacher) on student samples"),
+        DistillObjective("opd_topk_tail", "reverse_kl", "topk_tail", True,
+                         f"{_OPD}: reverse KL over the teacher's top-k plus a tail bucket"),
+        DistillObjective("kd_exact", "forward_kl", "exact", False,
+                         "offline KD: exact forward KL(teacher||student) on oracle trajectories"),
+        DistillObjective("kd_topk_tail", "forward_kl", "topk_tail", False,
+                         "offline KD: forward KL over the teacher's top-k plus a tail bucket"),
+        DistillObjective("sft", "nll", "token", False, "supervised fine-tuning: cross-entropy on the oracle tokens"),
+        DistillObjective("gkd_forward_kl_topk", "forward_kl", "topk", True,
+                         "GKD: forward KL over the teacher's renormalized top-k (no tail) on student samples"),
     )
 }  # fmt: skip
 

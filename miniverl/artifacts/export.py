@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from miniverl import __version__, bounded, progress
+from miniverl.artifacts.export_critic import export_critic
+from miniverl.artifacts.reload import load_checkpoint_tensors, reload_peft
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
@@ -71,10 +73,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         }
         critic = None
         if config.algorithm.name == "ppo":
-            from miniverl.artifacts.export_critic import export_critic
-
             progress.phase("critic", "export the critic adapter and value head")
-
             critic = export_critic(config, plan.models, ckpt_dir, tmp, probe)
         export_manifest = ExportManifest(
             miniverl_version=__version__,
@@ -143,32 +142,6 @@ def name_base(adapter_config: Path, spec: Any) -> None:
     data["base_model_name_or_path"] = name
     data["revision"] = revision
     atomic_write_text(adapter_config, json.dumps(data, sort_keys=True, indent=2) + "\n")
-
-
-def load_checkpoint_tensors(named: dict[str, Any], params: dict[str, Any], checkpoint: str, what: str) -> None:
-    """Copy a checkpoint's tensors into a fresh runtime's parameters of the same names (layout checked)."""
-    import torch
-
-    if set(named) != set(params):
-        raise ExportError(f"checkpoint {checkpoint} does not match the plan's {what} layout")
-    with torch.no_grad():
-        for name, tensor in params.items():
-            named[name].copy_(tensor.to(named[name].device, named[name].dtype))
-
-
-def reload_peft(config: Any, spec: Any, directory: Path, device: Any) -> Any:
-    """What a user does with an exported adapter: a fresh base (of ``spec``) + ``PeftModel.from_pretrained``."""
-    from peft import PeftModel
-
-    from miniverl.runtime.loading import DTYPES, LoadSettings, base_spec_for, default_loader
-
-    settings = LoadSettings(
-        device=device, dtype=DTYPES[config.models.dtype], attn_implementation=config.models.attn_implementation
-    )
-    base = default_loader(base_spec_for(spec, config.models.student), settings)
-    reloaded = PeftModel.from_pretrained(base.model, str(directory))
-    reloaded.eval()
-    return reloaded
 
 
 def _write_and_verify(config: Any, ckpt_dir: Path, target: Path, probe: list[int]) -> float:

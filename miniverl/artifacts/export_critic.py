@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from miniverl.artifacts.reload import load_checkpoint_tensors, reload_peft
 from miniverl.canonical import sha256_file
 from miniverl.errors import ExportError
 from miniverl.records import CheckpointFile, CriticExport, CriticReload
@@ -51,7 +52,6 @@ def _write_and_verify(config: Any, ckpt_dir: Path, critic_dir: Path, probe: list
     import torch
     from safetensors.torch import load_file
 
-    from miniverl.artifacts.export import load_checkpoint_tensors, reload_peft
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
     from miniverl.runtime.base import SequenceRows

@@ -61,42 +61,29 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def _eval_rows(record: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+EvalRow = tuple[str, str, str, str, str, str]
+
+
+def _eval_row(mode_name: str, size: str, metric: str, base: Any, trained: Any, difference: Any) -> EvalRow:
+    return mode_name, metric, _fmt(base), _fmt(trained), _fmt(difference, True), size
+
+
+def _eval_rows(record: dict[str, Any]) -> list[EvalRow]:
     """(mode, metric, base, trained, trained - base, responses) for one eval record."""
     rows = []
     for mode_name, mode in sorted(record["modes"].items()):
         base, trained, diff = mode["base"], mode["trained"], mode["difference"]
         size = f"{trained['trajectories']} ({trained['prompts']} prompts \u00d7 {mode['decoding']['samples']})"
-        rows.append(
-            (
-                mode_name,
-                "reward (total)",
-                _fmt(base["reward_mean"]),
-                _fmt(trained["reward_mean"]),
-                _fmt(diff["reward_mean"], True),
-                size,
-            )
-        )
+        rows.append(_eval_row(mode_name, size, "reward (total)", *(m["reward_mean"] for m in (base, trained, diff))))
         for name in sorted(trained["components"]):
             for key, label in (("mean", "mean"), ("fraction_positive", "accuracy (> 0)")):
                 value = trained["components"][name][key]
                 was = base["components"].get(name, {}).get(key)
                 if key == "fraction_positive" and value is None and was is None:
                     continue
-                rows.append(
-                    (mode_name, f"{name} {label}", _fmt(was), _fmt(value), _fmt(diff["components"][name][key], True),
-                     size)
-                )  # fmt: skip
-        rows.append(
-            (
-                mode_name,
-                "response tokens",
-                _fmt(base["response_tokens_mean"]),
-                _fmt(trained["response_tokens_mean"]),
-                _fmt(diff["response_tokens_mean"], True),
-                size,
-            )
-        )
+                rows.append(_eval_row(mode_name, size, f"{name} {label}", was, value, diff["components"][name][key]))
+        tokens = (m["response_tokens_mean"] for m in (base, trained, diff))
+        rows.append(_eval_row(mode_name, size, "response tokens", *tokens))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""What the rollout and GRPO benchmarks share: versions for the report, and the partial file a killed run leaves."""
+"""What the rollout and GRPO benchmarks share: versions for the report, the partial file a killed run leaves, the
+seeded random prompts and the spread of timed samples."""
 
 from __future__ import annotations
 
@@ -34,3 +35,12 @@ def spread(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else (ordered[0],) * 3
     return {"min": ordered[0], "q1": q1, "q3": q3, "max": ordered[-1]}
+
+
+def random_prompt_ids(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` token ids drawn from ``seed``, above the first 8 ids (kept for specials)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids: list[list[int]] = torch.randint(8, vocab, (count, length), generator=gen).tolist()
+    return ids

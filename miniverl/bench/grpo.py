@@ -52,15 +52,15 @@ from typing import Any, Literal
 import torch
 
 from miniverl import progress
-from miniverl.bench.common import package_version, save_partial, spread
+from miniverl.bench.common import package_version, random_prompt_ids, save_partial, spread
 from miniverl.bench.grpo_args import GRPO_MODELS, STEP_PATHS, UPDATE_PATHS, add_grpo_arguments
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file
 from miniverl.errors import UsageError
+from miniverl.gate.models import LORA_TARGETS
 from miniverl.models.loading import resolve_device
 
 FORMAT = "miniverl-grpo-bench/v1"
 GIB = float(1 << 30)
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -306,12 +306,6 @@ def _update_sequences(rows: list[tuple[list[int], list[int]]], advantages: list[
     ]
 
 
-def _prompt_ids(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    ids: list[list[int]] = torch.randint(8, vocab, (count, length), generator=gen).tolist()
-    return ids
-
-
 def _step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
                  ) -> tuple[Callable[[int], dict[str, float]], Any]:  # fmt: skip
     """``run(step) -> {"rollout_seconds", "update_seconds"}`` for a miniverl GRPO step path."""
@@ -329,7 +323,7 @@ def _step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device
     vocab = int(loader.config.vocab_size)
     prompts = [
         PromptInput(f"p{i}", " ".join(map(str, ids)))
-        for i, ids in enumerate(_prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
+        for i, ids in enumerate(random_prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
     ]
     engine: Literal["fast", "hf"] = "hf" if path == "miniverl_hf" else "fast"
     tokenizer = IdTokenizer()
@@ -369,7 +363,7 @@ def _update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, devi
     batch, length = opts.update_shape
     vocab = int(loader.config.vocab_size)
     prompt = min(32, length // 4)
-    ids = _prompt_ids(batch, length, vocab, opts.seed + 1)
+    ids = random_prompt_ids(batch, length, vocab, opts.seed + 1)
     gen = torch.Generator().manual_seed(opts.seed + 2)
     advantages = (torch.rand(batch, generator=gen) * 2 - 1).tolist()
     if path == "naive_hf_peft":

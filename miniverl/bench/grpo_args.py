@@ -48,17 +48,3 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
         help="miniverl_lean: the memory plan's peak-reserved budget (checkpointing and micro-batch chosen to fit)",
     )
     parser.add_argument("--out", required=True, help="output directory")
-
-
-def cmd_bench_grpo(args: argparse.Namespace) -> int:
-    """The ``miniverl bench grpo`` handler (imports torch only when it runs)."""
-    from miniverl import progress
-    from miniverl.bench.grpo import options_from_args, run_grpo_bench
-    from miniverl.bench.grpo_render import render_grpo_markdown
-    from miniverl.cli import _emit, _reporter, writable_out
-
-    writable_out(args)
-    with progress.active(_reporter(args)):
-        report = run_grpo_bench(options_from_args(args), args.out)
-    _emit(args, report, render_grpo_markdown(report) + f"\nwrote grpo.json, grpo.md, grpo.svg to {args.out}")
-    return 0

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from typing import Any
-from xml.sax.saxutils import escape
 
+from miniverl.bench.chart import figure, goals_table, horizontal_bars_svg
 from miniverl.bench.common import MIN_REPEATS_FOR_A_RESULT
 
 # Issue 21's targets on the H200: (ratio key, bound, what it measures)
@@ -42,14 +42,6 @@ def evaluate_grpo_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     return goals
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
 def _range_ms(spread: dict[str, float] | None) -> str:
     return "n/a" if spread is None else f"{spread['min'] * 1e3:.3g}-{spread['max'] * 1e3:.3g}"
 
@@ -78,40 +70,28 @@ def render_grpo_markdown(report: dict[str, Any]) -> str:
         rollout = c.get("median_rollout_seconds")
         update = c.get("median_update_seconds")
         lines.append(
-            f"| {c['section']} | {c['path']} | {_fmt(c.get('completion_tokens_per_second'))} | "
-            f"{_fmt(c['ms_per_step'])} | {_range_ms(c.get('spread_step_seconds'))} | "
-            f"{_fmt(None if rollout is None else rollout * 1e3)} | "
-            f"{_fmt(None if update is None else update * 1e3)} | {_fmt(c['peak_reserved_gib'])} | "
-            f"{_fmt(c['first_call_seconds'])} |"
+            f"| {c['section']} | {c['path']} | {figure(c.get('completion_tokens_per_second'))} | "
+            f"{figure(c['ms_per_step'])} | {_range_ms(c.get('spread_step_seconds'))} | "
+            f"{figure(None if rollout is None else rollout * 1e3)} | "
+            f"{figure(None if update is None else update * 1e3)} | {figure(c['peak_reserved_gib'])} | "
+            f"{figure(c['first_call_seconds'])} |"
         )
     lines += ["", "| ratio | value |", "|---|---:|"]
     for key, value in report["ratios"].items():
-        lines.append(f"| {key} | {_fmt(value, 4)} |")
-    lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
-    for g in report["goals"]:
-        lines.append(f"| {g['name']} | {_fmt(g['observed'], 4)} | {g['target']} | {g['status']} |")
+        lines.append(f"| {key} | {figure(value, 4)} |")
+    lines += goals_table(report["goals"], digits=4)
     return "\n".join(lines) + "\n"
 
 
 def render_grpo_svg(report: dict[str, Any], width: int = 640) -> str:
     """Horizontal bars of ms per step (linear), one per measured cell, grouped by section."""
     cells = [c for c in report["cells"] if c.get("status") == "measured"]
-    bar, gap, left, top = 18, 6, 200, 40
-    height = top + len(cells) * (bar + gap) + 30
+    left = 200
     longest = max((c["ms_per_step"] for c in cells), default=1.0)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        'font-size="12">',
-        f'<text x="{left}" y="20">ms per step (shorter is faster), {escape(str(report["device_name"]))}</text>',
-    ]
-    for i, c in enumerate(cells):
-        y = top + i * (bar + gap)
-        parts.append(
-            f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end">{escape(c["section"] + " " + c["path"])}</text>'
-        )
-        w = max((width - left - 80) * c["ms_per_step"] / longest, 1.0)
-        fill = "#2a6f97" if c["path"].startswith("miniverl") else "#999999"
-        parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{fill}"/>')
-        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + bar - 5}">{_fmt(c["ms_per_step"])}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    bars = [
+        (c["section"] + " " + c["path"], (width - left - 80) * c["ms_per_step"] / longest, c["ms_per_step"],
+         c["path"].startswith("miniverl"))
+        for c in cells
+    ]  # fmt: skip
+    title = f"ms per step (shorter is faster), {report['device_name']}"
+    return horizontal_bars_svg(title, bars, width=width, left=left)

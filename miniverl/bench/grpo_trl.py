@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from miniverl.bench.common import spread
+from miniverl.bench.common import random_prompt_ids, spread
+from miniverl.gate.models import LORA_TARGETS
 
 GIB = float(1 << 30)
 
@@ -66,12 +67,10 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from miniverl.bench.grpo import LORA_TARGETS, _prompt_ids
-
     vocab = int(loader.config.vocab_size)
     steps = opts.warmup + opts.repeats
     tokenizer = id_tokenizer(vocab)
-    prompts = encode_equal_work(tokenizer, _prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
+    prompts = encode_equal_work(tokenizer, random_prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
     dataset = datasets.Dataset.from_dict({"prompt": prompts * steps})
     rng = random.Random(opts.seed)
 

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from miniverl import progress
-from miniverl.bench.common import package_version, save_partial
+from miniverl.bench.common import package_version, random_prompt_ids, save_partial
 from miniverl.bench.pairs import measure_pairs
 from miniverl.bench.rollout_args import PATHS, ROLLOUT_MODELS, add_rollout_arguments
 from miniverl.bench.rollout_render import evaluate_rollout_goals, render_rollout_markdown, render_rollout_svg
@@ -149,12 +149,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10
     seconds = time.perf_counter() - start
     del src, dst
     return 2.0 * nbytes * trials / seconds
-
-
-def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    prompts: list[list[int]] = torch.randint(8, vocab, (batch, length), generator=gen).tolist()
-    return prompts
 
 
 def _runners(
@@ -336,7 +330,7 @@ def run_rollout_bench(opts: RolloutBenchOptions, out: str | Path) -> dict[str, A
     profiler = None
     progress.task("bench rollout", len(opts.batches) * len(opts.paths), "cells")
     for batch in opts.batches:
-        prompts = _prompts(batch, opts.prompt_tokens, vocab, opts.seed + batch)
+        prompts = random_prompt_ids(batch, opts.prompt_tokens, vocab, opts.seed + batch)
         for path in opts.paths:
             progress.advance(len(cells), f"bench rollout, measuring {path} x batch {batch}")
             cell: dict[str, Any] = {"path": path, "batch": batch, "new_tokens": opts.new_tokens}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from typing import Any
-from xml.sax.saxutils import escape
+
+from miniverl.bench.chart import figure, goals_table, horizontal_bars_svg
 
 #: Issue 21's decode targets (H200, Qwen3-0.6B shape, LoRA folded): (batch, most ms per decode step, least % of the
 #: bandwidth bound that counts weights and KV reads)
@@ -49,14 +50,6 @@ def evaluate_rollout_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     return goals
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
 def render_rollout_markdown(report: dict[str, Any]) -> str:
     opts = report["options"]
     lines = [
@@ -78,9 +71,9 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
             continue
         versus = ratio(report, c["path"], "hf_generate", c["batch"])
         lines.append(
-            f"| {c['path']} | {c['batch']} | {_fmt(c['tokens_per_second'])} | {_fmt(c['ms_per_decode_step'])} | "
-            f"{_fmt(c.get('pct_of_bandwidth_bound'))} | {_fmt(versus)} | "
-            f"{_fmt(c['peak_reserved_gib'])} | {_fmt(c['first_call_seconds'])} |"
+            f"| {c['path']} | {c['batch']} | {figure(c['tokens_per_second'])} | {figure(c['ms_per_decode_step'])} | "
+            f"{figure(c.get('pct_of_bandwidth_bound'))} | {figure(versus)} | "
+            f"{figure(c['peak_reserved_gib'])} | {figure(c['first_call_seconds'])} |"
         )
     comparisons = report.get("comparisons") or []
     if comparisons:
@@ -95,11 +88,9 @@ def render_rollout_markdown(report: dict[str, Any]) -> str:
         if c["status"] != "measured":
             lines.append(f"| {c['a']} / {c['b']} | {c['batch']} | {c['status']}: {c['reason']} | | | | | |")
             continue
-        figures = " | ".join(_fmt(c[k]) for k in ("median_ratio", "min_ratio", "q1_ratio", "q3_ratio", "max_ratio"))
+        figures = " | ".join(figure(c[k]) for k in ("median_ratio", "min_ratio", "q1_ratio", "q3_ratio", "max_ratio"))
         lines.append(f"| {c['a']} / {c['b']} | {c['batch']} | {len(c['pairs'])} | {figures} |")
-    lines += ["", "| goal | observed | target | status |", "|---|---:|---|---|"]
-    for g in report["goals"]:
-        lines.append(f"| {g['name']} | {_fmt(g['observed'])} | {g['target']} | {g['status']} |")
+    lines += goals_table(report["goals"])
     return "\n".join(lines) + "\n"
 
 
@@ -108,27 +99,17 @@ def render_rollout_svg(report: dict[str, Any], width: int = 640) -> str:
     import math
 
     cells = [c for c in report["cells"] if c["status"] == "measured"]
-    bar, gap, left, top = 18, 6, 170, 40
-    height = top + len(cells) * (bar + gap) + 30
+    left = 170
     best = max((c["tokens_per_second"] for c in cells), default=1.0)
     low = min((c["tokens_per_second"] for c in cells), default=1.0)
     lo, hi = math.log10(max(low / 2, 1e-9)), math.log10(best * 1.2)
 
-    def px(value: float) -> float:
-        return left + (width - left - 20) * (math.log10(value) - lo) / max(hi - lo, 1e-9)
+    def length(value: float) -> float:
+        return (width - left - 20) * (math.log10(value) - lo) / max(hi - lo, 1e-9)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        'font-size="12">',
-        f'<text x="{left}" y="20">decode tokens/s (log scale), {escape(str(report["device_name"]))}</text>',
+    bars = [
+        (f"{c['path']} b{c['batch']}", length(c["tokens_per_second"]), c["tokens_per_second"], c["path"] == "fast")
+        for c in cells
     ]
-    for i, c in enumerate(cells):
-        y = top + i * (bar + gap)
-        label = escape(f"{c['path']} b{c['batch']}")
-        parts.append(f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end">{label}</text>')
-        w = max(px(c["tokens_per_second"]) - left, 1.0)
-        fill = "#2a6f97" if c["path"] == "fast" else "#999999"
-        parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{fill}"/>')
-        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + bar - 5}">{_fmt(c["tokens_per_second"])}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    title = f"decode tokens/s (log scale), {report['device_name']}"
+    return horizontal_bars_svg(title, bars, width=width, left=left)

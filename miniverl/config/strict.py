@@ -17,14 +17,34 @@ from typing import Any
 
 import yaml
 
-from miniverl.bounded import MAX_DEPTH, nesting_depth
-
 MAX_INT_DIGITS = 64
+#: Containers nested deeper than this in a JSON or YAML input are refused (real configs nest < 10 deep).
+MAX_DEPTH = 64
 _TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit for any input)"
 
 
 class StrictFormatError(ValueError):
     """A JSON or YAML document that parses but is refused (duplicate key, non-finite, huge int)."""
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply dicts and lists nest in ``value`` (a scalar: 0), computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

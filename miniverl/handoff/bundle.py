@@ -45,6 +45,7 @@ from miniverl.config.schema import MiniverlConfig
 from miniverl.data import load_prompts
 from miniverl.errors import DataError, UsageError
 from miniverl.handoff.compiler import compile_plan_ir
+from miniverl.handoff.critic_adapter import critic_model_config
 from miniverl.handoff.emit import ADAPTER_DIR, MODEL_DIR, config_name, emit_verl_config, model_path, render_yaml
 from miniverl.handoff.ir import ExperimentIR, PpoIR, ir_digest
 from miniverl.handoff.launch import launch_script, reward_file
@@ -258,26 +259,6 @@ def _copy_model(config: MiniverlConfig, target: Path) -> None:
     if not (src / "config.json").is_file():
         raise UsageError(f"models.student.path {student.path} is not a Hugging Face model directory (no config.json)")
     shutil.copytree(src, target, symlinks=False, ignore=shutil.ignore_patterns(".*"))
-
-
-def critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, Any] | None:
-    """PPO: the base model's ``config.json`` (read without weights), after the value-head check."""
-    if not isinstance(ir.algorithm, PpoIR):
-        return None
-    from miniverl.handoff.critic_adapter import require_trained_head
-    from miniverl.models.sources import resolve
-
-    student = config.models.student
-    resolved = resolve(student, fetch=False)
-    model_config = dict(resolved.config) if resolved.config is not None else None
-    if model_config is None and student.path is not None and (Path(student.path) / "config.json").is_file():
-        model_config = bounded.read_json(
-            Path(student.path) / "config.json", limit=bounded.MODEL_CONFIG_MAX_BYTES, what="a model config"
-        )
-    if model_config is None:
-        raise UsageError(f"no config.json known for {resolved.label}: the critic's value head cannot be sized")
-    require_trained_head(ir, model_config)
-    return model_config
 
 
 def _critic_binding(ir: ExperimentIR, written: dict[str, Any]) -> CriticAdapterBinding | None:

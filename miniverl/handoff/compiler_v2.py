@@ -20,7 +20,7 @@ model's ``config.json``).
 from __future__ import annotations
 
 from miniverl.config.schema import MiniverlConfig
-from miniverl.handoff.compiler import build_ir, common_refusals, kl_fields, kl_refusals
+from miniverl.handoff.compiler_base import build_ir, common_refusals, kl_fields, kl_refusals
 from miniverl.handoff.ir import COMPILER_V2, CriticIR, ExperimentIR, PpoIR
 from miniverl.handoff.rules import refuse
 from miniverl.records import PlanRecord

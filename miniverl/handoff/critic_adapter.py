@@ -26,7 +26,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from miniverl import bounded
 from miniverl.canonical import atomic_write_text
+from miniverl.config.schema import MiniverlConfig
+from miniverl.errors import UsageError
 from miniverl.handoff.ir import COMPILER_V2, ExperimentIR, PpoIR
 from miniverl.handoff.rules import refuse
 
@@ -145,3 +148,22 @@ def run_critic_tensors(critic_dir: Path) -> tuple[dict[str, Any], dict[str, Any]
     lora = load_file(str(critic_dir / ADAPTER_WEIGHTS))
     head = load_file(str(critic_dir / VALUE_HEAD))
     return lora, head
+
+
+def critic_model_config(ir: ExperimentIR, config: MiniverlConfig) -> dict[str, Any] | None:
+    """PPO: the base model's ``config.json`` (read without weights), after the value-head check."""
+    if not isinstance(ir.algorithm, PpoIR):
+        return None
+    from miniverl.models.sources import resolve
+
+    student = config.models.student
+    resolved = resolve(student, fetch=False)
+    model_config = dict(resolved.config) if resolved.config is not None else None
+    if model_config is None and student.path is not None and (Path(student.path) / "config.json").is_file():
+        model_config = bounded.read_json(
+            Path(student.path) / "config.json", limit=bounded.MODEL_CONFIG_MAX_BYTES, what="a model config"
+        )
+    if model_config is None:
+        raise UsageError(f"no config.json known for {resolved.label}: the critic's value head cannot be sized")
+    require_trained_head(ir, model_config)
+    return model_config

@@ -12,6 +12,7 @@ from typing import Literal
 
 from miniverl.config.schema import MiniverlConfig
 from miniverl.errors import MiniverlError
+from miniverl.handoff.critic_adapter import critic_model_config
 from miniverl.handoff.ir import COMPILER_V1, COMPILER_V2, COMPILER_V4, ir_digest
 from miniverl.handoff.rules import HandoffRefusal, rules_digest
 from miniverl.records import PlanHandoff, PlanHandoffRefusal, PlanRecord
@@ -43,8 +44,6 @@ def handoff_section(plan: PlanRecord, config: MiniverlConfig) -> PlanHandoff:
     try:
         ir = compile_plan_ir(plan, config)
         if config.algorithm.name == "ppo":  # the critic's value-head check reads the model's config.json
-            from miniverl.handoff.bundle import critic_model_config
-
             critic_model_config(ir, config)
     except HandoffRefusal as refusal:
         return _not_compiled(config, imported_by, "refused", refusal.code, str(refusal))

@@ -5,7 +5,8 @@ least ``answer``, ``prompt_id`` and ``response_token_count`` (see :func:`reward_
 takes the keys it needs as keyword parameters and absorbs the rest with ``**meta``. Rewards must
 be deterministic: the same arguments always give the same float.
 
-Built-ins register themselves with :func:`register_reward`; users plug their own in as
+Built-ins register themselves with :func:`~miniverl.rewards.registry.register_reward` (this module imports
+them all, so every lookup sees them); users plug their own in as
 ``"package.module:function"`` (:func:`load_reward`). :class:`CompositeReward` adds several of
 them with weights and reports each component for the metrics.
 """
@@ -16,51 +17,29 @@ import importlib
 import inspect
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from miniverl.errors import MiniverlError, UsageError
-
-RewardFn = Callable[..., float]
-F = TypeVar("F", bound=Callable[..., float])
-
-_REGISTRY: dict[str, RewardFn] = {}
+from miniverl.rewards import calculator, formatting, sql  # noqa: F401  (importing them registers the built-ins)
+from miniverl.rewards.registry import REGISTERED, RewardFn
 
 #: Keys the caller passes as ``meta``; a component's ``params`` may not shadow them.
 META_KEYS = frozenset({"answer", "context", "task", "prompt_id", "sample_index", "group_id", "response_token_count"})
 
 
-def register_reward(name: str) -> Callable[[F], F]:
-    """Decorator: make ``fn`` available as ``get_reward(name)``. A name is registered once."""
-
-    def decorate(fn: F) -> F:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise UsageError(f"reward {name!r} is already registered; pick another name")
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorate
-
-
-def _ensure_builtins() -> None:
-    # Importing the modules runs their @register_reward decorators.
-    from miniverl.rewards import calculator, formatting  # noqa: F401
-
-
 def list_rewards() -> list[str]:
     """Names of the registered rewards, sorted."""
-    _ensure_builtins()
-    return sorted(_REGISTRY)
+    return sorted(REGISTERED)
 
 
 def get_reward(name: str) -> RewardFn:
     """The registered reward ``name``; a :class:`UsageError` lists the known names otherwise."""
-    _ensure_builtins()
     try:
-        return _REGISTRY[name]
+        return REGISTERED[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
+        known = ", ".join(sorted(REGISTERED))
         raise UsageError(
             f"unknown reward {name!r}; known rewards: {known} (or give a plug-in as 'package.module:function')"
         ) from None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miniverl.errors import DataError
-from miniverl.rewards.base import register_reward
+from miniverl.rewards.registry import register_reward
 
 TASK = "calculator"
 INSTRUCTION = "Reply with the final number."

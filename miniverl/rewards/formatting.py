@@ -10,7 +10,7 @@ import hashlib
 from typing import Any
 
 from miniverl.errors import UsageError
-from miniverl.rewards.base import register_reward
+from miniverl.rewards.registry import register_reward
 
 TERMINATORS = (".", "!", "?")
 

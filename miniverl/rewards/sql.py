@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniverl.errors import DataError, UsageError
-from miniverl.rewards.base import register_reward
+from miniverl.rewards.registry import register_reward
 
 ANSWER_FORMAT = "miniverl-sql-answer/v1"
 

@@ -329,18 +329,25 @@ class DecodeWorkspace:
         return -(-slots_used // SPAN_QUANTUM) * SPAN_QUANTUM
 
     # -- CUDA graphs --------------------------------------------------------------------------
-    def capture(self, spec: SamplingSpec, spans: Sequence[int]) -> None:
-        """Capture one graph per span (same pool); state is junk afterwards until :meth:`prefill`."""
+    def capture(self, spec: SamplingSpec, spans: Sequence[int]) -> int:
+        """Capture one graph per span (same pool); state is junk afterwards until :meth:`prefill`.
+
+        Returns how many graphs it captured (0 when every span's graph for ``spec`` is there already)."""
         if self.graph_key != spec.key():
+            # Dropping every graph releases their pool to a use count of 0, and CUDA's caching allocator then
+            # refuses to open that pool again for a capture (an internal assert): new graphs get a new pool.
             self.graphs.clear()
+            self._pool = None
             self.graph_key = spec.key()
         if tuple(self.eos.tolist()) != spec.eos_ids:
             self.eos = torch.tensor(spec.eos_ids, dtype=torch.long, device=self.device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        captured = 0
         for span in spans:
             if span in self.graphs:
                 continue
+            captured += 1
             self._reset_counters()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -352,6 +359,7 @@ class DecodeWorkspace:
             with torch.cuda.graph(graph, pool=self._pool):
                 self.step(span, spec)
             self.graphs[span] = graph
+        return captured
 
     def _reset_counters(self) -> None:
         self.slot.zero_()

@@ -165,9 +165,7 @@ class FastRolloutEngine:
         width = max(len(r.prompt_ids) for r in chunk)
         if self.use_graphs:
             spans = sorted({ws.span_for(width + s) for s in range(1, max_new_tokens)})
-            before = len(ws.graphs)
-            ws.capture(spec, spans)
-            self.stats.captures += len(ws.graphs) - before
+            self.stats.captures += ws.capture(spec, spans)
         ws.prefill([r.prompt_ids for r in chunk], [r.seed for r in chunk], pad_id, spec)
         run = ws.runner(spec, use_graphs=self.use_graphs)
         steps = max_new_tokens

@@ -29,7 +29,7 @@ def fake_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def candidate(fake_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from harness.candidate import build_candidate
+    from harness.build.candidate import build_candidate
 
     out = tmp_path_factory.mktemp("cand") / "candidate"
     build_candidate(fake_repo, out, env={})
@@ -39,8 +39,8 @@ def candidate(fake_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.fixture(scope="session")
 def known_good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cpu-reference stack for the stand-in (it has no dependencies, so no pins)."""
-    from harness.profiles import PROFILES
-    from harness.stacks import describe_existing
+    from harness.build.stacks import describe_existing
+    from harness.core.profiles import PROFILES
 
     directory = tmp_path_factory.mktemp("known-good")
     (directory / "cpu-reference.txt").write_text("# stand-in stack: no dependencies\n")

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.full import runs
-from harness.full.base import Scale, Workload
-from harness.full.scales import SCALES
-from harness.profiles import PROFILES
-from harness.records import Profile
+from harness.core.profiles import PROFILES
+from harness.core.records import Profile
+from harness.qualify.full import runs
+from harness.qualify.full.base import Scale, Workload
+from harness.qualify.full.scales import SCALES
 
 FIXTURES = Path(__file__).parent / "full_fixtures"
 CPU, CUDA = PROFILES["cpu-reference"], PROFILES["h200-cu130"]

@@ -40,8 +40,8 @@ def make_repo(dest: Path) -> Path:
 
 
 def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke") -> int:
-    from harness.profiles import PROFILES
-    from harness.smoke import SmokeOptions, run_smoke
+    from harness.core.profiles import PROFILES
+    from harness.qualify.smoke import SmokeOptions, run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -56,7 +56,7 @@ def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, lev
 
 
 def kg_sha(known_good: Path) -> str:
-    from harness.jsonio import sha256_file
+    from harness.core.jsonio import sha256_file
 
     return sha256_file(known_good / "cpu-reference.json")
 
@@ -82,7 +82,7 @@ def run_cli(*args: str, python: str = sys.executable) -> subprocess.CompletedPro
 
 
 def rewrite_json(path: Path, edit: Callable[[Any], None]) -> None:
-    from harness.jsonio import canonical_bytes
+    from harness.core.jsonio import canonical_bytes
 
     value = json.loads(path.read_bytes())
     edit(value)
@@ -114,15 +114,15 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
     """
     import tempfile
 
-    from harness import policy, registry
-    from harness.full.catalog import implemented
-    from harness.full.runner import judged
-    from harness.full.scales import SCALES
-    from harness.jsonio import canonical_bytes, sha256_file
-    from harness.profiles import PROFILES
-    from harness.qualification import write_workload
-    from harness.recordio import load_record, record_bytes
-    from harness.records import CheckResult, Checks, Qualification, WorkloadRecord, WorkloadResult
+    from harness.core import policy, registry
+    from harness.core.jsonio import canonical_bytes, sha256_file
+    from harness.core.profiles import PROFILES
+    from harness.core.recordio import load_record, record_bytes
+    from harness.core.records import CheckResult, Checks, Qualification, WorkloadRecord, WorkloadResult
+    from harness.qualify.full.catalog import implemented
+    from harness.qualify.full.runner import judged
+    from harness.qualify.full.scales import SCALES
+    from harness.qualify.qualification import write_workload
 
     copy_tree(smoke_qual, dest)
     q = load_record(Qualification, dest / "qualification.json")
@@ -191,8 +191,8 @@ def fabricate_full(smoke_qual: Path, dest: Path) -> Path:
 def rebind_artifacts(q: Path) -> None:
     """Every artifact's bytes and sha256, in qualification.json and in the smoke record, set to the files as they
     are now: what a forger who edited evidence would do (the auditor must then catch the edit by re-judging)."""
-    from harness.jsonio import canonical_bytes, sha256_file
-    from harness.registry import SMOKE_RECORD
+    from harness.core.jsonio import canonical_bytes, sha256_file
+    from harness.core.registry import SMOKE_RECORD
 
     smoke = json.loads((q / SMOKE_RECORD).read_bytes())
     for art in smoke["artifacts"]:
@@ -207,7 +207,7 @@ def rebind_artifacts(q: Path) -> None:
 def rebind_transcript(data: bytes, wheel_sha256: str) -> bytes:
     """A transcript whose every invocation claims to have run ``wheel_sha256`` from the proven origins: a test
     stand-in for evidence spliced from another candidate's run (no harness code writes this)."""
-    from harness.jsonio import canonical_bytes
+    from harness.core.jsonio import canonical_bytes
 
     doc = json.loads(data)
     for inv in doc["invocations"]:
@@ -223,7 +223,7 @@ def rebind_transcript(data: bytes, wheel_sha256: str) -> bytes:
 
 
 def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw: Any) -> Path:
-    from harness.assets import build_release_assets
+    from harness.audit.release_assets import build_release_assets
 
     return build_release_assets(
         candidate,
@@ -250,9 +250,9 @@ def relabel_for_profile(
     """
     from full_evidence import CUDA_FIGURES
 
-    from harness import policy
-    from harness.jsonio import canonical_bytes, sha256_file
-    from harness.profiles import PROFILES, profile_sha256
+    from harness.core import policy
+    from harness.core.jsonio import canonical_bytes, sha256_file
+    from harness.core.profiles import PROFILES, profile_sha256
 
     copy_tree(full, dest)
     profile = PROFILES[profile_name]
@@ -330,12 +330,12 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
 
     from full_evidence import as_cuda_bytes
 
-    from harness import registry
-    from harness.full.catalog import implemented
-    from harness.full.runner import judged
-    from harness.full.scales import SCALES
-    from harness.qualification import write_workload
-    from harness.records import Artifact
+    from harness.core import registry
+    from harness.core.records import Artifact
+    from harness.qualify.full.catalog import implemented
+    from harness.qualify.full.runner import judged
+    from harness.qualify.full.scales import SCALES
+    from harness.qualify.qualification import write_workload
 
     scratch = Path(tempfile.mkdtemp(prefix="cuda-evidence-"))
     results = {w["name"]: w for w in value["workloads"]}
@@ -382,9 +382,9 @@ def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path], scratch: Path, pro
     """Test stand-ins for what the H200 evidence lacks: interleaved pairs in its bench (it predates them; each pair
     repeats the H200 cells' own median timings), and, where the profile requires the vLLM boundary (the release
     card), a vllm plan accepted and its run's metrics showing old_logp recomputed on every update."""
-    from harness import policy
-    from harness.full.backend_matrix import load_preregistration
-    from harness.full.refresh import OLD_LOGP_RECOMPUTED
+    from harness.core import policy
+    from harness.qualify.full.backend_matrix import load_preregistration
+    from harness.qualify.full.refresh import OLD_LOGP_RECOMPUTED
 
     bench = json.loads(evidence["rollout_bench"].read_bytes())
     b = load_preregistration()[0].speed.bench

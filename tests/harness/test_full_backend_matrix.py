@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from harness import policy, registry
-from harness.full import backend_matrix as bm
-from harness.full import catalog
-from harness.full.base import Judgement, Workload
-from harness.full.runner import RunnerOptions, judged, run_one
-from harness.full.scales import SCALES
-from harness.jsonio import sha256_file
-from harness.proc import Redactor
-from harness.profiles import PROFILES
-from harness.recordio import json_schema
-from harness.records import Profile
-from harness.smoke_judge import portable
+from harness.core import policy, registry
+from harness.core.jsonio import sha256_file
+from harness.core.proc import Redactor
+from harness.core.profiles import PROFILES
+from harness.core.recordio import json_schema
+from harness.core.records import Profile
+from harness.qualify.full import backend_matrix as bm
+from harness.qualify.full import catalog
+from harness.qualify.full.base import Judgement, Workload
+from harness.qualify.full.runner import RunnerOptions, judged, run_one
+from harness.qualify.full.scales import SCALES
+from harness.qualify.smoke_judge import portable
 
 FIXTURES = Path(__file__).parent / "full_fixtures" / "backend-matrix"
 CPU, H200 = PROFILES["cpu-reference"], PROFILES["h200-cu130"]
@@ -446,7 +446,7 @@ def test_registry_and_catalog() -> None:
         "vllm_boundary",
         "teardown",
     ]
-    assert spec.provided and spec.provided_by == "harness/full/backend_matrix.py"
+    assert spec.provided and spec.provided_by == "harness/qualify/full/backend_matrix.py"
     assert catalog.implemented("backend-matrix") is bm.WORKLOAD
     assert "teardown" not in policy.required_checks(CPU, "backend-matrix")
     # a speed threshold only on a dedicated machine: every CUDA profile, never the shared CPU

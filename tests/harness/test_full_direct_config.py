@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
-from harness import policy, registry
-from harness.full import direct_config
-from harness.full import walkthrough as wt
-from harness.full.base import WorkloadFailure
-from harness.full.catalog import SUBORDINATE_FOLDERS, archive_members, implemented
-from harness.full.scales import SCALES
-from harness.proc import HARNESS_DIR
+from harness.core import policy, registry
+from harness.core.proc import HARNESS_DIR
+from harness.qualify.full import direct_config
+from harness.qualify.full import walkthrough as wt
+from harness.qualify.full.base import WorkloadFailure
+from harness.qualify.full.catalog import SUBORDINATE_FOLDERS, archive_members, implemented
+from harness.qualify.full.scales import SCALES
 
 W = direct_config.WORKLOAD
 GRPO, PPO = direct_config.CONFIGS
@@ -62,7 +62,7 @@ def test_the_evidence_members_are_declared_small_and_portable() -> None:
 
 def test_it_is_registered_as_the_v015_subordinate_record() -> None:
     spec = registry.workload(W.name)
-    assert spec.provided and spec.provided_by == "harness/full/direct_config.py" and implemented(W.name) is W
+    assert spec.provided and spec.provided_by == "harness/qualify/full/direct_config.py" and implemented(W.name) is W
     assert spec.asset_role == "subordinate" and SUBORDINATE_FOLDERS[W.name] == "v015"
     assert archive_members()[policy.record_artifact_role(spec)] == "v015/direct-config.json"
     assert all(member.startswith("v015/direct-config/") for member in W.evidence.values())

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
-from harness import policy
-from harness.full import direct_gkd
+from harness.core import policy
+from harness.qualify.full import direct_gkd
 
 W = direct_gkd.WORKLOAD
 KIT = EvidenceKit(W)

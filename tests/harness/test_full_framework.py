@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import policy, registry
-from harness.errors import HarnessError
-from harness.full import catalog, statehash
-from harness.full.base import Context, Judgement, Scale, Workload
-from harness.full.runner import RunnerOptions, judged, run_one
-from harness.full.scales import SCALES
-from harness.proc import Redactor
-from harness.profiles import PROFILES
-from harness.qualification import write_workload
-from harness.recordio import load_record
-from harness.records import Profile, WorkloadRecord
+from harness.core import policy, registry
+from harness.core.errors import HarnessError
+from harness.core.proc import Redactor
+from harness.core.profiles import PROFILES
+from harness.core.recordio import load_record
+from harness.core.records import Profile, WorkloadRecord
+from harness.qualify.full import catalog, statehash
+from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.runner import RunnerOptions, judged, run_one
+from harness.qualify.full.scales import SCALES
+from harness.qualify.qualification import write_workload
 
 COMMIT, WHEEL = "a" * 40, "b" * 64
 CPU = PROFILES["cpu-reference"]
@@ -169,7 +169,7 @@ def test_the_evidence_layout_is_explicit_unique_and_versioned() -> None:
 
 
 def test_failures_so_far_ignore_checks_not_yet_decided() -> None:
-    from harness.checkbook import CheckBook
+    from harness.qualify.checkbook import CheckBook
 
     book = CheckBook(["a", "b", "c", "later"])
     book.record("a", True, "ok")

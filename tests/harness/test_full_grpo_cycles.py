@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
-from harness import policy
-from harness.full import grpo_cycles
-from harness.full.scales import SCALES
+from harness.core import policy
+from harness.qualify.full import grpo_cycles
+from harness.qualify.full.scales import SCALES
 
 W = grpo_cycles.WORKLOAD
 KIT = EvidenceKit(W)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
-from harness import policy
-from harness.full import pg_k1
+from harness.core import policy
+from harness.qualify.full import pg_k1
 
 W = pg_k1.WORKLOAD
 KIT = EvidenceKit(W)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from full_evidence import CUDA, HOSTILE, EvidenceKit, forge_checkpoint
 
-from harness import policy
-from harness.full import ppo_rm_handoff
-from harness.full.ppo_rm_handoff import WORKLOAD
-from harness.full.scales import SCALES
-from harness.profiles import PROFILES
+from harness.core import policy
+from harness.core.profiles import PROFILES
+from harness.qualify.full import ppo_rm_handoff
+from harness.qualify.full.ppo_rm_handoff import WORKLOAD
+from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
 FIXTURES = KIT.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.full.probe import SCRATCH_MARK
+from harness.qualify.full.probe import SCRATCH_MARK
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from full_evidence import HOSTILE, EvidenceKit, forge_checkpoint
 
-from harness import policy, registry
-from harness.full import product_workflows
-from harness.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
-from harness.full.scales import SCALES
-from harness.profiles import PROFILES
+from harness.core import policy, registry
+from harness.core.profiles import PROFILES
+from harness.qualify.full import product_workflows
+from harness.qualify.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
+from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
 FIXTURES = KIT.fixture

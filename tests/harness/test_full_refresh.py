@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from harness import policy
-from harness.full import backend_matrix, refresh
-from harness.full.base import Context, Judgement, WorkloadFailure
-from harness.full.runner import judged
-from harness.full.scales import SCALES
-from harness.profiles import PROFILES
+from harness.core import policy
+from harness.core.profiles import PROFILES
+from harness.qualify.full import backend_matrix, refresh
+from harness.qualify.full.base import Context, Judgement, WorkloadFailure
+from harness.qualify.full.runner import judged
+from harness.qualify.full.scales import SCALES
 
 FIXTURES = Path(__file__).resolve().parent / "full_fixtures" / "backend-matrix"
 PROFILE = PROFILES["cpu-reference"]
@@ -378,8 +378,8 @@ def test_the_auditor_requires_the_record_to_say_not_applicable_where_the_evidenc
     refusal of an absent vLLM, is refused by the auditor's re-judging; the honest record (not applicable) passes."""
     from harness_helpers import audit_args, fabricate_full
 
-    from harness.audit_cli import main as auditor_main
-    from harness.jsonio import canonical_bytes, sha256_file
+    from harness.audit.cli import main as auditor_main
+    from harness.core.jsonio import canonical_bytes, sha256_file
 
     qual = fabricate_full(smoke_qual, tmp_path / "qualification")
     args = audit_args(candidate, qual, known_good, **{"--level": "full_qualification"})

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 
-from harness import policy
-from harness.full import smollm2
-from harness.proc import Redactor
-from harness.transcript import CliDriver
+from harness.core import policy
+from harness.core.proc import Redactor
+from harness.qualify.full import smollm2
+from harness.qualify.transcript import CliDriver
 
 W = smollm2.WORKLOAD
 KIT = EvidenceKit(W)

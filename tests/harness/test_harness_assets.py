@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from harness_helpers import audit, audit_args, build_assets, copy_tree, fabricate_full, run_cli
 
-from harness.errors import AssetsError, UsageError
-from harness.jsonio import sha256_file
-from harness.layout import QUALIFICATION_ASSETS, TOP_LEVEL
+from harness.core.errors import AssetsError, UsageError
+from harness.core.jsonio import sha256_file
+from harness.evidence.layout import QUALIFICATION_ASSETS, TOP_LEVEL
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from harness_helpers import audit, audit_args, copy_tree, rewrite_json
 
-from harness.jsonio import canonical_bytes
+from harness.core.jsonio import canonical_bytes
 
 
 def test_the_untampered_chain_passes(candidate: Path, smoke_qual: Path, known_good: Path) -> None:
@@ -66,7 +66,7 @@ def test_a_qualification_from_a_different_candidate(
 ) -> None:
     from harness_helpers import git
 
-    from harness.candidate import build_candidate
+    from harness.build.candidate import build_candidate
 
     repo = copy_tree(fake_repo, tmp_path / "repo")
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\nchanged\n")

@@ -11,10 +11,10 @@ import pytest
 from full_evidence import CPU, FIXTURES
 from harness_helpers import rebind_transcript
 
-from harness.binding import transcript_bound
-from harness.full import pg_k1
-from harness.full.runner import judged
-from harness.full.scales import SCALES
+from harness.qualify.binding import transcript_bound
+from harness.qualify.full import pg_k1
+from harness.qualify.full.runner import judged
+from harness.qualify.full.scales import SCALES
 
 OURS, THEIRS = "a" * 64, "b" * 64
 VENV_FILE = "<venv>/lib/python3.11/site-packages/miniverl/__init__.py"

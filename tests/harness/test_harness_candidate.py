@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from harness_helpers import rewrite_json, run_cli
 
-from harness.candidate import MANIFEST, SUMS, build_candidate, check_candidate, workflow_binding
-from harness.errors import CandidateError, UsageError
-from harness.jsonio import sha256_file
+from harness.build.candidate import MANIFEST, SUMS, build_candidate, check_candidate, workflow_binding
+from harness.core.errors import CandidateError, UsageError
+from harness.core.jsonio import sha256_file
 
 
 def test_candidate_has_exactly_four_regular_files(candidate: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from harness_helpers import copy_tree
 
-from harness import proc
-from harness.audit import audit
-from harness.audit_cli import checkout_request
+from harness.audit.auditor import audit
+from harness.audit.cli import checkout_request
+from harness.core import proc
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def test_without_a_path_the_descriptor_comes_from_the_candidates_sdist(
 ) -> None:
     from harness_helpers import git
 
-    from harness.candidate import build_candidate
-    from harness.known_good import read_known_good
+    from harness.build.candidate import build_candidate
+    from harness.build.known_good import read_known_good
 
     repo = copy_tree(fake_repo, tmp_path / "repo")
     (repo / "known-good").mkdir()

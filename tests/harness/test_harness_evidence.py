@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ArchiveError
-from harness.evidence import Member, safe_extract, verify_headers, write_archive
+from harness.core.errors import ArchiveError
+from harness.evidence.archive import Member, safe_extract, verify_headers, write_archive
 
 
 def _members(tmp_path: Path) -> list[Member]:

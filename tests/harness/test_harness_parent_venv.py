@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.install import PARENT_SITE_PTH, InstallOptions, fresh_venv
+from harness.install.venv import PARENT_SITE_PTH, InstallOptions, fresh_venv
 
 
 def test_packages_of_a_parent_venv_are_visible_after_the_venvs_own(tmp_path: Path) -> None:

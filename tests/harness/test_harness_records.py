@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness import schemas
-from harness.errors import RecordError
-from harness.jsonio import canonical_bytes, looks_like_local_path
-from harness.recordio import load_record, parse_record
-from harness.records import Artifact, CheckResult, Checks, NotRun, Qualification
+from harness.core import schemas
+from harness.core.errors import RecordError
+from harness.core.jsonio import canonical_bytes, looks_like_local_path
+from harness.core.recordio import load_record, parse_record
+from harness.core.records import Artifact, CheckResult, Checks, NotRun, Qualification
 
 
 def test_committed_schemas_match_the_models() -> None:

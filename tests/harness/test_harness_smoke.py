@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from harness_helpers import run_smoke_into
 
-from harness.registry import SMOKE_CHECKS, required_smoke_checks
+from harness.core.registry import SMOKE_CHECKS, required_smoke_checks
 
 
 def _q(path: Path, name: str = "qualification.json") -> dict:  # type: ignore[type-arg]
@@ -69,9 +69,9 @@ def test_full_fails_closed_when_the_workloads_cannot_pass(
     and the evidence says the handoff diagnosis imported the candidate's miniverl from the overlay."""
     from test_harness_verl_env import fake_verl_python
 
-    from harness import registry
-    from harness.profiles import PROFILES
-    from harness.smoke import SmokeOptions, run_smoke
+    from harness.core import registry
+    from harness.core.profiles import PROFILES
+    from harness.qualify.smoke import SmokeOptions, run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -106,7 +106,7 @@ def test_full_refuses_to_start_without_verls_environment(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
     """Without verl 0.9.1's environment the handoff checks could never pass: one usage error, nothing written."""
-    from harness.errors import UsageError
+    from harness.core.errors import UsageError
 
     with pytest.raises(UsageError) as err:
         run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, level="full_qualification")
@@ -128,8 +128,8 @@ def test_a_dirty_checkout_cannot_qualify(candidate: Path, fake_repo: Path, known
 def test_skip_grpo_is_recorded_as_skipped_not_hidden(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
-    from harness.profiles import PROFILES
-    from harness.smoke import SmokeOptions, run_smoke
+    from harness.core.profiles import PROFILES
+    from harness.qualify.smoke import SmokeOptions, run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -149,8 +149,8 @@ def test_offline_wheels_over_system_site_packages_are_recorded(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
     """The H200 mode: no index, a carried wheel dir, a venv over the machine's own site-packages."""
-    from harness.profiles import PROFILES
-    from harness.smoke import SmokeOptions, run_smoke
+    from harness.core.profiles import PROFILES
+    from harness.qualify.smoke import SmokeOptions, run_smoke
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()

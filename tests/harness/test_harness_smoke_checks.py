@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from harness_helpers import audit, audit_args, run_smoke_into
 
-from harness.profiles import PROFILES
-from harness.smoke_judge import read_metrics
+from harness.core.profiles import PROFILES
+from harness.qualify.smoke_judge import read_metrics
 
 # group -> (FAKE_MINIVERL_BAD name, the check it must fail)
 GROUPS: dict[str, list[tuple[str, str]]] = {
@@ -191,7 +191,7 @@ def test_read_metrics_refuses(tmp_path: Path, body: bytes, why: str) -> None:
 
 
 def test_run_files_are_read_strictly(tmp_path: Path) -> None:
-    from harness.steps import _load
+    from harness.qualify.steps import _load
 
     path = tmp_path / "summary.json"
     for body in (b'{"status":"completed","status":"failed"}', b'{"x":NaN}', b"[]", b"{", b"[" * 100_000):
@@ -204,7 +204,7 @@ def test_run_files_are_read_strictly(tmp_path: Path) -> None:
 
 
 def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -> None:
-    from harness import smoke_judge
+    from harness.qualify import smoke_judge
 
     assert read_metrics(tmp_path / "absent.jsonl", "opd")[1] == "absent.jsonl is missing"
     assert "not a regular file" in str(read_metrics(tmp_path, "opd")[1])
@@ -236,7 +236,7 @@ def test_read_metrics_refuses_missing_oversize_and_non_regular(tmp_path: Path) -
     ],
 )
 def test_teacher_scoring_reads_every_metrics_line(edit: dict[str, Any], passes: bool) -> None:
-    from harness.smoke_judge import SmokeVerdict, _teacher_scoring
+    from harness.qualify.smoke_judge import SmokeVerdict, _teacher_scoring
 
     manifest = {"roles": {"runtime": "dual_model", "roles": {"student": {}, "teacher": {}}}}
     verdict = SmokeVerdict()
@@ -259,7 +259,7 @@ def test_teacher_scoring_reads_every_metrics_line(edit: dict[str, Any], passes: 
     ],
 )
 def test_optimizer_update_counts_lines_and_steps(updates: Any, lines: list[dict[str, Any]], passes: bool) -> None:
-    from harness.smoke_judge import SmokeVerdict, _optimizer_update
+    from harness.qualify.smoke_judge import SmokeVerdict, _optimizer_update
 
     verdict = SmokeVerdict()
     _optimizer_update(verdict, {"updates": updates}, lines, None)
@@ -282,7 +282,7 @@ CUDA_OK = {"baseline_allocated_bytes": 1000, "final_allocated_bytes": 1000, "pea
     ],
 )
 def test_cuda_teardown_and_peak_reserved_read_the_summary(edit: dict[str, Any], teardown: bool, peak: bool) -> None:
-    from harness.smoke_judge import SmokeVerdict, _cuda
+    from harness.qualify.smoke_judge import SmokeVerdict, _cuda
 
     verdict = SmokeVerdict()
     _cuda(verdict, PROFILES["h200-cu130"], {"cuda": {**CUDA_OK, **edit}})

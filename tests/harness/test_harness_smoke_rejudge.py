@@ -18,7 +18,7 @@ import pytest
 from harness_helpers import audit, audit_args, copy_tree
 from harness_helpers import rebind_artifacts as _rebind
 
-from harness.jsonio import canonical_bytes, sha256_file
+from harness.core.jsonio import canonical_bytes, sha256_file
 
 Edit = Callable[[Any], None]
 
@@ -134,13 +134,13 @@ def test_evidence_over_its_bound_is_refused(
     smoke_qual: Path, candidate: Path, known_good: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``evidence_bounded`` is re-derived from the files' sizes (the limit lowered in-process to stay cheap)."""
-    from harness import audit as auditor
-    from harness import smoke_judge
-    from harness.audit import AuditRequest
+    from harness.audit.auditor import audit
+    from harness.audit.chain import AuditRequest
+    from harness.qualify import smoke_judge
 
     monkeypatch.setattr(smoke_judge, "EVIDENCE_LIMIT_BYTES", 1000)
     manifest = json.loads((candidate / "candidate-manifest.json").read_bytes())
-    rv = auditor.audit(
+    rv = audit(
         AuditRequest(
             candidate_dir=candidate,
             candidate_manifest=candidate / "candidate-manifest.json",

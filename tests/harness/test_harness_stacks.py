@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from harness_helpers import REPO_ROOT, run_cli
 
-from harness.errors import StackError
-from harness.profiles import PROFILES
-from harness.stacks import load_known_good, stack_mismatches
+from harness.build.stacks import load_known_good, stack_mismatches
+from harness.core.errors import StackError
+from harness.core.profiles import PROFILES
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

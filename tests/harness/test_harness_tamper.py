@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from harness_helpers import audit_args, build_assets, copy_tree, fabricate_full, kg_sha
 
-from harness import registry
-from harness.audit_cli import main as auditor_main
-from harness.jsonio import canonical_bytes, sha256_file
+from harness.audit.cli import main as auditor_main
+from harness.core import registry
+from harness.core.jsonio import canonical_bytes, sha256_file
 
 SECONDS = 30.0  # a hang (a FIFO, an endless file) would last forever; a loaded 2-core CI machine takes seconds
 
@@ -229,7 +229,7 @@ def _drop_artifact(role: str) -> Callable[[Any], None]:
 
 
 def _evidence(role: str) -> str:
-    from harness.qualification import EVIDENCE_PATHS
+    from harness.qualify.qualification import EVIDENCE_PATHS
 
     return EVIDENCE_PATHS[role]
 
@@ -583,7 +583,7 @@ def _rehash_archive(assets: Path) -> None:
 
 
 def _rehash_sums(assets: Path) -> None:
-    from harness.layout import QUALIFICATION_ASSETS
+    from harness.evidence.layout import QUALIFICATION_ASSETS
 
     text = "".join(f"{sha256_file(assets / n)}  {n}\n" for n in QUALIFICATION_ASSETS)
     (assets / "qualification-SHA256SUMS").write_text(text)
@@ -776,8 +776,8 @@ def test_authority_comes_from_the_harness_not_the_record(
     authority is ignored."""
     from harness_helpers import relabel_for_profile
 
-    from harness.profiles import PROFILES
-    from harness.stacks import describe_existing
+    from harness.build.stacks import describe_existing
+    from harness.core.profiles import PROFILES
 
     kg = tmp_path / "known-good"
     kg.mkdir()
@@ -821,8 +821,8 @@ def test_the_cuda_smoke_checks_are_rejudged_from_the_evidence(
     bytes, or of the record's copy of them (every hash re-bound) fails smoke_rejudged naming the check."""
     from harness_helpers import rebind_artifacts, relabel_for_profile
 
-    from harness.profiles import PROFILES
-    from harness.stacks import describe_existing
+    from harness.build.stacks import describe_existing
+    from harness.core.profiles import PROFILES
 
     profile = "h200-cu130"
     kg = tmp_path / "known-good"
@@ -945,8 +945,8 @@ def test_a_directory_swapped_for_a_symlink_after_its_check_is_refused(
 ) -> None:
     """An attacker who swaps a checked directory for a symlink before the file is opened: the file is opened
     one component at a time from the root, none followed, so the swap is refused, not read through."""
-    from harness import safeio
-    from harness.errors import VerificationError
+    from harness.core import safeio
+    from harness.core.errors import VerificationError
 
     root = tmp_path / "root"
     (root / "a" / "b").mkdir(parents=True)
@@ -969,8 +969,8 @@ def test_a_directory_swapped_for_a_symlink_after_its_check_is_refused(
 
 @pytest.mark.parametrize("rel", ["../x.json", "a/../../x.json", "/etc/passwd", ""])
 def test_path_below_refuses_what_is_not_below_its_root(rel: str, tmp_path: Path) -> None:
-    from harness.errors import VerificationError
-    from harness.safeio import path_below
+    from harness.core.errors import VerificationError
+    from harness.core.safeio import path_below
 
     (tmp_path / "a").mkdir()
     with pytest.raises(VerificationError) as info:
@@ -979,8 +979,8 @@ def test_path_below_refuses_what_is_not_below_its_root(rel: str, tmp_path: Path)
 
 
 def test_a_symlinked_component_is_named_and_the_root_may_be_a_symlink(tmp_path: Path) -> None:
-    from harness.errors import VerificationError
-    from harness.safeio import file_digest, path_below, read_regular
+    from harness.core.errors import VerificationError
+    from harness.core.safeio import file_digest, path_below, read_regular
 
     real = tmp_path / "real"
     (real / "a" / "b").mkdir(parents=True)

@@ -56,7 +56,7 @@ def test_the_auditor_runs_in_a_venv_without_torch(
         "sys.meta_path.insert(0, G())\n"
         "sys.argv = ['validate_release_chain.py'] + sys.argv[1:]\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from harness.audit_cli import main\n"
+        "from harness.audit.cli import main\n"
         "raise SystemExit(main())\n"
     )
     done = subprocess.run(

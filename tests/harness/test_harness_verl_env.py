@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HarnessError, InstallError, UsageError
-from harness.verl_env import MISSING, VerlEnv, child_env, observed, prepare, prove, require_verl
+from harness.core.errors import HarnessError, InstallError, UsageError
+from harness.install.verl_env import MISSING, VerlEnv, child_env, observed, prepare, prove, require_verl
 
 
 def fake_verl_python(root: Path, *, version: str | None = "0.9.1", own_miniverl: str | None = None,
@@ -124,12 +124,12 @@ def test_a_wheel_whose_bytes_differ_is_never_installed(candidate: Path, tmp_path
 
 def test_the_workloads_run_verls_python_with_the_overlay(candidate: Path, tmp_path: Path) -> None:
     """``run_module`` (every ``<verl-python> -m miniverl``) and the evidence of which miniverl diagnosed."""
-    from harness.full import walkthrough
-    from harness.full.base import Context
-    from harness.full.scales import SCALES
-    from harness.proc import Redactor
-    from harness.profiles import PROFILES
-    from harness.transcript import CliDriver
+    from harness.core.proc import Redactor
+    from harness.core.profiles import PROFILES
+    from harness.qualify.full import walkthrough
+    from harness.qualify.full.base import Context
+    from harness.qualify.full.scales import SCALES
+    from harness.qualify.transcript import CliDriver
 
     python = fake_verl_python(tmp_path / "verl", own_miniverl="9.9.9")
     env = _prepare(candidate, python, tmp_path / "work")

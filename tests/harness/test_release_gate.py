@@ -50,9 +50,9 @@ class Chain:
 @pytest.fixture(scope="session")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     """Built once: a repo that ships its known-good stack, its candidate and its smoke, bound to run 4242."""
-    from harness.candidate import build_candidate
-    from harness.profiles import PROFILES
-    from harness.stacks import describe_existing
+    from harness.build.candidate import build_candidate
+    from harness.build.stacks import describe_existing
+    from harness.core.profiles import PROFILES
 
     repo = make_repo(tmp_path_factory.mktemp("gate-repo"))
     kg = repo / "known-good"
@@ -229,7 +229,7 @@ def test_missing_token_is_a_usage_error(world: World, tmp_path: Path) -> None:
 
 
 def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, tmp_path: Path) -> None:
-    from harness.layout import TOP_LEVEL
+    from harness.evidence.layout import TOP_LEVEL
 
     r = gate_subprocess(world, tmp_path / "out", "--level", "full_qualification", "--dry-run")
     assert r.rc == 0, r.err
@@ -336,7 +336,7 @@ def test_candidate_and_qualification_from_two_runs(
     world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run 5000's qualification zip holds a qualification.json that names run 5000; its candidate names 4242."""
-    from harness.jsonio import canonical_bytes
+    from harness.core.jsonio import canonical_bytes
 
     members = []
     for name, data in unzip(chain.smoke_zip):
@@ -352,7 +352,8 @@ def test_candidate_and_qualification_from_two_runs(
     world.artifact(5000, SMOKE, zip_members(members))
     assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "candidate_run")
     # and with the candidate taken as the truth, the auditor's own same-run check refuses the pair
-    from harness.audit import AuditRequest, audit
+    from harness.audit.auditor import audit
+    from harness.audit.chain import AuditRequest
 
     qual = tmp_path / "q"
     qual.mkdir()
@@ -503,7 +504,7 @@ def test_unsafe_zip_is_refused(
 
 def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """64 MiB of zeros (about 64 KiB zipped) against a 16 MiB per-member bound."""
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
     from harness.gate.main import gate
     from harness.gate.safezip import ZipLimits
 
@@ -634,7 +635,7 @@ def test_non_empty_out_is_refused_untouched(
 
 
 def _edit_qualification(chain: Chain, edit: Any) -> bytes:
-    from harness.jsonio import canonical_bytes
+    from harness.core.jsonio import canonical_bytes
 
     def rewrite(data: bytes) -> bytes:
         value = json.loads(data)
@@ -692,7 +693,7 @@ def test_sdist_without_its_known_good_stack_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A commit that does not ship known-good/<stack>.json gives the gate nothing to hold the record against."""
-    from harness.candidate import build_candidate
+    from harness.build.candidate import build_candidate
 
     repo = make_repo(tmp_path_factory.mktemp("bare-repo"))
     candidate = tmp_path / "candidate"
@@ -724,7 +725,7 @@ def test_a_relabelled_stand_in_record_cannot_authorize(world: World, chain: Chai
 def test_an_authorizing_full_qualification_is_released_without_dry_run(
     world: World, chain: Chain, tmp_path: Path
 ) -> None:
-    from harness.layout import TOP_LEVEL
+    from harness.evidence.layout import TOP_LEVEL
 
     world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
     world.artifact(RUN_ID, FULL, chain.authorizing_zip)
@@ -902,7 +903,7 @@ def test_verify_out_that_cannot_be_a_file_is_one_output_line(chain: Chain, tmp_p
 def test_validate_release_chain_out_directory_is_one_output_line(
     chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.audit_cli import main
+    from harness.audit.cli import main
 
     assert main(_verify_argv(chain, str(tmp_path))) == 2
     err = capsys.readouterr().err

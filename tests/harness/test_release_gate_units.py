@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from gate_world import zip_members
 
-from harness.errors import UsageError
+from harness.core.errors import UsageError
+from harness.core.gate_records import is_repository
 from harness.gate import GateError
 from harness.gate.http import origin
 from harness.gate.main import parse_api_url, seconds
-from harness.gate.records import is_repository
 from harness.gate.safezip import ZipLimits, safe_extract
 
 
@@ -109,7 +109,7 @@ def test_gate_json_holds_the_same_grammar() -> None:
     """gate.json refuses what the command refuses, and keeps the API path without a leading '/'."""
     from pydantic import ValidationError
 
-    from harness.gate.records import GateQuery
+    from harness.core.gate_records import GateQuery
 
     base = {
         "api_origin": "https://ghe.example.com:443",

@@ -102,3 +102,21 @@ def test_a_new_policy_version_reuses_the_captured_graphs() -> None:
     rows = [EngineRow(t.prompt_token_ids, t.seed) for t in after]
     expected = eager.generate(rows, batch_size=4, max_new_tokens=16, spec=SamplingSpec(1.0, 1.0, 0, (4,)), pad_id=1)
     assert [list(t.response_token_ids) for t in after] == [e[0] for e in expected]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_switching_the_sampling_spec_recaptures_in_a_fresh_pool(dtype: torch.dtype) -> None:
+    """``miniverl eval`` decodes greedy, then sampled, then greedy again with one engine: each switch drops the
+    graphs, and capturing into the dropped graphs' pool crashed CUDA's allocator (fp32 eval on the H200)."""
+    actor, _ = _actor(seed=3)
+    rows = [EngineRow([5, 6, 7, 8, 9][: 2 + i % 4], 100 + i) for i in range(6)]
+    greedy, sampled = SamplingSpec(0.0, 1.0, 0, (2,)), SamplingSpec(1.0, 1.0, 0, (2,))
+    engine = FastRolloutEngine(device=CUDA, dtype=dtype, use_graphs=True)
+    engine.sync_policy(actor, 0)
+    runs = [
+        engine.generate(rows, batch_size=4, max_new_tokens=70, spec=spec, pad_id=0, check_every=4)
+        for spec in (greedy, sampled, greedy, sampled)
+    ]
+    assert engine.stats.captures >= 8  # spans 64 and 128, captured again at each of the 4 specs
+    assert [r[0] for r in runs[0]] == [r[0] for r in runs[2]]
+    assert [r[0] for r in runs[1]] == [r[0] for r in runs[3]]

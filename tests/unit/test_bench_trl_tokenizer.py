@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miniverl.bench.grpo import _prompt_ids
+from miniverl.bench.common import random_prompt_ids
 from miniverl.bench.grpo_trl import encode_equal_work, id_tokenizer
 
 
@@ -15,7 +15,7 @@ def test_ids_with_the_digits_of_special_tokens_encode_to_themselves() -> None:
 
 
 def test_the_bench_prompts_encode_to_the_same_ids_and_lengths() -> None:
-    ids = _prompt_ids(16, 32, 49152, seed=0)
+    ids = random_prompt_ids(16, 32, 49152, seed=0)
     texts = encode_equal_work(id_tokenizer(49152), ids)
     assert len(texts) == 16
     assert [len(x) for x in id_tokenizer(49152)(texts, add_special_tokens=False)["input_ids"]] == [32] * 16

@@ -115,3 +115,12 @@ def test_a_missing_package_is_one_error_line(tmp_path: Path) -> None:
 def test_three_separate_cycles_are_reported_largest_first() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"f"}, "g": set()}
     assert check.cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_miniverl_and_the_harness_have_no_import_cycles() -> None:
+    done = _run(REPO, "miniverl", "harness")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("no import cycles: ")
+    # the CLI sits at the top: only the ``python -m miniverl`` entry point may import it
+    graph = check.import_graph(REPO, ["miniverl"])
+    assert sorted(m for m, targets in graph.items() if "miniverl.cli" in targets) == ["miniverl.__main__"]

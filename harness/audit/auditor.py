@@ -1,0 +1,15 @@
+"""The auditor's one entry: the chain verification, plus the release-asset checks when an asset dir is given."""
+
+from __future__ import annotations
+
+from harness.audit.assets import audit_assets
+from harness.audit.chain import AuditRequest, validate_request, verify_chain
+from harness.core.records import ReleaseVerification
+
+
+def audit(req: AuditRequest) -> ReleaseVerification:
+    """The chain verification, plus every release-asset check when ``assets_dir`` is given."""
+    if req.assets_dir is None:
+        return verify_chain(req)
+    validate_request(req)
+    return audit_assets(req)

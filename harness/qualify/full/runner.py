@@ -1,0 +1,138 @@
+"""Run each implemented full workload on the installed candidate and turn its evidence into a record."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.core import policy, registry
+from harness.core.errors import HarnessError
+from harness.core.policy import CANDIDATE_BOUND as BOUND
+from harness.core.proc import Redactor
+from harness.core.recordio import record_bytes
+from harness.core.records import InstalledFrom, Profile
+from harness.qualify.binding import transcript_bound
+from harness.qualify.checkbook import CheckBook
+from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.catalog import implemented
+from harness.qualify.transcript import CliDriver
+
+EVIDENCE_DIR = "evidence"
+
+
+@dataclass
+class Outcome:
+    """A finished workload: its checks and figures, and the evidence files (archive member -> source)."""
+
+    name: str
+    book: CheckBook
+    metrics: dict[str, int | float | bool | str | None]
+    files: dict[str, tuple[str, Path]] = field(default_factory=dict)  # role -> (archive member, source file)
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    venv: Path
+    root: Path  # each workload gets root/<name> as its fresh working directory
+    redact: Redactor
+    extra_env: dict[str, str]
+    profile: Profile
+    scale: Scale
+    data_source: Path  # the smoke's sampled prompts
+    model_wheel: Path | None
+    verl_python: Path | None
+    installed: InstalledFrom | None  # the origin proof's binding, stamped on every CLI invocation
+    wheel_sha256: str  # the candidate manifest's wheel: every invocation's binding must name it
+    verl_overlay: Path | None = None  # the candidate overlaid on verl's environment (harness.install.verl_env)
+    verl_installed: InstalledFrom | None = None  # the overlay's binding, stamped on every `-m miniverl` there
+
+
+def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profile: Profile) -> None:
+    """Record the judged checks and those the judge found not applicable (a required one then fails the level);
+    a required check the judge did not decide is recorded as skipped."""
+    for name, (passed, detail) in judgement.checks.items():
+        book.record(name, passed, detail)
+    for name, reason in judgement.inapplicable.items():
+        book.not_applicable_(name, reason)
+    for name in registry.workload(workload.name).required_checks:
+        if name not in book.required:
+            book.not_applicable_(name, f"{profile.device} profile")
+    book.skip_remaining(book.required, f"the {workload.name} judge did not decide it (its evidence is missing)")
+
+
+def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
+    started = time.monotonic()
+    work = opts.root / workload.name
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "data").mkdir(parents=True)
+    shutil.copyfile(opts.data_source, work / "data" / "prompts.parquet")
+    cli = CliDriver(
+        venv=opts.venv, work=work, redact=opts.redact, installed=opts.installed, extra_env=dict(opts.extra_env)
+    )
+    ctx = Context(
+        cli=cli,
+        work=work,
+        profile=opts.profile,
+        scale=opts.scale,
+        data="data/prompts.parquet",
+        model_wheel=opts.model_wheel,
+        verl_python=opts.verl_python,
+        verl_overlay=opts.verl_overlay,
+        verl_installed=opts.verl_installed,
+    )
+    evidence: dict[str, Path] = {}
+    failure: str | None = None
+    try:
+        evidence = dict(workload.run(ctx))
+    except HarnessError as exc:
+        failure = opts.redact.text(str(exc))
+    transcript = work / "transcript.json"
+    transcript.write_bytes(record_bytes(cli.transcript()))
+    evidence["transcript"] = transcript
+    unknown = sorted(set(evidence) - set(workload.evidence))
+    if unknown:
+        raise HarnessError(f"workload {workload.name} returned evidence roles it does not declare: {unknown}")
+    outcome = judged(workload, evidence, opts.profile, opts.scale, wheel_sha256=opts.wheel_sha256, failure=failure)
+    outcome.metrics["scale"] = opts.scale.name
+    outcome.metrics["wall_seconds"] = round(time.monotonic() - started, 3)
+    return outcome
+
+
+def judged(
+    workload: Workload,
+    evidence: dict[str, Path],
+    profile: Profile,
+    scale: Scale,
+    *,
+    wheel_sha256: str,
+    failure: str | None = None,
+) -> Outcome:
+    """Judge ``evidence`` into an outcome whose checks are the policy's for ``workload`` on ``profile``; every CLI
+    invocation of its transcript must have run the candidate wheel ``wheel_sha256`` (``candidate_bound``)."""
+    book = CheckBook(policy.record_checks(profile, workload.name))
+    judgement = workload.judge(evidence, profile, scale)
+    book.record(BOUND, *transcript_bound(evidence.get("transcript"), wheel_sha256))
+    if failure is not None:
+        book.record("workload_run", False, failure)
+    judge_into(book, workload, judgement, profile)
+    files = {role: (workload.evidence[role], path) for role, path in sorted(evidence.items())}
+    return Outcome(name=workload.name, book=book, metrics=dict(judgement.metrics), files=files)
+
+
+def run_workloads(opts: RunnerOptions) -> tuple[list[Outcome], list[str]]:
+    """Every registered full workload in registry order: the outcomes of those implemented, the names missing."""
+    outcomes: list[Outcome] = []
+    missing: list[str] = []
+    for spec in registry.REGISTRY.workloads:
+        if spec.name == "release-smoke":
+            continue
+        workload = implemented(spec.name)
+        if workload is None:
+            missing.append(spec.name)
+            continue
+        print(f"harness: full workload {spec.name}", file=sys.stderr, flush=True)
+        outcomes.append(run_one(workload, opts))
+    return outcomes, missing

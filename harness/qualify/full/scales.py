@@ -1,0 +1,40 @@
+"""The sizes each profile runs the full workloads at. A reduced size is declared here, never applied silently;
+the record names the scale it ran."""
+
+from __future__ import annotations
+
+from harness.qualify.full.base import Scale
+
+# The H200 runs what the release card runs (its peak memory is held to the card's budget by the profile).
+_CUDA_FULL = Scale(
+    name="full",
+    description="CUDA: the embedded SmolLM2-135M with NF4 LoRA where a workload trains NF4, 2 prompts x 8 samples x "
+    "32 new tokens per cycle (direct-config: the native verl YAML's own 2 x 4 x 32, unquantized), the "
+    "preregistered matrix on the embedded SmolLM2",
+    set_overrides=("models.device=cuda",),
+    quantization="nf4",
+    prompts_per_cycle=2,
+    samples_per_prompt=8,
+    max_new_tokens=32,
+    matrix_model="smollm2-135m-instruct",
+    policy_refreshes=8,
+)
+
+SCALES: dict[str, Scale] = {
+    "cpu-reference": Scale(
+        name="reduced",
+        description="CI on 2 CPU cores: the embedded SmolLM2-135M in fp32, 2 prompts x 4 samples x 16 new tokens "
+        "per cycle (GRPO workloads at least 32, see harness/qualify/full/runs.py; direct-config runs the native "
+        "verl YAML's own 2 x 4 x 32, which plan --verl-config never resizes), no quantization (NF4 needs CUDA), the "
+        "preregistered matrix on the tiny model",
+        set_overrides=("models.device=cpu",),
+        quantization=None,
+        prompts_per_cycle=2,
+        samples_per_prompt=4,
+        max_new_tokens=16,
+        matrix_model="tiny",
+        policy_refreshes=8,
+    ),
+    "h200-cu130": _CUDA_FULL,
+    "rtx4080-wsl2-cu130": _CUDA_FULL,
+}

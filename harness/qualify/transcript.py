@@ -1,0 +1,174 @@
+"""Drive the installed ``miniverl`` executable and record every invocation."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.jsonio import sha256_bytes
+from harness.core.proc import Redactor, clean_env
+from harness.core.records import InstalledFrom, Invocation, Transcript
+
+
+@dataclass
+class CliResult:
+    invocation: Invocation
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.invocation.exit_code == 0 and not self.invocation.timed_out
+
+    def json(self) -> dict[str, Any] | None:
+        """The one JSON object a ``--json`` command prints, or None if stdout is not exactly that."""
+        try:
+            value = json.loads(self.stdout.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def why(self) -> str:
+        inv = self.invocation
+        if inv.timed_out:
+            return f"`{' '.join(inv.argv[:3])}` timed out after {inv.duration_seconds:.0f}s"
+        return f"`{' '.join(inv.argv[:3])}` exited {inv.exit_code}: {inv.stderr_last_line or 'no stderr'}"
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A CLI child that was started, waited on until a file appeared, then signalled (see ``CliDriver.interrupt``).
+
+    ``result`` is its recorded invocation (exit code, output hashes); ``signalled`` is True only when the
+    signal was sent while the child still ran, after ``wait_for`` (relative to the work dir) existed,
+    ``appeared_after_seconds`` after the start.
+    """
+
+    result: CliResult
+    wait_for: str
+    signal: str
+    signalled: bool
+    appeared_after_seconds: float | None
+
+
+@dataclass
+class CliDriver:
+    """Runs ``<venv>/bin/miniverl`` from ``work`` with a clean environment; argv recorded redacted."""
+
+    venv: Path
+    work: Path
+    redact: Redactor
+    installed: InstalledFrom | None  # what the origin proof found installed in ``venv`` (stamped on every invocation)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    results: list[CliResult] = field(default_factory=list)
+
+    def __call__(self, step: str, args: list[str], *, timeout: float = 600) -> CliResult:
+        exe = self.venv / "bin" / "miniverl"
+        env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
+        start = time.monotonic()
+        timed_out = False
+        try:
+            done = subprocess.run(
+                [str(exe), *args], cwd=self.work, env=env, capture_output=True, timeout=timeout, check=False
+            )
+            code, out, err = done.returncode, done.stdout, done.stderr
+        except subprocess.TimeoutExpired as exc:
+            timed_out, code = True, 124
+            out, err = exc.stdout or b"", exc.stderr or b""
+        except OSError as exc:
+            code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
+        return self._record(step, args, code, out, err, time.monotonic() - start, timed_out)
+
+    def interrupt(
+        self,
+        step: str,
+        args: list[str],
+        *,
+        wait_for: Path,
+        signum: signal.Signals = signal.SIGTERM,
+        timeout: float = 600,
+        poll_seconds: float = 0.02,
+    ) -> Interruption:
+        """Start ``miniverl ARGS`` as a child, wait until ``wait_for`` (relative to ``work``) exists, send it
+        ``signum`` and wait for it to exit; recorded in the transcript as one invocation like any other.
+
+        The child is signalled only if the file appeared while it was still running (``signalled``); a child
+        that exits first is recorded as it exited. A child still running after ``timeout`` is killed and
+        recorded as timed out (exit 124), as ``__call__`` does.
+        """
+        exe = self.venv / "bin" / "miniverl"
+        env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
+        target = self.work / wait_for
+        start = time.monotonic()
+        appeared: float | None = None
+        signalled = timed_out = False
+        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+            try:
+                child = subprocess.Popen([str(exe), *args], cwd=self.work, env=env, stdout=out_file, stderr=err_file)
+            except OSError as exc:
+                code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
+                result = self._record(step, args, code, out, err, time.monotonic() - start, False)
+                return Interruption(result, wait_for.as_posix(), signum.name, False, None)
+            try:
+                while child.poll() is None:
+                    if time.monotonic() - start > timeout:
+                        break
+                    if target.exists():
+                        appeared = time.monotonic() - start
+                        child.send_signal(signum)
+                        signalled = True
+                        break
+                    time.sleep(poll_seconds)
+                remaining = max(1.0, timeout - (time.monotonic() - start))
+                code = child.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                timed_out, code = True, 124
+            finally:
+                if child.poll() is None:  # an exception above: never leave the child behind
+                    child.kill()
+                    child.wait()
+            out_file.seek(0)
+            err_file.seek(0)
+            out, err = out_file.read(), err_file.read()
+        result = self._record(step, args, code, out, err, time.monotonic() - start, timed_out)
+        return Interruption(
+            result, wait_for.as_posix(), signum.name, signalled, round(appeared, 3) if appeared is not None else None
+        )
+
+    def _record(
+        self, step: str, args: list[str], code: int, out: bytes, err: bytes, duration: float, timed_out: bool
+    ) -> CliResult:
+        lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+        invocation = Invocation(
+            step=step,
+            argv=["miniverl", *self.redact.argv(args)],
+            exit_code=code,
+            duration_seconds=round(duration, 3),
+            timed_out=timed_out,
+            stdout_bytes=len(out),
+            stdout_sha256=sha256_bytes(out),
+            stderr_bytes=len(err),
+            stderr_sha256=sha256_bytes(err),
+            stderr_last_line=self.redact.text(lines[-1][:300]) if lines else "",
+            installed=self.installed,
+        )
+        result = CliResult(invocation, out, err)
+        self.results.append(result)
+        return result
+
+    def transcript(self) -> Transcript:
+        return Transcript(
+            kind="miniverl.transcript",
+            schema_version=1,
+            cwd="<work>",
+            executable="<venv>/bin/miniverl",
+            invocations=[r.invocation for r in self.results],
+        )
