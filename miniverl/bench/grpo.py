@@ -11,6 +11,9 @@ GRPO step paths (``prompts`` groups of ``samples`` completions of ``new_tokens``
   on the role runtime (LoRA r16, PEFT's default fp32 adapter), gradient clipping, AdamW;
 * ``miniverl_fast_bf16``: the same with bf16 adapter tensors and fp32 master copies in the
   optimizer (:class:`~miniverl.training.update.Bf16MasterAdapter`; bf16 models only);
+* ``miniverl_lean``: the step as training builds it: ``adapter_precision`` auto (bf16 + fp32 masters on
+  a bf16 model) through :class:`~miniverl.training.algorithms.base.TrainedParameters`, and with
+  ``--memory-budget-gib`` the memory plan's activation checkpointing and micro-batch;
 * ``miniverl_hf``: the same step with the transformers decode loop (``engine="hf"``);
 * ``trl``: TRL's ``GRPOTrainer`` on the same model shape and lengths when ``trl`` is importable,
   else recorded ``not_run`` with the reason (never ``passed``).
@@ -26,7 +29,9 @@ Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)
 Per cell: ``warmup`` untimed steps (the first is ``first_call_seconds``: graph capture, cuDNN/SDPA
 plans), then the median of ``repeats`` (default 5) CUDA-synchronized steps with their spread (range,
 quartiles); peak reserved is ``torch.cuda.max_memory_reserved`` over the timed steps, each cell
-starting from an emptied cache with its own model. Writes ``grpo.json``, ``grpo.md`` and ``grpo.svg``.
+starting from an emptied cache with its own model (the previous cell's runner and model dropped first).
+Each miniverl cell also records ``estimated_peak_gib``, the memory plan's estimate for its settings.
+Writes ``grpo.json``, ``grpo.md`` and ``grpo.svg``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class GrpoBenchOptions:
     learning_rate: float = 1e-5
     activation_checkpointing: int = 0  # miniverl cells: recompute every n-th decoder layer in backward (0: off)
     seed: int = 0
+    memory_budget_gib: float | None = None  # miniverl_lean: the memory plan's budget (None: training's defaults)
 
 
 def _sync(device: torch.device) -> None:
@@ -90,6 +96,7 @@ def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def random_config(name: str) -> Any:
@@ -201,6 +208,88 @@ class _Trainer:
             self.optimizer.zero_grad(set_to_none=True)
 
 
+def _lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str, precision: str,
+                   fast: bool = True) -> Any:  # fmt: skip
+    """The memory plan's view of the bench's GRPO step (no frozen models beside the student)."""
+    from miniverl.runtime.memory_plan import Workload
+
+    rows = opts.prompts * opts.samples
+    return Workload(
+        dtype=dtype_name,  # type: ignore[arg-type]
+        adapter_precision=precision,  # type: ignore[arg-type]
+        lora_rank=16,
+        lora_targets=tuple(LORA_TARGETS),
+        row_tokens=opts.prompt_tokens + opts.new_tokens,
+        update_rows=rows,
+        logprob_chunk=1024,
+        rollout_rows=min(opts.rollout_batch, rows),
+        rollout_capacity=opts.prompt_tokens + opts.new_tokens,
+        fast_engine=fast and device.type == "cuda",
+    )
+
+
+def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
+                  ) -> tuple[Any, Any]:  # fmt: skip
+    """The runtime and optimizer as training builds them: ``adapter_precision: auto`` (bf16_master on a
+    bf16 model; CPU included, as a config may choose it), :class:`TrainedParameters` (clip, AdamW over
+    the masters), and with ``--memory-budget-gib`` the memory plan (checkpointing and micro-batch
+    ``auto``) applied to the runtime; without a budget, training's defaults (no checkpointing)."""
+    from miniverl.runtime.memory_plan import DecoderDims, choose_plan
+    from miniverl.training.algorithms.base import TrainedParameters
+
+    rows = opts.prompts * opts.samples
+    precision = "bf16_master" if dtype_name == "bfloat16" else "fp32"
+    runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=0)
+    runtime.memory_plan = None
+    if opts.memory_budget_gib is not None:
+        plan = choose_plan(
+            DecoderDims.from_hf_config(runtime.student_config()),
+            _lean_workload(opts, device, dtype_name, precision),
+            opts.memory_budget_gib,
+            activation_checkpointing="auto",
+            trajectory_batch_size="auto",
+        )
+        runtime.apply_memory_plan(activation_checkpointing=plan.activation_checkpointing, max_tokens=plan.max_tokens)
+        runtime.bench_config.train.trajectory_batch_size = "auto"
+        runtime.memory_plan = plan
+        progress.phase("memory plan", plan.describe())
+    trainer = TrainedParameters(
+        list(runtime.named_trainable_parameters()), lr=opts.learning_rate, betas=(0.9, 0.999), eps=1e-8,
+        weight_decay=0.0, max_grad_norm=1.0, bf16_master=precision == "bf16_master",
+    )  # fmt: skip
+    return runtime, trainer
+
+
+def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOptions, device: torch.device,
+                       dtype_name: str, config: Any) -> float | None:  # fmt: skip
+    """The memory plan's estimate for a miniverl cell, with the settings that cell ran (None: not miniverl's)."""
+    import dataclasses
+
+    from miniverl.runtime.memory_plan import GIB as PLAN_GIB
+    from miniverl.runtime.memory_plan import DecoderDims, estimate
+
+    if not path.startswith("miniverl"):
+        return None
+    plan = getattr(holder, "memory_plan", None)
+    if plan is not None:
+        return float(plan.estimate.peak / PLAN_GIB)
+    dims = DecoderDims.from_hf_config(config)
+    bf16 = path.endswith("_bf16") or (path == "miniverl_lean" and dtype_name == "bfloat16")
+    every = opts.activation_checkpointing if path != "miniverl_lean" else 0
+    checkpointed = -(-dims.layers // every) if every else 0
+    if section == "update":
+        batch, length = opts.update_shape
+        work = dataclasses.replace(
+            _lean_workload(opts, device, dtype_name, "bf16_master" if bf16 else "fp32", fast=False),
+            row_tokens=length, update_rows=batch, rollout_rows=1, rollout_capacity=1,
+        )  # fmt: skip
+        rows = batch
+    else:
+        work = _lean_workload(opts, device, dtype_name, "bf16_master" if bf16 else "fp32", fast=path != "miniverl_hf")
+        rows = opts.prompts * opts.samples
+    return float(estimate(dims, work, micro_rows=rows, checkpointed_layers=checkpointed).peak / PLAN_GIB)
+
+
 def _update_sequences(rows: list[tuple[list[int], list[int]]], advantages: list[float]) -> list[Any]:
     from miniverl.training.update import UpdateSequence
 
@@ -225,8 +314,12 @@ def _step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device
     from miniverl.training.algorithms.grpo import grpo_update
 
     rows = opts.prompts * opts.samples
-    runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing)
-    trainer = _Trainer(runtime, opts.learning_rate, bf16_master=path == "miniverl_fast_bf16")
+    trainer: Any
+    if path == "miniverl_lean":
+        runtime, trainer = _lean_runtime(loader, opts, device, dtype_name)
+    else:
+        runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing)
+        trainer = _Trainer(runtime, opts.learning_rate, bf16_master=path == "miniverl_fast_bf16")
     vocab = int(loader.config.vocab_size)
     prompts = [
         PromptInput(f"p{i}", " ".join(map(str, ids)))
@@ -385,17 +478,27 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell.update(_trl_cell(loader, opts, device, dtype_name))
         else:
             factory = _step_runner if section == "step" else _update_runner
-            holder = None
+            holder: Any = None
+            run: Any = None
             try:
                 run, holder = factory(path, loader, opts, device, dtype_name)
                 cell.update(measure(run, warmup=opts.warmup, repeats=opts.repeats, device=device))
+                cell["estimated_peak_gib"] = estimated_peak_gib(
+                    section, path, holder, opts, device, dtype_name, loader.config
+                )
+                plan = getattr(holder, "memory_plan", None)
+                if plan is not None:
+                    cell["memory_plan"] = plan.metrics()
+                _say_estimate(cell)
             except (RuntimeError, ValueError) as exc:  # one broken path must not hide the others' figures
                 cell.update(status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
             finally:
                 close = getattr(holder, "close", None)
                 if callable(close):
                     close()
-                del holder
+                # the runner's closure holds the model and optimizer too: drop both, so that the next
+                # cell's _release empties an allocator that holds nothing of this one
+                del holder, run
         if cell.get("status") == "measured" and section == "step":
             cell["completion_tokens"] = completion_tokens
             cell["completion_tokens_per_second"] = completion_tokens / cell["median_step_seconds"]
@@ -432,6 +535,15 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     return report
 
 
+def _say_estimate(cell: dict[str, Any]) -> None:
+    """One line per miniverl cell: the memory plan's estimate beside the measured peak (CUDA)."""
+    estimated, measured = cell.get("estimated_peak_gib"), cell.get("peak_reserved_gib")
+    if estimated is None:
+        return
+    seen = f"measured {measured:.2f} GiB" if measured is not None else "not measured (no CUDA)"
+    progress.phase("memory", f"{cell['section']} {cell['path']}: estimated {estimated:.2f} GiB peak reserved, {seen}")
+
+
 def ratios(cells: list[dict[str, Any]]) -> dict[str, float | None]:
     """Speed (time ratio, reference / ours) and memory (peak reserved, ours / reference) between paths."""
     by = {(c["section"], c["path"]): c for c in cells if c.get("status") == "measured"}
@@ -447,7 +559,7 @@ def ratios(cells: list[dict[str, Any]]) -> dict[str, float | None]:
         return float(a["peak_reserved_gib"] / b["peak_reserved_gib"])
 
     out: dict[str, float | None] = {}
-    for ours in ("miniverl_fast", "miniverl_fast_bf16"):
+    for ours in ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean"):
         out[f"step_speed_{ours}_vs_miniverl_hf"] = speed("step", ours, "miniverl_hf")
         out[f"step_speed_{ours}_vs_trl"] = speed("step", ours, "trl")
         out[f"step_memory_{ours}_vs_trl"] = memory("step", ours, "trl")
@@ -471,6 +583,8 @@ def validate_options(opts: GrpoBenchOptions) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     if opts.warmup < 0 or opts.activation_checkpointing < 0:
         raise UsageError("--warmup and --activation-checkpointing must be >= 0")
+    if opts.memory_budget_gib is not None and not opts.memory_budget_gib > 0:
+        raise UsageError(f"--memory-budget-gib must be > 0, got {opts.memory_budget_gib}")
     batch, length = opts.update_shape
     if batch < 1 or length < 4:
         raise UsageError(f"--update-shape {batch},{length}: give B >= 1 and T >= 4")
@@ -483,6 +597,7 @@ def options_from_args(args: argparse.Namespace) -> GrpoBenchOptions:
         new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, rollout_batch=args.rollout_batch,
         warmup=args.warmup, repeats=args.repeats, paths=args.paths, update_paths=args.update_paths,
         update_shape=args.update_shape, activation_checkpointing=args.activation_checkpointing,
+        memory_budget_gib=getattr(args, "memory_budget_gib", None),
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import argparse
 
 from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int_pair
 
-STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_hf", "trl")
+STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
 GRPO_MODELS = ("tiny", "smollm2-shape", "qwen3-0.6b-shape")
 
@@ -40,5 +40,11 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=0,
         help="miniverl cells: recompute every n-th layer (0: off)",
+    )
+    parser.add_argument(
+        "--memory-budget-gib",
+        type=float,
+        default=None,
+        help="miniverl_lean: the memory plan's peak-reserved budget (checkpointing and micro-batch chosen to fit)",
     )
     parser.add_argument("--out", required=True, help="output directory")

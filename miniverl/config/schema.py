@@ -359,7 +359,12 @@ class TrainSection(Strict):
     adam_eps: Annotated[float, Field(gt=0)] = 1e-8
     max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     logprob_chunk_size: Annotated[int, Field(ge=1)] = 1024
-    activation_checkpointing: Annotated[int, Field(ge=0)] = 0
+    #: recompute every n-th student decoder layer in backward (0: off); ``auto``: chosen by the memory plan
+    #: from ``memory.max_peak_reserved_gib`` (off without a budget)
+    activation_checkpointing: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
+    #: ``fp32``: PEFT's fp32 adapter; ``bf16_master``: bf16 adapter tensors in the model, fp32 masters in
+    #: the optimizer, checkpoints and export; ``auto``: bf16_master for a bfloat16 student on CUDA, else fp32
+    adapter_precision: Literal["auto", "fp32", "bf16_master"] = "auto"
 
 
 class CheckpointSection(Strict):
@@ -416,6 +421,11 @@ class MiniverlConfig(Strict):
                 "train.gradient_accumulation_steps must equal rollout.prompts_per_cycle x "
                 f"rollout.samples_per_prompt ({per_cycle}): strict on-policy training makes one "
                 "optimizer update per cycle from that cycle's fresh trajectories"
+            )
+        if self.train.adapter_precision == "bf16_master" and self.models.dtype != "bfloat16":
+            raise ValueError(
+                f"train.adapter_precision bf16_master needs models.dtype bfloat16 (it is {self.models.dtype}); "
+                "set models.dtype: bfloat16 or train.adapter_precision: fp32"
             )
         if self.algorithm.name in ("opd", "kd") and self.models.teacher is None:
             raise ValueError(f"algorithm {self.algorithm.name} needs models.teacher")

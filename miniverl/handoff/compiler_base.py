@@ -212,7 +212,7 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
         revision=student.revision if binding == "hub" else None,
         identity_digest=sha256_json(plan.models.get("student", {})),
         dtype=config.models.dtype,
-        gradient_checkpointing=config.train.activation_checkpointing > 0,
+        gradient_checkpointing=config.train.activation_checkpointing != 0,  # auto may checkpoint
         quantization=QuantizationIR.of(student.quantization),
     )
 

@@ -97,6 +97,12 @@ class RoleRuntime(Protocol):
     def save_student_adapter(self, directory: str) -> None:
         """Write a standard PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
 
+    def student_config(self) -> Any:
+        """The student's HF model config (the memory plan reads its shape)."""
+
+    def apply_memory_plan(self, *, activation_checkpointing: int, max_tokens: int | None) -> None:
+        """Checkpoint every n-th student layer (0: as built); set the ``auto`` per-forward token budget."""
+
     @property
     def value_head(self) -> torch.nn.Linear:
         """PPO's scalar value head ``Linear(H, 1)`` (fp32); ``KeyError`` without a critic role."""

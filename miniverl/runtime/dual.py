@@ -16,6 +16,7 @@ two logical roles.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from miniverl.runtime.loading import (
     base_spec_for,
     default_loader,
     enable_activation_checkpointing,
+    inner_causal_lm,
     load_frozen_adapter,
     resolve_adapter,
 )
@@ -209,6 +211,20 @@ class DualModelRuntime(CriticRole):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.named_trainable_parameters()]
+
+    def student_config(self) -> Any:
+        """The student's HF model config (the memory plan reads its shape)."""
+        return inner_causal_lm(self._student).config
+
+    def apply_memory_plan(self, *, activation_checkpointing: int, max_tokens: int | None) -> None:
+        """What a memory plan chose: checkpoint every n-th student layer (0: leave as built); the
+        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it)."""
+        if activation_checkpointing:
+            enable_activation_checkpointing(self._student, activation_checkpointing)
+        if max_tokens is not None:
+            self.auto = dataclasses.replace(self.auto, max_tokens=max_tokens)
+            for handle in self._handles.values():
+                handle.auto = self.auto
 
     def save_student_adapter(self, directory: str) -> None:
         save_peft_adapter(self._student, STUDENT_ADAPTER, directory)

@@ -19,6 +19,7 @@ A shared backbone is one resident model: ``placement: swap`` is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ from miniverl.runtime.loading import (
     attach_student_lora,
     default_loader,
     enable_activation_checkpointing,
+    inner_causal_lm,
     load_frozen_adapter,
     resolve_adapter,
 )
@@ -262,6 +264,20 @@ class SharedBackboneRuntime(CriticRole):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.named_trainable_parameters()]
+
+    def student_config(self) -> Any:
+        """The student's HF model config (the memory plan reads its shape)."""
+        return inner_causal_lm(self._model).config
+
+    def apply_memory_plan(self, *, activation_checkpointing: int, max_tokens: int | None) -> None:
+        """What a memory plan chose: checkpoint every n-th student layer (0: leave as built); the
+        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it)."""
+        if activation_checkpointing:
+            enable_activation_checkpointing(self._model, activation_checkpointing)
+        if max_tokens is not None:
+            self.auto = dataclasses.replace(self.auto, max_tokens=max_tokens)
+            for handle in self._handles.values():
+                handle.auto = self.auto
 
     def save_student_adapter(self, directory: str) -> None:
         save_peft_adapter(self._model, "student", directory)

@@ -11,6 +11,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from miniverl import progress
+from miniverl import progress as _progress  # __init__'s ``progress`` argument shadows the module
 from miniverl.artifacts.rundir import roll_back_outputs
 from miniverl.canonical import atomic_write_text, canonical_json, sha256_file
 from miniverl.config.schema import MiniverlConfig
@@ -78,6 +80,7 @@ class Controller:
         progress: Callable[[int, int, MetricsLine], None] | None = None,
         on_phase: Callable[[str, int], None] | None = None,
         backend: RolloutBackend | None = None,
+        load_metrics: dict[str, float] | None = None,
     ) -> None:
         self.config = config
         self.backend = backend if backend is not None else rollout_backend(config.rollout)
@@ -102,6 +105,17 @@ class Controller:
         self.algorithm = build_algorithm(config, runtime)
         self.algorithm.prepare(self.rows)
         self.optimizer = self.algorithm.actor.optimizer
+        _progress.phase(
+            "load",
+            f"adapter precision {self.algorithm.actor.precision} (train.adapter_precision "
+            f"{config.train.adapter_precision})",
+        )
+        #: recorded on every metrics line: the adapter precision this run trains in (1.0: bf16_master) and
+        #: what the load decided beside it (the memory plan, when a budget chose one)
+        self.load_metrics = {
+            "train/adapter_bf16_master": float(self.algorithm.actor.precision == "bf16_master"),
+            **(load_metrics or {}),
+        }
         self.state = Progress()
         #: trajectories/ file name -> sha256 of every update so far (checkpoint.json binds them)
         self.trajectory_hashes: dict[str, str] = {}
@@ -109,12 +123,9 @@ class Controller:
     # -- checkpoint I/O ---------------------------------------------------------------------
     def restore(self, directory: Path, record: Any) -> None:
         params, opt_tensors, state = ckpt.read_checkpoint(directory)
-        named = self.algorithm.actor.named()
-        if set(named) != set(params):
+        if set(self.algorithm.actor.named()) != set(params):
             raise CheckpointError(f"checkpoint {directory.name} does not match this plan's adapter")
-        with torch.no_grad():
-            for name, tensor in params.items():
-                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        self.algorithm.actor.load(params)  # the masters under bf16_master; the model's tensors re-derived
         ckpt.optimizer_from_tensors(self.optimizer, opt_tensors, state["optimizer"])
         extra = state["extra"]
         names = sorted(self.algorithm.state_tensors())
@@ -153,6 +164,19 @@ class Controller:
         params = self.algorithm.actor.named()
         root = self.run_dir / "checkpoints"
         extra_dirs = {"critic": self.runtime.save_critic} if self.runtime.has_role("critic") else None
+        with ExitStack() as masters:  # PEFT saves of the student (and critic) write the fp32 masters
+            for trained in self.algorithm.trained():
+                masters.enter_context(trained.masters_in_model())
+            self._write_checkpoint(root, state, params, extra_dirs)
+        prune_checkpoints(root, self.config.checkpoint.keep_last)
+
+    def _write_checkpoint(
+        self,
+        root: Path,
+        state: ckpt.TrainingState,
+        params: dict[str, torch.nn.Parameter],
+        extra_dirs: dict[str, Any] | None,
+    ) -> None:
         ckpt.write_checkpoint(
             root,
             state,
@@ -162,7 +186,6 @@ class Controller:
             extra_tensors=self.algorithm.state_tensors(),
             extra_dirs=extra_dirs,
         )
-        prune_checkpoints(root, self.config.checkpoint.keep_last)
 
     # -- one cycle ----------------------------------------------------------------------------
     def _phase(self, name: str, cycle_index: int) -> None:
@@ -281,7 +304,14 @@ class Controller:
             policy_digest_after=digest_after,
             algorithm_metrics={
                 k: v
-                for k, v in sorted({**result.metrics, **self._reward_model_metrics(scores), **evaluated}.items())
+                for k, v in sorted(
+                    {
+                        **result.metrics,
+                        **self._reward_model_metrics(scores),
+                        **evaluated,
+                        **self.load_metrics,
+                    }.items()
+                )
                 if math.isfinite(v)
             },
         )

@@ -392,7 +392,9 @@ def _train(
 
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
+    from miniverl.training.algorithms.base import resolve_adapter_precision
     from miniverl.training.controller import Controller
+    from miniverl.training.memory import plan_memory
 
     fresh = found is None
     try:
@@ -417,9 +419,12 @@ def _train(
             config.models,
             device=device,
             placement=config.memory.placement,
-            activation_checkpointing=config.train.activation_checkpointing,
+            activation_checkpointing=_given_checkpointing(config.train.activation_checkpointing),
             critic_seed=config.algorithm.ppo.critic_head_seed,
         )
+        memory_plan = plan_memory(config, runtime, rows, resolve_adapter_precision(config, device))
+        if memory_plan is not None:
+            progress_log.phase("memory plan", memory_plan.describe())
         controller = None
         load_peaks = (
             (torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)) if cuda else (0, 0)
@@ -446,7 +451,15 @@ def _train(
                 atomic_write_json(run_dir / "run.json", manifest.model_dump(mode="json"), pretty=True)
             reporter = _progress_reporter(plan.updates) if progress else None
             controller = Controller(
-                config, plan, runtime, rows, run_dir, on_update=hooks[0], progress=reporter, on_phase=hooks[1]
+                config,
+                plan,
+                runtime,
+                rows,
+                run_dir,
+                on_update=hooks[0],
+                progress=reporter,
+                on_phase=hooks[1],
+                load_metrics=memory_plan.metrics() if memory_plan is not None else None,
             )
             resumed_from = None
             if found is not None:
@@ -526,6 +539,11 @@ def _train(
             f"{wall:.1f}s on {device.type}; outputs in {run_dir}"
         ),
     }
+
+
+def _given_checkpointing(value: int | str) -> int:
+    """``train.activation_checkpointing`` at build time: ``auto`` starts off (a memory plan may turn it on)."""
+    return value if isinstance(value, int) else 0
 
 
 def _seed_everything(config: MiniverlConfig) -> None:

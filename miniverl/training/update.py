@@ -9,7 +9,8 @@ group (so batching never changes the math).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from miniverl.algorithms import chunked_token_logprobs
 from miniverl.config.schema import MiniverlConfig
 from miniverl.runtime.base import BatchSize, RoleRuntime, SequenceRows
+from miniverl.runtime.batching import to_device
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,13 @@ def rows_of(sequences: Sequence[UpdateSequence], teacher: bool) -> SequenceRows:
 
 
 def targets_of(sequences: Sequence[UpdateSequence], device: torch.device) -> torch.Tensor:
+    """The response token ids, on ``device`` without a host sync (pinned, non-blocking on CUDA)."""
     ids = [t for s in sequences for t in s.response_ids()]
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    return to_device(torch.tensor(ids, dtype=torch.long), device)
 
 
 class Bf16MasterAdapter:
-    """bf16 trainable adapter tensors in the model, fp32 master copies in the optimizer (CUDA).
+    """bf16 trainable adapter tensors in the model, fp32 master copies in the optimizer.
 
     PEFT keeps LoRA weights in fp32 on a bf16 base (``autocast_adapter_dtype``), so every LoRA
     linear casts its input to fp32 and runs fp32 GEMMs, forward and backward, each step. Here the
@@ -106,7 +109,8 @@ class Bf16MasterAdapter:
     fp32 masters: :meth:`step` casts the grads into the masters once (one foreach copy), steps
     the optimizer over the masters, and copies the result back into the bf16 tensors (one foreach
     copy). The masters start as exact fp32 copies of the adapter (taken before the cast), so no
-    update is lost to bf16 rounding between steps. CPU training keeps its fp32 adapter (not used).
+    update is lost to bf16 rounding between steps. Training uses it through
+    :class:`~miniverl.training.algorithms.base.TrainedParameters` (``train.adapter_precision``).
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], dtype: torch.dtype = torch.bfloat16) -> None:
@@ -115,20 +119,43 @@ class Bf16MasterAdapter:
         for p in self.params:
             p.data = p.data.to(dtype)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Grads (bf16, in the model) -> fp32 masters; ``optimizer.step()`` over the masters; masters -> model."""
-        with torch.no_grad():
-            pairs = [(m, p) for m, p in zip(self.masters, self.params, strict=True) if p.grad is not None]
-            for m, _ in pairs:
-                if m.grad is None:
-                    m.grad = torch.empty_like(m)
-            if pairs:
-                grads: list[torch.Tensor] = [p.grad for _, p in pairs if p.grad is not None]
-                torch._foreach_copy_([m.grad for m, _ in pairs if m.grad is not None], grads)
-            optimizer.step()
-            torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.masters))
+    @torch.no_grad()
+    def grads_to_masters(self) -> None:
+        """The model's (bf16) grads into the masters' fp32 grads; a tensor without a grad leaves its master's alone."""
+        pairs = [(m, p) for m, p in zip(self.masters, self.params, strict=True) if p.grad is not None]
+        for m, _ in pairs:
+            if m.grad is None:
+                m.grad = torch.empty_like(m)
+        if pairs:
+            grads: list[torch.Tensor] = [p.grad for _, p in pairs if p.grad is not None]
+            torch._foreach_copy_([m.grad for m, _ in pairs if m.grad is not None], grads)
+
+    @torch.no_grad()
+    def masters_to_model(self) -> None:
+        """The masters, rounded, into the model's tensors; the model's grads dropped."""
+        torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.masters))
         for p in self.params:
             p.grad = None
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Grads (bf16, in the model) -> fp32 masters; ``optimizer.step()`` over the masters; masters -> model."""
+        self.grads_to_masters()
+        with torch.no_grad():
+            optimizer.step()
+        self.masters_to_model()
+
+    @contextmanager
+    def masters_in_model(self) -> Iterator[None]:
+        """Inside the block the model holds the fp32 masters themselves (a PEFT save writes the masters);
+        on exit its own low-precision tensors are back, unchanged."""
+        low = [p.data for p in self.params]
+        try:
+            for p, m in zip(self.params, self.masters, strict=True):
+                p.data = m.data
+            yield
+        finally:
+            for p, data in zip(self.params, low, strict=True):
+                p.data = data
 
 
 @torch.no_grad()

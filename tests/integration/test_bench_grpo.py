@@ -46,19 +46,26 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
 def test_every_path_is_measured_or_marked(bench: tuple[dict[str, Any], Path]) -> None:
     report, _ = bench
     by = {(c["section"], c["path"]): c for c in report["cells"]}
-    assert len(by) == 4 + 3
+    assert len(by) == 5 + 3
     for key in (("step", "miniverl_fast"), ("step", "miniverl_hf"), ("update", "naive_hf_peft"),
                 ("update", "miniverl_update")):  # fmt: skip
         cell = by[key]
         assert cell["status"] == "measured", cell
         assert len(cell["step_seconds"]) == 2 and cell["peak_reserved_gib"] is None  # CPU
         assert cell["ms_per_step"] == pytest.approx(cell["median_step_seconds"] * 1e3)
-    for path in ("miniverl_fast", "miniverl_hf"):
+    for path in ("miniverl_fast", "miniverl_lean", "miniverl_hf"):
         cell = by[("step", path)]
         assert cell["completion_tokens"] == 2 * 2 * 5  # fixed lengths (checked on every step)
         assert cell["completion_tokens_per_second"] == pytest.approx(20 / cell["median_step_seconds"])
         assert cell["median_rollout_seconds"] > 0 and cell["median_update_seconds"] > 0
     assert by[("step", "miniverl_fast_bf16")]["status"] == "not_run"  # needs a bf16 model
+    # the memory plan's estimate beside every measured miniverl cell (the measurement is CUDA's)
+    assert (
+        by[("step", "miniverl_lean")]["estimated_peak_gib"] > 0
+        and by[("update", "miniverl_update")]["estimated_peak_gib"] > 0
+    )
+    assert by[("update", "naive_hf_peft")]["estimated_peak_gib"] is None
+    assert "memory_plan" not in by[("step", "miniverl_lean")]  # no --memory-budget-gib: training's defaults
     assert by[("update", "miniverl_update_bf16")]["status"] == "not_run"
     trl = by[("step", "trl")]
     assert trl["status"] != "passed"
@@ -107,6 +114,22 @@ def test_goals_follow_the_ratios() -> None:
     assert goals["step_speed_miniverl_fast_vs_trl"] == "not_measured"
 
 
+def test_the_lean_path_runs_what_training_runs_under_the_memory_plan(tmp_path: Path) -> None:
+    """bf16 model on CPU: bf16_master (training's TrainedParameters) and, with a budget, the memory plan's
+    checkpointing and micro-batch applied; the plan is recorded in the cell and its estimate beside it."""
+    opts = GrpoBenchOptions(
+        model="tiny", device="cpu", dtype="bfloat16", prompts=2, samples=2, new_tokens=5, prompt_tokens=4,
+        rollout_batch=4, warmup=1, repeats=1, paths=("miniverl_lean",), update_paths=(), memory_budget_gib=1e-4,
+    )  # fmt: skip
+    report = run_grpo_bench(opts, tmp_path / "o")
+    (cell,) = report["cells"]
+    assert cell["status"] == "measured", cell
+    plan = cell["memory_plan"]
+    assert plan["memory_plan/budget_gib"] == pytest.approx(1e-4) and plan["memory_plan/fits"] == 0.0
+    assert plan["memory_plan/checkpointed_layers"] >= 1 and plan["memory_plan/micro_rows"] == 1
+    assert cell["estimated_peak_gib"] == pytest.approx(plan["memory_plan/estimated_peak_gib"])
+
+
 def test_the_spread_goes_beside_every_median() -> None:
     from miniverl.bench.common import spread
 
@@ -124,6 +147,8 @@ def test_the_spread_goes_beside_every_median() -> None:
         (["--repeats", "x"], "argument --repeats: 'x' is not an integer"),
         (["--update-shape", "8"], "give B,T (two integers)"),
         (["--update-shape", "8,2"], "--update-shape 8,2"),
+        (["--memory-budget-gib", "0"], "--memory-budget-gib must be > 0"),
+        (["--memory-budget-gib", "nan"], "--memory-budget-gib must be > 0"),
     ],
 )
 def test_bad_input_is_one_error_line(tmp_path: Path, argv: list[str], message: str) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -24,7 +25,7 @@ from miniverl.rewards import RewardScore
 from miniverl.rollout.backends import LogprobSource
 from miniverl.rollout.hf import Trajectory
 from miniverl.runtime.base import RoleName, RoleRuntime
-from miniverl.training.update import UpdateSequence
+from miniverl.training.update import Bf16MasterAdapter, UpdateSequence
 
 
 @dataclass
@@ -77,8 +78,32 @@ class AlgorithmStep:
         return None if self.advantages is None else sum(abs(a) > 0 for a in self.advantages)
 
 
+AdapterPrecision = Literal["fp32", "bf16_master"]
+
+
+def resolve_adapter_precision(config: MiniverlConfig, device: torch.device) -> AdapterPrecision:
+    """``train.adapter_precision`` made concrete: ``auto`` is ``bf16_master`` for a bfloat16 student on
+    CUDA, else ``fp32`` (PEFT's fp32 adapter); an explicit choice stands (the config refuses
+    ``bf16_master`` on a non-bfloat16 student, so a CPU run can choose it with a bfloat16 student)."""
+    choice = config.train.adapter_precision
+    if choice != "auto":
+        return choice
+    return "bf16_master" if config.models.dtype == "bfloat16" and device.type == "cuda" else "fp32"
+
+
+def _is_adapter_tensor(name: str) -> bool:
+    """LoRA tensors go bf16 with fp32 masters; anything else (PPO's value head) stays its own fp32 master."""
+    return "lora_" in name
+
+
 class TrainedParameters:
-    """One AdamW over one parameter set, with the step that reports grad norm and parameter change."""
+    """One AdamW over one parameter set, with the step that reports grad norm and parameter change.
+
+    ``bf16_master``: the model's LoRA tensors become bf16 and the optimizer steps fp32 masters
+    (:class:`~miniverl.training.update.Bf16MasterAdapter`). :attr:`params` and :meth:`named` are then
+    the masters: the clip, the step, the change norm, the checkpoint and the rollout's policy digest
+    all see the fp32 masters, and :meth:`load` restores masters and re-derives the model's tensors.
+    """
 
     def __init__(
         self,
@@ -89,13 +114,23 @@ class TrainedParameters:
         eps: float,
         weight_decay: float,
         max_grad_norm: float | None,
+        bf16_master: bool = False,
     ) -> None:
         self.names = [n for n, _ in named]
+        self.master: Bf16MasterAdapter | None = None
         self.params = [p for _, p in named]
+        if bf16_master:
+            self.master = Bf16MasterAdapter([p for n, p in named if _is_adapter_tensor(n)])
+            master_of = {id(p): m for p, m in zip(self.master.params, self.master.masters, strict=True)}
+            self.params = [master_of.get(id(p), p) for p in self.params]
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.steps_taken = 0  # optimizer steps so far (an algorithm reports its steps per update from it)
         self._update_steps: list[int] = []  # this update's optimizer steps, one entry per pass
+
+    @property
+    def precision(self) -> AdapterPrecision:
+        return "fp32" if self.master is None else "bf16_master"
 
     def begin_update(self) -> None:
         """Start counting one cycle's update (its passes and optimizer steps, for the metrics line)."""
@@ -118,10 +153,26 @@ class TrainedParameters:
         }
 
     def named(self) -> dict[str, torch.nn.Parameter]:
+        """Name -> the tensor the optimizer steps (the fp32 master under ``bf16_master``)."""
         return dict(zip(self.names, self.params, strict=True))
+
+    def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore the stepped tensors (masters) from a checkpoint and re-derive the model's from them."""
+        named = self.named()
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        if self.master is not None:
+            self.master.masters_to_model()
+
+    def masters_in_model(self) -> AbstractContextManager[None]:
+        """Inside the block the model holds the fp32 masters (a PEFT save writes them); a no-op in fp32."""
+        return nullcontext() if self.master is None else self.master.masters_in_model()
 
     def step(self) -> tuple[float, float]:
         """Clip, step, zero the grads; return ``(grad norm before clipping, L2 norm of the change)``."""
+        if self.master is not None:
+            self.master.grads_to_masters()
         before = [p.detach().clone() for p in self.params]
         grads = [p.grad for p in self.params if p.grad is not None]
         if self.max_grad_norm is not None:
@@ -130,6 +181,8 @@ class TrainedParameters:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.masters_to_model()
         self.steps_taken += 1
         if not self._update_steps:  # a single-step update that never called begin_pass is one pass
             self._update_steps.append(0)
@@ -151,6 +204,7 @@ def actor_parameters(config: MiniverlConfig, runtime: RoleRuntime) -> TrainedPar
         eps=train.adam_eps,
         weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm,
+        bf16_master=resolve_adapter_precision(config, runtime.device) == "bf16_master",
     )
 
 
@@ -200,6 +254,10 @@ class Algorithm(ABC):
     def load_state(self, tensors: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_tensors` / :meth:`state_json` wrote (nothing by default)."""
         return None
+
+    def trained(self) -> list[TrainedParameters]:
+        """Every parameter set this algorithm steps: the actor's, plus its own (PPO's critic)."""
+        return [self.actor]
 
     def release(self) -> None:
         """Drop optimizer state beyond the actor's (teardown; nothing by default)."""

@@ -30,7 +30,8 @@ from miniverl.algorithms import (
 )
 from miniverl.config.schema import MiniverlConfig
 from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
-from miniverl.runtime.base import RoleName, RoleRuntime
+from miniverl.runtime.base import RoleName, RoleRuntime, SequenceRows
+from miniverl.runtime.batching import to_device
 from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch
 from miniverl.training.update import (
     UpdateSequence,
@@ -204,64 +205,60 @@ def grpo_update(
     grpo = config.algorithm.grpo
     chunk = config.train.logprob_chunk_size
     total_tokens = sum(s.response_len for s in sequences)
-    loss_sum = 0.0
-    kl_sum = 0.0
-    entropy_sum = 0.0
-    clipped = 0.0
-    drift_sum = 0.0
     use_kl = grpo.kl_coef > 0 and grpo.kl_mode == "loss"
-    for index_list in physical_batches(runtime, sequences, config.train.trajectory_batch_size):
-        part = [sequences[i] for i in index_list]
-        rows = rows_of(part, teacher=False)
-        targets = targets_of(part, runtime.device)
+    batches = physical_batches(runtime, sequences, config.train.trajectory_batch_size)
+    # Every host-to-device copy happens here, before any GPU work is queued, and the statistics stay
+    # on the device (float64: the same sums Python's floats made) until one read at the end: the
+    # loop below never waits for the GPU, so the host keeps launching the next forward.
+    inputs = [_batch_inputs([sequences[i] for i in index_list], runtime.device) for index_list in batches]
+    sums = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, kl, entropy, clipped, drift
+    for index_list, (rows, targets, advantages_per_token) in zip(batches, inputs, strict=True):
         part_ref = None
         if use_kl and ref_logp is not None:
             part_ref = torch.cat([ref_logp[i] for i in index_list])
         elif use_kl:
             with runtime.use("reference") as ref, torch.no_grad():
-                hidden = ref.selected_hidden(rows, trajectory_batch_size=len(part))
+                hidden = ref.selected_hidden(rows, trajectory_batch_size=len(index_list))
                 part_ref, _ = chunked_token_logprobs(hidden, ref.head_weight, targets, chunk_size=chunk)
         with runtime.use("student") as student:
-            hidden = student.selected_hidden(rows, trajectory_batch_size=len(part))
+            hidden = student.selected_hidden(rows, trajectory_batch_size=len(index_list))
             logp, entropy = chunked_token_logprobs(
                 hidden, student.head_weight, targets, chunk_size=chunk, with_entropy=True
             )
         if entropy is not None:
-            entropy_sum += float(entropy.detach().sum())
+            sums[2] += entropy.detach().sum().double()
         if old_logp is not None:
             part_old = torch.cat([old_logp[i] for i in index_list]).to(logp.dtype)
         elif rollout_logp is None:
             part_old = logp.detach()
         else:
             flat = [lp for i in index_list for lp in rollout_logp[i]]
-            part_old = torch.tensor(flat, dtype=logp.dtype, device=logp.device)
-        advantages = torch.tensor(
-            [s.advantage for s in part for _ in range(s.response_len)], dtype=logp.dtype, device=logp.device
-        )
+            part_old = to_device(torch.tensor(flat, dtype=logp.dtype), logp.device)
+        advantages = advantages_per_token.to(logp.dtype)
         ones = torch.ones_like(logp, dtype=torch.bool)[None]
         token_losses = ppo_clip_token_losses(
             logp[None], part_old[None], advantages[None], ones, clip_low=grpo.clip_low, clip_high=grpo.clip_high
         )[0]
         if old_logp is not None:
             tokens = logp.shape[0]
-            clipped += tokens * float(
-                clip_fraction(
-                    logp.detach()[None],
-                    part_old[None],
-                    advantages[None],
-                    ones,
-                    clip_low=grpo.clip_low,
-                    clip_high=grpo.clip_high,
-                )
+            fraction = clip_fraction(
+                logp.detach()[None],
+                part_old[None],
+                advantages[None],
+                ones,
+                clip_low=grpo.clip_low,
+                clip_high=grpo.clip_high,
             )
-            drift_sum += float((part_old - logp.detach()).sum())
+            sums[3] += tokens * fraction.detach().double()
+            sums[4] += (part_old - logp.detach()).sum().double()
         loss = token_losses.sum() / total_tokens
         if part_ref is not None:
             kl_tokens = kl_penalty(logp, part_ref, grpo.kl_estimator)
             loss = loss + grpo.kl_coef * kl_tokens.sum() / total_tokens
-            kl_sum += float(kl_tokens.detach().sum())
+            sums[1] += kl_tokens.detach().sum().double()
         loss.backward()
-        loss_sum += float(loss.detach())
+        sums[0] += loss.detach().double()
+    loss_sum, kl_sum, entropy_sum, clipped, drift_sum = sums.tolist()  # the one device read
     return UpdateStats(
         loss=loss_sum,
         kl=kl_sum / total_tokens if use_kl else None,
@@ -270,3 +267,11 @@ def grpo_update(
         clip_fraction=clipped / total_tokens if old_logp is not None else None,
         ppo_kl=drift_sum / total_tokens if old_logp is not None else None,
     )
+
+
+def _batch_inputs(
+    part: Sequence[UpdateSequence], device: torch.device
+) -> tuple[SequenceRows, torch.Tensor, torch.Tensor]:
+    """One physical batch's rows, target ids and per-token advantages (float64), already on ``device``."""
+    advantages = torch.tensor([s.advantage for s in part for _ in range(s.response_len)], dtype=torch.float64)
+    return rows_of(part, teacher=False), targets_of(part, device), to_device(advantages, device)

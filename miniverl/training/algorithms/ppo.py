@@ -78,6 +78,7 @@ class Ppo(Algorithm):
             eps=train.adam_eps,
             weight_decay=train.weight_decay,
             max_grad_norm=ppo.critic_max_grad_norm,
+            bf16_master=actor.precision == "bf16_master",
         )
 
     def required_roles(self, config: MiniverlConfig) -> tuple[RoleName, ...]:
@@ -94,14 +95,14 @@ class Ppo(Algorithm):
         return {"critic_optimizer": meta}
 
     def load_state(self, tensors: Mapping[str, Mapping[str, torch.Tensor]], meta: Mapping[str, Any]) -> None:
-        named = self.critic.named()
         params = tensors[CRITIC_PARAMS]
-        if set(params) != set(named):
+        if set(params) != set(self.critic.named()):
             raise ValueError("checkpoint critic tensors do not match this plan's critic")
-        with torch.no_grad():
-            for name, tensor in params.items():
-                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        self.critic.load(params)
         ckpt.optimizer_from_tensors(self.critic.optimizer, dict(tensors[CRITIC_OPTIMIZER]), meta["critic_optimizer"])
+
+    def trained(self) -> list[TrainedParameters]:
+        return [self.actor, self.critic]
 
     def release(self) -> None:
         self.critic.release()

@@ -1,0 +1,344 @@
+"""The memory plan: activation checkpointing and micro-batch chosen from a peak-memory budget.
+
+A pure estimator (no torch, no device) of one training cycle's CUDA peak reserved memory, and the
+choice it drives when ``memory.max_peak_reserved_gib`` is set: ``train.activation_checkpointing:
+auto`` takes the least recomputation and ``train.trajectory_batch_size: auto`` the largest
+micro-batch whose estimated peak fits the budget. Without a budget nothing is chosen here.
+
+Peak (bytes) = ``allocator_overhead`` x max(rollout phase, update phase), where both phases hold
+the *resident* part: the base weights (student, plus each separately loaded frozen or critic
+model), the adapter with its grads and AdamW state (fp32, or bf16 + fp32 masters), and with the
+fast engine its folded rollout copy and static KV cache; then
+
+* rollout phase (HF engine only; the fast engine's cache is resident): the KV cache and logits of one
+  rollout batch;
+* update phase: activations ``tokens x [(L - c) x full + c x hidden x act_bytes] (+ tokens x full
+  when c > 0: the layer recomputed in backward)`` for ``c`` checkpointed layers of ``L``, ``tokens
+  = rows x row_tokens`` of one micro-batch, plus ``backward_layers x tokens x full`` (one layer's
+  activation grads during backward), plus one log-prob chunk of fp32 logits.
+
+``full`` (bytes saved for backward per token per decoder layer) is stated by
+:class:`MemoryConstants`: ``act_bytes x (hidden_copies x H + intermediate_copies x I +
+qkv_copies x (q + 2 kv) dims)``, plus, with PEFT's fp32 adapter on a 16-bit model, the fp32 copy of
+each LoRA target's input that PEFT's input cast saves. The constants are estimates for a
+Llama-family decoder under SDPA (no ``[T, T]`` scores kept); ``miniverl bench grpo`` prints the
+estimate beside the measured peak per path so they can be checked (and corrected) on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+GIB = float(1 << 30)
+KV_SPAN_QUANTUM = 64  # the fast engine rounds its cache capacity up to this (rollout/decoder.py SPAN_QUANTUM)
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+NF4_BYTES_PER_PARAM = 0.5625  # 4-bit weights plus one fp32 absmax per 64 (bitsandbytes' default blocksize)
+
+
+@dataclass(frozen=True)
+class MemoryConstants:
+    """The estimator's stated constants (checked against the H200 by ``bench grpo``'s estimate column).
+
+    Per token and decoder layer, the tensors autograd keeps, in hidden-size units: the two residual
+    inputs, the two RMSNorms (input, fp32 upcast counted twice, output), the attention output, the
+    SDPA output and o-proj output (12 in all); in intermediate-size units: gate, up, silu(gate) and
+    their product (4); q, k, v before and after RoPE (2 per projection width).
+    """
+
+    hidden_copies: float = 12.0
+    intermediate_copies: float = 4.0
+    qkv_copies: float = 2.0
+    #: fp32 logits of one chunk, its log-softmax kept for backward, and the logits' grad
+    logits_copies: float = 3.0
+    #: backward of one decoder layer: the grads of its activations live beside them (one layer's worth)
+    backward_layers: float = 1.0
+    #: CUDA caching allocator: reserved / allocated at peak (fragmentation, rounding to blocks)
+    allocator_overhead: float = 1.10
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = True
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> DecoderDims:
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+        return cls(
+            layers=int(config.num_hidden_layers),
+            hidden=int(config.hidden_size),
+            heads=heads,
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            intermediate=int(config.intermediate_size),
+            vocab=int(config.vocab_size),
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
+        )
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each Llama-family linear in one decoder layer."""
+        h, i = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def base_params(self) -> int:
+        per_layer = sum(a * b for a, b in self.module_shapes().values()) + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + embeddings + self.hidden
+
+    def lora_params(self, rank: int, targets: Sequence[str]) -> int:
+        shapes = self.module_shapes()
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+
+    def lora_input_elements(self, targets: Sequence[str]) -> int:
+        """Per token and layer, the elements of every LoRA target's input (PEFT casts each one)."""
+        shapes = self.module_shapes()
+        return sum(shapes[t][0] for t in targets if t in shapes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one cycle runs, as far as memory goes."""
+
+    dtype: Literal["float32", "bfloat16", "float16"]
+    adapter_precision: Literal["fp32", "bf16_master"]
+    lora_rank: int
+    lora_targets: tuple[str, ...]
+    row_tokens: int  # longest trajectory: prompt + new tokens
+    update_rows: int  # trajectories of one optimizer step (the largest micro-batch worth having)
+    logprob_chunk: int
+    rollout_rows: int  # one rollout batch
+    rollout_capacity: int  # its KV slots per row (prompt + new tokens)
+    fast_engine: bool  # the folded copy and static cache stay resident between cycles
+    extra_models: int = 0  # frozen/critic models loaded beside the student (dual_model, resident)
+    quantized: bool = False  # NF4 student base
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: float
+    adapter_optimizer: float
+    rollout_engine: float
+    rollout_phase: float
+    activations: float
+    logits_chunk: float
+    overhead: float
+
+    @property
+    def resident(self) -> float:
+        return self.weights + self.adapter_optimizer + self.rollout_engine
+
+    @property
+    def peak(self) -> float:
+        return self.overhead * (self.resident + max(self.rollout_phase, self.activations + self.logits_chunk))
+
+
+def kv_cache_bytes(dims: DecoderDims, rows: int, capacity: int, element_bytes: float) -> float:
+    """K and V of every layer for ``rows`` x ``capacity`` slots."""
+    return 2.0 * dims.layers * rows * capacity * dims.kv_dim * element_bytes
+
+
+def per_token_layer_bytes(dims: DecoderDims, work: Workload, constants: MemoryConstants) -> float:
+    """Bytes autograd keeps per token per decoder layer without checkpointing (see the module docstring)."""
+    act = DTYPE_BYTES[work.dtype]
+    base = act * (
+        constants.hidden_copies * dims.hidden
+        + constants.intermediate_copies * dims.intermediate
+        + constants.qkv_copies * (dims.q_dim + 2 * dims.kv_dim)
+    )
+    fp32_cast = work.adapter_precision == "fp32" and work.dtype != "float32"
+    return base + (4.0 * dims.lora_input_elements(work.lora_targets) if fp32_cast else 0.0)
+
+
+def estimate(
+    dims: DecoderDims,
+    work: Workload,
+    *,
+    micro_rows: int,
+    checkpointed_layers: int,
+    constants: MemoryConstants = MemoryConstants(),
+) -> MemoryEstimate:
+    """The estimated peak of one cycle with ``micro_rows`` rows per forward and ``checkpointed_layers``."""
+    if not 0 <= checkpointed_layers <= dims.layers or micro_rows < 1:
+        raise ValueError("checkpointed_layers must be in [0, layers] and micro_rows >= 1")
+    element = DTYPE_BYTES[work.dtype]
+    per_base = NF4_BYTES_PER_PARAM if work.quantized else element
+    weights = dims.base_params() * (per_base + element * work.extra_models)
+    lora = dims.lora_params(work.lora_rank, work.lora_targets)
+    # fp32: param + grad + 2 Adam moments; bf16_master: bf16 param + bf16 grad + fp32 master, its grad, 2 moments
+    adapter_optimizer = lora * (16.0 if work.adapter_precision == "fp32" else 20.0)
+    rollout_kv = kv_cache_bytes(dims, work.rollout_rows, work.rollout_capacity, 2.0 if work.fast_engine else element)
+    sampling_logits = work.rollout_rows * dims.vocab * 4.0 * 2
+    if work.fast_engine:
+        capacity = -(-work.rollout_capacity // KV_SPAN_QUANTUM) * KV_SPAN_QUANTUM
+        folded = dims.base_params() * 2.0  # bf16 rollout copy of the policy, LoRA folded in
+        rollout_engine = folded + kv_cache_bytes(dims, work.rollout_rows, capacity, 2.0) + sampling_logits
+        rollout_phase = 0.0
+    else:
+        rollout_engine = 0.0
+        rollout_phase = rollout_kv + sampling_logits
+    tokens = micro_rows * work.row_tokens
+    full = per_token_layer_bytes(dims, work, constants)
+    kept = (dims.layers - checkpointed_layers) * full + checkpointed_layers * dims.hidden * element
+    recompute = full if checkpointed_layers else 0.0
+    activations = tokens * (kept + recompute + constants.backward_layers * full)
+    chunk = min(work.logprob_chunk, tokens)
+    logits_chunk = chunk * dims.vocab * 4.0 * constants.logits_copies
+    return MemoryEstimate(
+        weights=weights,
+        adapter_optimizer=adapter_optimizer,
+        rollout_engine=rollout_engine,
+        rollout_phase=rollout_phase,
+        activations=activations,
+        logits_chunk=logits_chunk,
+        overhead=constants.allocator_overhead,
+    )
+
+
+def checkpoint_options(layers: int) -> list[tuple[int, int]]:
+    """``(every_n_layers, checkpointed layers)`` in increasing recomputation: ``(0, 0)`` (off), then
+    for each count ``c = ceil(L / n)`` the largest ``n`` that gives it (HF checkpoints the layers
+    whose index is a multiple of ``n``)."""
+    options: list[tuple[int, int]] = [(0, 0)]
+    seen = set()
+    for every in range(layers, 0, -1):
+        count = -(-layers // every)
+        if count not in seen:
+            seen.add(count)
+            options.append((every, count))
+    return options
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_bytes: float
+    activation_checkpointing: int  # every n-th layer (0: off), for the runtime
+    checkpointed_layers: int
+    micro_rows: int
+    row_tokens: int
+    estimate: MemoryEstimate
+    layers: int
+    chosen: tuple[str, ...] = field(default=())  # which settings the plan chose (the rest were given)
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.peak <= self.budget_bytes
+
+    @property
+    def max_tokens(self) -> int:
+        """The per-forward padded-token budget for ``trajectory_batch_size: auto``."""
+        return self.micro_rows * self.row_tokens
+
+    def describe(self) -> str:
+        e = self.estimate
+        ckpt = (
+            f"checkpoint every {self.activation_checkpointing} layer(s) ({self.checkpointed_layers} of {self.layers})"
+            if self.activation_checkpointing
+            else "no activation checkpointing"
+        )
+        verdict = "fits" if self.fits else "DOES NOT FIT (the run's peak check still applies)"
+        return (
+            f"{ckpt}, micro-batch {self.micro_rows} row(s) x {self.row_tokens} tokens; estimated peak "
+            f"{e.peak / GIB:.2f} GiB of budget {self.budget_bytes / GIB:.2f} GiB, {verdict} (weights "
+            f"{e.weights / GIB:.2f}, adapter+optimizer {e.adapter_optimizer / GIB:.2f}, rollout engine "
+            f"{e.rollout_engine / GIB:.2f}, activations {e.activations / GIB:.2f}, logits chunk "
+            f"{e.logits_chunk / GIB:.2f}); chose {', '.join(self.chosen) or 'nothing (all given)'}"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "memory_plan/activation_checkpointing": float(self.activation_checkpointing),
+            "memory_plan/checkpointed_layers": float(self.checkpointed_layers),
+            "memory_plan/micro_rows": float(self.micro_rows),
+            "memory_plan/estimated_peak_gib": self.estimate.peak / GIB,
+            "memory_plan/budget_gib": self.budget_bytes / GIB,
+            "memory_plan/fits": float(self.fits),
+        }
+
+
+def choose_plan(
+    dims: DecoderDims,
+    work: Workload,
+    budget_gib: float,
+    *,
+    activation_checkpointing: int | Literal["auto"],
+    trajectory_batch_size: int | Literal["auto"],
+    constants: MemoryConstants = MemoryConstants(),
+) -> MemoryPlan:
+    """The plan for ``budget_gib``: what is given stays; ``auto`` settings are chosen.
+
+    Among the checkpointing options (in increasing recomputation) and micro-batches of 1 ..
+    ``update_rows`` rows: if some option fits the whole step in one micro-batch, the least
+    recomputation that does; else the option that fits the largest micro-batch (ties: less
+    recomputation). If nothing fits, the most frugal plan, marked as not fitting.
+    """
+    budget = budget_gib * GIB
+    if activation_checkpointing == "auto":
+        options = checkpoint_options(dims.layers)
+    else:
+        every = int(activation_checkpointing)
+        options = [(every, -(-dims.layers // every) if every else 0)]
+    if trajectory_batch_size == "auto":
+        row_choices = list(range(1, max(1, work.update_rows) + 1))
+    else:
+        row_choices = [int(trajectory_batch_size)]
+    chosen = tuple(
+        name
+        for name, value in (
+            ("activation_checkpointing", activation_checkpointing),
+            ("micro-batch", trajectory_batch_size),
+        )
+        if value == "auto"
+    )
+
+    def peak(option: tuple[int, int], rows: int) -> MemoryEstimate:
+        return estimate(dims, work, micro_rows=rows, checkpointed_layers=option[1], constants=constants)
+
+    best: tuple[int, tuple[int, int]] | None = None  # (rows, option)
+    for option in options:
+        fitting = [r for r in row_choices if peak(option, r).peak <= budget]
+        if not fitting:
+            continue
+        rows = max(fitting)
+        if rows == max(row_choices):
+            best = (rows, option)
+            break
+        if best is None or rows > best[0]:
+            best = (rows, option)
+    if best is None:  # nothing fits: the least memory the given/auto settings allow
+        best = (min(row_choices), max(options, key=lambda o: o[1]))
+    rows, (every, count) = best
+    return MemoryPlan(
+        budget_bytes=budget,
+        activation_checkpointing=every,
+        checkpointed_layers=count,
+        micro_rows=rows,
+        row_tokens=work.row_tokens,
+        estimate=peak((every, count), rows),
+        layers=dims.layers,
+        chosen=chosen,
+    )
