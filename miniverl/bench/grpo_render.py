@@ -10,10 +10,12 @@ from miniverl.bench.common import MIN_REPEATS_FOR_A_RESULT
 # Issue 21's targets on the H200: (ratio key, bound, what it measures)
 SPEED_TARGETS = (
     ("step_speed_miniverl_fast_vs_trl", 15.0, "GRPO step completion tokens/s, miniverl fast / TRL GRPOTrainer"),
+    ("step_speed_miniverl_lean_vs_trl", 15.0, "GRPO step completion tokens/s, miniverl lean (as training) / TRL"),
     ("update_speed_miniverl_update_bf16_vs_naive_hf_peft", 2.0, "update time, naive HF+PEFT / miniverl (bf16)"),
 )
 MEMORY_TARGETS = (
     ("step_memory_miniverl_fast_vs_trl", 1.0, "GRPO step peak reserved, miniverl fast / TRL"),
+    ("step_memory_miniverl_lean_vs_trl", 1.0, "GRPO step peak reserved, miniverl lean (as training) / TRL"),
     ("update_memory_miniverl_update_bf16_vs_naive_hf_peft", 0.5, "update peak reserved, miniverl (bf16) / naive"),
 )
 

@@ -108,7 +108,7 @@ def write(directory: Path) -> None:
 
 
 def _eval_cells(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.is_file() or not path.read_text().strip():  # no eval, or one that crashed before writing
         return {}
     data = json.loads(path.read_text())
     cells: dict[str, Any] = {"eval_s": round(data.get("seconds", 0.0), 1)}

@@ -13,13 +13,19 @@ from tests.cli.test_cli_errors import assert_clean_error
 from tests.conftest import CliResult
 
 
-@pytest.mark.parametrize("example", ["grpo", "opd", "ppo"])
-def test_init_writes_a_config_that_plans(cli: Callable[..., CliResult], workdir: Path, example: str) -> None:
+@pytest.mark.parametrize(
+    ("example", "algorithm", "rows", "heldout"),
+    [("grpo", "grpo", 512, 64), ("grpo-gpu", "grpo", 512, 64), ("opd", "opd", 32, None), ("ppo", "ppo", 32, None)],
+)
+def test_init_writes_a_config_that_plans(
+    cli: Callable[..., CliResult], workdir: Path, example: str, algorithm: str, rows: int, heldout: int | None
+) -> None:
     result = cli("init", "proj", "--example", example, "--json")
     assert result.code == 0, result.err
-    assert sorted(p.name for p in (workdir / "proj").iterdir()) == ["config.yaml", "prompts.parquet"]
+    written = ["config.yaml", *(["heldout.parquet"] if heldout else []), "prompts.parquet"]
+    assert sorted(p.name for p in (workdir / "proj").iterdir()) == written
     config = yaml.safe_load((workdir / "proj" / "config.yaml").read_text())
-    assert config["algorithm"]["name"] == example
+    assert config["algorithm"]["name"] == algorithm
     import os
 
     os.chdir(workdir / "proj")
@@ -27,7 +33,21 @@ def test_init_writes_a_config_that_plans(cli: Callable[..., CliResult], workdir:
     assert planned.code == 0, planned.err
     assert planned.json()["models"]["student"]["name"] == "smollm2-135m-instruct"
     dry = cli("run", "--plan", "plan.json", "--run-id", "first", "--dry-run", "--json")
-    assert dry.code == 0 and dry.json()["rows"] == result.json()["rows"] == 32
+    assert dry.code == 0 and dry.json()["rows"] == result.json()["rows"] == rows
+    assert result.json().get("heldout_rows") == heldout
+
+
+def test_the_grpo_examples_hold_out_prompts_they_never_train_on(cli: Callable[..., CliResult], workdir: Path) -> None:
+    import pyarrow.parquet as pq
+
+    human = cli("init", "proj", "--example", "grpo")
+    assert human.code == 0 and "miniverl eval runs/first --data heldout.parquet" in human.out
+    train = pq.read_table(workdir / "proj" / "prompts.parquet").to_pylist()
+    heldout = pq.read_table(workdir / "proj" / "heldout.parquet").to_pylist()
+    assert len(heldout) == 64 and not {r["prompt"] for r in heldout} & {r["prompt"] for r in train}
+    assert {r["task"] for r in train + heldout} == {"calculator"}
+    assert cli("init", "gpu", "--example", "grpo-gpu", "--quiet").code == 0
+    assert pq.read_table(workdir / "gpu" / "heldout.parquet").to_pylist() == heldout
 
 
 def test_init_refuses_to_overwrite(cli: Callable[..., CliResult], workdir: Path) -> None:
