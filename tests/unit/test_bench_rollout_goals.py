@@ -30,3 +30,27 @@ def test_another_workload_or_a_cpu_run_cannot_meet_them() -> None:
     assert _statuses(_report(model="tiny")) == ["not_measured"] * 3
     assert _statuses(_report(lora_rank=0)) == ["not_measured"] * 3
     assert _statuses(_report(device="cpu")) == ["informational_cpu"] * 3
+
+
+def test_the_triton_engine_is_judged_by_its_own_name_when_timed() -> None:
+    report = _report(ms=1.5, pct=39.0)
+    report["cells"] += [
+        {
+            "path": "fast_triton",
+            "batch": b,
+            "status": "measured",
+            "ms_per_decode_step": 0.9,
+            "pct_of_bandwidth_bound": 5e1,
+        }
+        for b in (64, 16)
+    ]
+    goals = evaluate_rollout_goals(report)
+    assert [(g["name"].split()[0], g["status"]) for g in goals] == [
+        ("fast", "not_met"), ("fast", "not_met"), ("fast", "not_met"),
+        ("fast_triton", "met"), ("fast_triton", "met"), ("fast_triton", "met"),
+    ]  # fmt: skip
+    report["cells"][-1]["status"] = "not_run"  # the untimed triton batch 16 is no goal; batch 64 still is
+    assert [g["name"] for g in evaluate_rollout_goals(report)][3:] == [
+        "fast_triton ms per decode step at batch 64",
+        "fast_triton % of the weights+KV bandwidth bound at batch 64",
+    ]
