@@ -38,8 +38,8 @@ tests-grpo)
     --activation-checkpointing 1 --out "$OUT/update-qwen3-ckpt"
   grep -hE "^\| (naive|miniverl)" "$OUT"/update-qwen3*.log | head -8 ;;
 rollout)
-  step rollout-qwen3 560 python3 -m miniverl bench rollout --model qwen3-0.6b-shape --device cuda --batches 16,64 \
-    --new-tokens 256 --paths fast,fast_triton,fast_compiled,hf_generate,hf_generate_static --repeats 5 --slow-repeats 5 \
+  step rollout-qwen3 470 python3 -m miniverl bench rollout --model qwen3-0.6b-shape --device cuda --batches 16,64 \
+    --new-tokens 256 --paths fast,fast_triton,hf_generate,hf_generate_static --repeats 5 --slow-repeats 5 \
     --pairs 5 --out "$OUT/rollout-qwen3"
   tail -30 "$OUT/rollout-qwen3.log" ;;
 *) echo "usage: $0 tests-grpo | rollout"; exit 2 ;;
