@@ -62,8 +62,14 @@ def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-GPU = {"models.dtype": "bfloat16", "rollout.prompts_per_cycle": 16, "rollout.samples_per_prompt": 8,
-       "rollout.max_new_tokens": 48, "rollout.batch_size": 128, "train.trajectory_batch_size": 64}
+GPU = {
+    "models.dtype": "bfloat16",
+    "rollout.prompts_per_cycle": 16,
+    "rollout.samples_per_prompt": 8,
+    "rollout.max_new_tokens": 48,
+    "rollout.batch_size": 128,
+    "train.trajectory_batch_size": 64,
+}
 
 RUNS: dict[str, dict[str, Any]] = {
     "cpu-lr1e-3": {},
@@ -75,8 +81,12 @@ RUNS: dict[str, dict[str, Any]] = {
     "cpu-t0.7-lr2e-3": {"rollout.temperature": 0.7, "train.learning_rate": 2e-3},
     "cpu-tok24": {"rollout.max_new_tokens": 24, "train.cycles": 30},
     "cpu-tok48": {"rollout.max_new_tokens": 48, "train.cycles": 20},
-    "cpu-4x8-t0.7-lr2e-3": {"rollout.prompts_per_cycle": 4, "rollout.samples_per_prompt": 8,
-                            "rollout.temperature": 0.7, "train.learning_rate": 2e-3},
+    "cpu-4x8-t0.7-lr2e-3": {
+        "rollout.prompts_per_cycle": 4,
+        "rollout.samples_per_prompt": 8,
+        "rollout.temperature": 0.7,
+        "train.learning_rate": 2e-3,
+    },
     "cpu-r32": {"models.student.lora": {"enabled": True, "r": 32, "alpha": 64, "dropout": 0.0}},
     "cpu-nostd": {"algorithm.grpo.norm_by_std": False},
     "cpu-mb2": {"algorithm.grpo.mini_batches": 2},
@@ -123,15 +133,21 @@ def summarize(directory: Path) -> None:
     rows = []
     for name in (directory / "jobs.txt").read_text().split():
         run = directory / name / "runs" / "r"
-        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (
-            run / "metrics.jsonl").is_file() else []
+        lines = (
+            [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            if (run / "metrics.jsonl").is_file()
+            else []
+        )
         rewards = [x.get("reward/mean", x.get("reward_mean")) for x in lines]
         rewards = [r for r in rewards if isinstance(r, int | float)]
         k = max(1, len(rewards) // 4)
-        row = {"run": name, "cycles": len(lines),
-               "reward_first_q": round(sum(rewards[:k]) / k, 3) if rewards else None,
-               "reward_last_q": round(sum(rewards[-k:]) / k, 3) if rewards else None,
-               **_eval_cells(directory / name / "eval.json")}
+        row = {
+            "run": name,
+            "cycles": len(lines),
+            "reward_first_q": round(sum(rewards[:k]) / k, 3) if rewards else None,
+            "reward_last_q": round(sum(rewards[-k:]) / k, 3) if rewards else None,
+            **_eval_cells(directory / name / "eval.json"),
+        }
         timing = directory / name / "seconds.txt"
         row["run_s"] = timing.read_text().strip() if timing.is_file() else None
         rows.append(row)
