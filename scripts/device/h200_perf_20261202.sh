@@ -5,6 +5,8 @@
 #   bash scripts/device/h200_perf_20261202.sh tests-grpo   # CUDA tests (kernels compiled), bench grpo (SmolLM2
 #                                                          # step vs TRL; Qwen3-0.6B update vs naive HF+PEFT)
 #   bash scripts/device/h200_perf_20261202.sh rollout      # bench rollout, Qwen3-0.6B shape + LoRA r16, batch 16, 64
+# and, carrying [".carry/perf", ".carry/perf-nf4"] (the bitsandbytes 0.50.2 wheel the first call lacked):
+#   bash scripts/device/h200_perf_20261202.sh nf4-tests    # tests/integration/test_gpu_training.py, NF4 cases too
 # Every step has its own timeout and its log under $OUT; a failed step is reported and the next one runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -42,5 +44,10 @@ rollout)
     --new-tokens 256 --paths fast,fast_triton,hf_generate,hf_generate_static --repeats 5 --slow-repeats 5 \
     --pairs 5 --out "$OUT/rollout-qwen3"
   tail -30 "$OUT/rollout-qwen3.log" ;;
-*) echo "usage: $0 tests-grpo | rollout"; exit 2 ;;
+nf4-tests)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .carry/perf-nf4/*.whl || { echo "perf FAILED: bitsandbytes wheel"; exit 1; }
+  step gpu-training-tests 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu_training.py
+  tail -3 "$OUT/gpu-training-tests.log" ;;
+*) echo "usage: $0 tests-grpo | rollout | nf4-tests"; exit 2 ;;
 esac
