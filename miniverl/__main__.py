@@ -1,3 +1,3 @@
-from miniverl.cli import main
+from miniverl.cli import entry
 
-raise SystemExit(main())
+entry()

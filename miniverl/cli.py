@@ -637,12 +637,31 @@ def _interrupted(args: argparse.Namespace | None) -> str:
     )
 
 
+INTERRUPTED_EXIT = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:  # a second stop that lands while the first is being reported: still one line, 130
         sys.stderr.write("miniverl: interrupted\n")
-        return 130
+        return INTERRUPTED_EXIT
+
+
+def entry() -> NoReturn:
+    """The process entry (`miniverl`, `python -m miniverl`): :func:`main`'s code is the exit status.
+
+    After a stop the process leaves with ``os._exit``: CPython marks a KeyboardInterrupt that passed through a
+    ``PyRun_*`` frame (C extensions running Python snippets) as unhandled even though :func:`main` caught it, and
+    its normal exit would then end the process by SIGINT (status -2) instead of 130. Every file is closed by
+    then and the streams are flushed here.
+    """
+    code = main()
+    if code == INTERRUPTED_EXIT:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -658,7 +677,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(_interrupted(args) + "\n")
-        return 130
+        return INTERRUPTED_EXIT
     except OSError as exc:
         advice = _environment_advice(exc)
         if advice is None:
