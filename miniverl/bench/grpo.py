@@ -228,6 +228,12 @@ def _lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str
     )
 
 
+def _lean_precision(dtype_name: str) -> Literal["fp32", "bf16_master"]:
+    """The lean path's adapter precision: bf16_master on a bf16 model (on CPU too, as a config may choose it;
+    training's ``auto`` picks it on CUDA only), else PEFT's fp32 adapter."""
+    return "bf16_master" if dtype_name == "bfloat16" else "fp32"
+
+
 def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
                   ) -> tuple[Any, Any]:  # fmt: skip
     """The runtime and optimizer as training builds them: ``adapter_precision: auto`` (bf16_master on a
@@ -238,7 +244,7 @@ def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.de
     from miniverl.training.algorithms.base import TrainedParameters
 
     rows = opts.prompts * opts.samples
-    precision = "bf16_master" if dtype_name == "bfloat16" else "fp32"
+    precision = _lean_precision(dtype_name)
     runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=0)
     runtime.memory_plan = None
     if opts.memory_budget_gib is not None:
@@ -274,7 +280,7 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
     if plan is not None:
         return float(plan.estimate.peak / PLAN_GIB)
     dims = DecoderDims.from_hf_config(config)
-    bf16 = path.endswith("_bf16") or (path == "miniverl_lean" and dtype_name == "bfloat16")
+    bf16 = path.endswith("_bf16") or (path == "miniverl_lean" and _lean_precision(dtype_name) == "bf16_master")
     every = opts.activation_checkpointing if path != "miniverl_lean" else 0
     checkpointed = -(-dims.layers // every) if every else 0
     if section == "update":

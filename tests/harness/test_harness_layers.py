@@ -4,27 +4,16 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
+from tests.helpers.import_check import load_check
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "check_import_cycles.py"
 # Lowest first: a module of a stage may import its own stage and the stages before it, never one after it.
 STAGES = ("core", "build", "install", "qualify", "evidence", "audit", "gate")
 TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "cli.py"}
 
-
-def _load_check():
-    spec = importlib.util.spec_from_file_location("check_import_cycles", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_check()
+check = load_check()
 
 
 def stage_of(module: str) -> str | None:

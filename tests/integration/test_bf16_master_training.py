@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_config
-from tests.integration.test_training import PLUGIN, _final_tensors, _plan
+from tests.integration.test_training import PLUGIN, _final_tensors, _plan, run_straight_and_cut_after_update_1
 
 
 def _bf16_config(model_dir: Path, algorithm: str) -> dict:
@@ -29,20 +29,8 @@ def _bf16_config(model_dir: Path, algorithm: str) -> dict:
 def test_bf16_master_kill_resume_is_tensor_exact(
     cli, write_config, tiny_model_dir, prompts, workdir: Path, algorithm: str
 ) -> None:
-    from miniverl.training.entry import run_from_plan
-
     _plan(cli, write_config, _bf16_config(tiny_model_dir, algorithm), "train.cycles=3")
-    run_from_plan(Path("plan.json"), output=Path("runs"), run_id="straight")
-
-    class Interrupt(Exception):
-        pass
-
-    def stop_after_first(step: int) -> None:
-        if step == 1:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut", on_update=stop_after_first)
+    run_straight_and_cut_after_update_1()
     resumed = cli("run", "--plan", "plan.json", "--output", "runs", "--run-id", "cut", "--resume", "--json")
     assert resumed.code == 0, resumed.err
     params_a, opt_a = _final_tensors(workdir / "runs/straight")

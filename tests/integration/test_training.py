@@ -69,12 +69,10 @@ def _final_tensors(run_dir: Path) -> tuple[dict, dict]:
     return load_file(last / "student_params.safetensors"), load_file(last / "optimizer.safetensors")
 
 
-def test_interrupted_then_resumed_is_bit_identical(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+def run_straight_and_cut_after_update_1() -> None:
+    """``plan.json`` run to its end as ``runs/straight``, and as ``runs/cut`` stopped right after its first update."""
     from miniverl.training.entry import run_from_plan
 
-    config = tiny_config(tiny_model_dir, algorithm="grpo")
-    config["algorithm"]["rewards"] = PLUGIN
-    _plan(cli, write_config, config, "train.cycles=3")
     run_from_plan(Path("plan.json"), output=Path("runs"), run_id="straight")
 
     class Interrupt(Exception):
@@ -86,6 +84,14 @@ def test_interrupted_then_resumed_is_bit_identical(cli, write_config, tiny_model
 
     with pytest.raises(Interrupt):
         run_from_plan(Path("plan.json"), output=Path("runs"), run_id="cut", on_update=stop_after_first)
+
+
+def test_interrupted_then_resumed_is_bit_identical(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
+
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    _plan(cli, write_config, config, "train.cycles=3")
+    run_straight_and_cut_after_update_1()
     assert not (workdir / "runs/cut/summary.json").exists()
     resumed = cli("run", "--plan", "plan.json", "--output", "runs", "--run-id", "cut", "--resume", "--json")
     assert resumed.code == 0, resumed.err

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.import_check import SCRIPT, load_check
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "check_import_cycles.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("check_import_cycles", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load()
+check = load_check()
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:
