@@ -149,6 +149,7 @@ def timed(run: Any, repeats: int) -> dict[str, Any]:
         run()
         return {}
     torch.cuda.empty_cache()
+    run()  # the allocator refills its cache here, outside the timed steps
     torch.cuda.reset_peak_memory_stats(DEVICE)
     times = []
     for _ in range(repeats):
@@ -250,16 +251,22 @@ def section_update() -> dict[str, Any]:
 
     loader = RandomLoader(SHAPES["update"], 0)
     out: dict[str, Any] = {}
-    for path, ckpt in (("naive_hf_peft", 0), ("miniverl_update_bf16", 0), ("miniverl_update_bf16", 1)):
+    cells = (
+        ("naive_hf_peft", 0),
+        ("miniverl_update_bf16", 0),
+        ("miniverl_update_bf16", 4),
+        ("miniverl_update_bf16", 1),
+    )
+    for path, ckpt in cells:
         opts = _bench_opts(model=SHAPES["update"], update_shape=SHAPES["update_shape"], activation_checkpointing=ckpt)
         run, holder = _update_runner(path, loader, opts, DEVICE, "bfloat16")
         step = _stepper(run, [])
         step()
         key = f"{path}_ckpt{ckpt}"
-        cell = timed(step, 3)
+        cell = timed(step, 5)
         print(f"[update {key}] {cell}")
-        cell["profile"] = profile_one(step, f"update {key}")
-        cell["memory"] = record_one(step, f"update {key}")
+        if path != "naive_hf_peft" and ckpt == 0:
+            cell["memory"] = record_one(step, f"update {key}")
         out[key] = cell
         close = getattr(holder, "close", None)
         if callable(close):
@@ -274,36 +281,93 @@ def section_grpo() -> dict[str, Any]:
 
     loader = RandomLoader(SHAPES["grpo"], 0)
     out: dict[str, Any] = {}
-    # (label, budget for the plan, forced trajectory batch, forced checkpoint-every, logprob chunk)
-    variants = (
-        ("plan_1.2", 1.2, None, None, 1024),
-        ("mb16_ckpt1_chunk1024", 1.2, 16, 1, 1024),
-        ("mb16_ckpt1_chunk256", 1.2, 16, 1, 256),
-        ("mb8_ckpt1_chunk256", 1.2, 8, 1, 256),
-    )
-    for label, budget, micro, every, chunk in variants:
+
+    def build(micro: int, every: int, chunk: int) -> tuple[Any, Any]:
         opts = _bench_opts(
             model=SHAPES["grpo"], prompts=2, samples=8, new_tokens=SHAPES["new_tokens"], rollout_batch=16,
-            memory_budget_gib=budget,
+            memory_budget_gib=1.2,
         )  # fmt: skip
         run, runtime = _step_runner("miniverl_lean", loader, opts, DEVICE, "bfloat16")
-        if every is not None:
+        if every:
             runtime.apply_memory_plan(activation_checkpointing=every, max_tokens=None)
-        if micro is not None:
-            runtime.bench_config.train.trajectory_batch_size = micro
+        runtime.bench_config.train.trajectory_batch_size = micro
         runtime.bench_config.train.logprob_chunk_size = chunk
+        return run, runtime
+
+    # (label, trajectory batch, checkpoint every n-th layer (0: none), logprob chunk)
+    variants = (
+        ("mb16_ckpt1_chunk256", 16, 1, 256),
+        ("mb16_ckpt1_chunk1024", 16, 1, 1024),
+        ("mb16_ckpt2_chunk256", 16, 2, 256),
+        ("mb16_ckpt0_chunk1024", 16, 0, 1024),
+    )
+    for label, micro, every, chunk in variants:
+        run, runtime = build(micro, every, chunk)
         parts: list[dict[str, float]] = []
         step = _stepper(run, parts)
         step()
-        cell = timed(step, 3)
+        cell = timed(step, 5)
         cell["update_s"] = [round(p["update_seconds"], 4) for p in parts[1:]]
         cell["rollout_s"] = [round(p["rollout_seconds"], 4) for p in parts[1:]]
         print(f"[grpo {label}] {cell}")
-        cell["memory"] = record_one(step, f"grpo {label}")
         out[label] = cell
         runtime.close()
         del run, runtime, step
         release()
+    out["lifecycle_mb16_ckpt1_chunk256"] = lifecycle(lambda: build(16, 1, 256), "grpo lifecycle mb16_ckpt1_chunk256")
+    return out
+
+
+def _live_by_frame(trace: list[dict[str, Any]], upto: int | None = None) -> list[dict[str, Any]]:
+    live: dict[int, tuple[int, int]] = {}
+    for i, ev in enumerate(trace if upto is None else trace[: upto + 1]):
+        if ev.get("action") == "alloc":
+            live[ev["addr"]] = (ev["size"], i)
+        elif ev.get("action") == "free_completed":
+            live.pop(ev["addr"], None)
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for size, index in live.values():
+        key = _frame_key(trace[index].get("frames", []))
+        groups[key][0] += size
+        groups[key][1] += 1
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    return [{"where": k, "gib": round(v[0] / GIB, 4), "blocks": v[1]} for k, v in rows[:25]]
+
+
+def lifecycle(build: Any, label: str) -> dict[str, Any]:
+    """Record every allocation from before the runtime is built: two steps, then close + release. What is
+    live at the peak (all of it itemized, the resident part included), and what is still live at the end."""
+    if DEVICE.type != "cuda":
+        run, runtime = build()
+        run(0)
+        runtime.close()
+        return {}
+    release()
+    before = torch.cuda.memory_allocated(DEVICE)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=2_000_000)
+    try:
+        run, runtime = build()
+        run(0)
+        run(1)
+        _sync()
+        peak_reserved = torch.cuda.max_memory_reserved(DEVICE)
+        runtime.close()
+        del run, runtime
+        release()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][DEVICE.index or 0]
+    out = peak_breakdown(snapshot, before, top=25)
+    out["peak_reserved_gib"] = round(peak_reserved / GIB, 3)
+    out["left_after_release"] = _live_by_frame(trace)
+    out["left_after_release_gib"] = round((torch.cuda.memory_allocated(DEVICE) - before) / GIB, 4)
+    print(f"[{label}] allocated before {before / GIB:.3f} GiB; peak {out['peak_total_gib']} GiB; live at peak:")
+    for row in out["live_at_peak"]:
+        print(f"    {row['gib']:8.4f} GiB  {row['blocks']:5d}  {row['where']}")
+    print(f"[{label}] left after close + release: {out['left_after_release_gib']} GiB")
+    for row in out["left_after_release"][:10]:
+        print(f"    {row['gib']:8.4f} GiB  {row['blocks']:5d}  {row['where']}")
     return out
 
 
