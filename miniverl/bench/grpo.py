@@ -257,6 +257,7 @@ def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.de
         )
         runtime.apply_memory_plan(activation_checkpointing=plan.activation_checkpointing, max_tokens=plan.max_tokens)
         runtime.bench_config.train.trajectory_batch_size = "auto"
+        runtime.bench_config.train.logprob_chunk_size = plan.logprob_chunk
         runtime.memory_plan = plan
         progress.phase("memory plan", plan.describe())
     trainer = TrainedParameters(

@@ -3,7 +3,10 @@
 A pure estimator (no torch, no device) of one training cycle's CUDA peak reserved memory, and the
 choice it drives when ``memory.max_peak_reserved_gib`` is set: ``train.activation_checkpointing:
 auto`` takes the least recomputation and ``train.trajectory_batch_size: auto`` the largest
-micro-batch whose estimated peak fits the budget. Without a budget nothing is chosen here.
+micro-batch whose estimated peak fits the budget, and the log-prob chunk (``train.logprob_chunk_size``
+is then the largest chunk the plan may use: it halves it, down to :data:`MIN_LOGPROB_CHUNK` rows, before
+it recomputes more layers, since a smaller chunk costs a few more launches and recomputation a third
+of the update). Without a budget nothing is chosen here.
 
 Peak (bytes) = ``allocator_overhead`` x max(rollout phase, update phase), where both phases hold
 the *resident* part: the base weights (student, plus each separately loaded frozen or critic
@@ -35,6 +38,7 @@ GIB = float(1 << 30)
 KV_SPAN_QUANTUM = 64  # the fast engine rounds its cache capacity up to this (rollout/decoder.py SPAN_QUANTUM)
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 NF4_BYTES_PER_PARAM = 0.5625  # 4-bit weights plus one fp32 absmax per 64 (bitsandbytes' default blocksize)
+MIN_LOGPROB_CHUNK = 128  # the plan halves the configured log-prob chunk no further than this
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,11 @@ def estimate(
     *,
     micro_rows: int,
     checkpointed_layers: int,
+    logprob_chunk: int | None = None,
     constants: MemoryConstants = MemoryConstants(),
 ) -> MemoryEstimate:
-    """The estimated peak of one cycle with ``micro_rows`` rows per forward and ``checkpointed_layers``."""
+    """The estimated peak of one cycle with ``micro_rows`` rows per forward and ``checkpointed_layers``
+    (log-prob chunks of ``logprob_chunk`` rows; default the workload's)."""
     if not 0 <= checkpointed_layers <= dims.layers or micro_rows < 1:
         raise ValueError("checkpointed_layers must be in [0, layers] and micro_rows >= 1")
     element = DTYPE_BYTES[work.dtype]
@@ -206,7 +212,7 @@ def estimate(
     kept = (dims.layers - checkpointed_layers) * full + checkpointed_layers * dims.hidden * element
     recompute = full if checkpointed_layers else 0.0
     activations = tokens * (kept + recompute + constants.backward_layers * full)
-    chunk = min(work.logprob_chunk, tokens)
+    chunk = min(logprob_chunk or work.logprob_chunk, tokens)
     logits_chunk = chunk * dims.vocab * 4.0 * constants.logits_copies
     return MemoryEstimate(
         weights=weights,
@@ -243,6 +249,7 @@ class MemoryPlan:
     estimate: MemoryEstimate
     layers: int
     chosen: tuple[str, ...] = field(default=())  # which settings the plan chose (the rest were given)
+    logprob_chunk: int = 1024  # rows of one log-prob chunk (the configured one, or a half of it the plan chose)
 
     @property
     def fits(self) -> bool:
@@ -262,7 +269,8 @@ class MemoryPlan:
         )
         verdict = "fits" if self.fits else "DOES NOT FIT (the run's peak check still applies)"
         return (
-            f"{ckpt}, micro-batch {self.micro_rows} row(s) x {self.row_tokens} tokens; estimated peak "
+            f"{ckpt}, micro-batch {self.micro_rows} row(s) x {self.row_tokens} tokens, log-prob chunk "
+            f"{self.logprob_chunk} rows; estimated peak "
             f"{e.peak / GIB:.2f} GiB of budget {self.budget_bytes / GIB:.2f} GiB, {verdict} (weights "
             f"{e.weights / GIB:.2f}, adapter+optimizer {e.adapter_optimizer / GIB:.2f}, rollout engine "
             f"{e.rollout_engine / GIB:.2f}, activations {e.activations / GIB:.2f}, logits chunk "
@@ -274,10 +282,19 @@ class MemoryPlan:
             "memory_plan/activation_checkpointing": float(self.activation_checkpointing),
             "memory_plan/checkpointed_layers": float(self.checkpointed_layers),
             "memory_plan/micro_rows": float(self.micro_rows),
+            "memory_plan/logprob_chunk": float(self.logprob_chunk),
             "memory_plan/estimated_peak_gib": self.estimate.peak / GIB,
             "memory_plan/budget_gib": self.budget_bytes / GIB,
             "memory_plan/fits": float(self.fits),
         }
+
+
+def logprob_chunk_options(configured: int) -> list[int]:
+    """The configured chunk, then its halves down to :data:`MIN_LOGPROB_CHUNK` (largest first)."""
+    options = [configured]
+    while options[-1] // 2 >= MIN_LOGPROB_CHUNK:
+        options.append(options[-1] // 2)
+    return options
 
 
 def choose_plan(
@@ -289,12 +306,13 @@ def choose_plan(
     trajectory_batch_size: int | Literal["auto"],
     constants: MemoryConstants = MemoryConstants(),
 ) -> MemoryPlan:
-    """The plan for ``budget_gib``: what is given stays; ``auto`` settings are chosen.
+    """The plan for ``budget_gib``: what is given stays; ``auto`` settings (and the chunk) are chosen.
 
-    Among the checkpointing options (in increasing recomputation) and micro-batches of 1 ..
-    ``update_rows`` rows: if some option fits the whole step in one micro-batch, the least
-    recomputation that does; else the option that fits the largest micro-batch (ties: less
-    recomputation). If nothing fits, the most frugal plan, marked as not fitting.
+    Among the checkpointing options (in increasing recomputation), each with the log-prob chunks of
+    :func:`logprob_chunk_options` (largest first), and micro-batches of 1 .. ``update_rows`` rows: if
+    some pair fits the whole step in one micro-batch, the first that does (least recomputation, then
+    the largest chunk); else the pair that fits the largest micro-batch (ties: less recomputation,
+    then a larger chunk). If nothing fits, the most frugal plan, marked as not fitting.
     """
     budget = budget_gib * GIB
     if activation_checkpointing == "auto":
@@ -306,6 +324,29 @@ def choose_plan(
         row_choices = list(range(1, max(1, work.update_rows) + 1))
     else:
         row_choices = [int(trajectory_batch_size)]
+    chunks = logprob_chunk_options(work.logprob_chunk)
+
+    def peak(option: tuple[int, int], rows: int, chunk: int) -> MemoryEstimate:
+        return estimate(
+            dims, work, micro_rows=rows, checkpointed_layers=option[1], logprob_chunk=chunk, constants=constants
+        )
+
+    best: tuple[int, tuple[int, int], int] | None = None  # (rows, option, chunk)
+    for option in options:
+        for chunk in chunks:
+            fitting = [r for r in row_choices if peak(option, r, chunk).peak <= budget]
+            if not fitting:
+                continue
+            rows = max(fitting)
+            if best is None or rows > best[0]:
+                best = (rows, option, chunk)
+            if rows == max(row_choices):
+                break
+        if best is not None and best[0] == max(row_choices):
+            break
+    if best is None:  # nothing fits: the least memory the given/auto settings allow
+        best = (min(row_choices), max(options, key=lambda o: o[1]), chunks[-1])
+    rows, (every, count), chunk = best
     chosen = tuple(
         name
         for name, value in (
@@ -313,32 +354,15 @@ def choose_plan(
             ("micro-batch", trajectory_batch_size),
         )
         if value == "auto"
-    )
-
-    def peak(option: tuple[int, int], rows: int) -> MemoryEstimate:
-        return estimate(dims, work, micro_rows=rows, checkpointed_layers=option[1], constants=constants)
-
-    best: tuple[int, tuple[int, int]] | None = None  # (rows, option)
-    for option in options:
-        fitting = [r for r in row_choices if peak(option, r).peak <= budget]
-        if not fitting:
-            continue
-        rows = max(fitting)
-        if rows == max(row_choices):
-            best = (rows, option)
-            break
-        if best is None or rows > best[0]:
-            best = (rows, option)
-    if best is None:  # nothing fits: the least memory the given/auto settings allow
-        best = (min(row_choices), max(options, key=lambda o: o[1]))
-    rows, (every, count) = best
+    ) + (("log-prob chunk",) if chunk != work.logprob_chunk else ())
     return MemoryPlan(
         budget_bytes=budget,
         activation_checkpointing=every,
         checkpointed_layers=count,
         micro_rows=rows,
         row_tokens=work.row_tokens,
-        estimate=peak((every, count), rows),
+        estimate=peak((every, count), rows, chunk),
         layers=dims.layers,
         chosen=chosen,
+        logprob_chunk=chunk,
     )

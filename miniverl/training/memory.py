@@ -1,8 +1,9 @@
 """The run's memory plan: the estimator's inputs taken from the config, the loaded runtime and the data.
 
 With ``memory.max_peak_reserved_gib`` set, :func:`plan_memory` chooses what the config leaves
-``auto`` (``train.activation_checkpointing``, ``train.trajectory_batch_size``) from
-:func:`miniverl.runtime.memory_plan.choose_plan` and applies it to the runtime. Without a budget it
+``auto`` (``train.activation_checkpointing``, ``train.trajectory_batch_size``) and the log-prob chunk
+(at most ``train.logprob_chunk_size``) from :func:`miniverl.runtime.memory_plan.choose_plan`, and applies
+them to the runtime and the run's config. Without a budget it
 returns ``None`` and nothing changes (``activation_checkpointing: auto`` is then off).
 """
 
@@ -107,4 +108,5 @@ def plan_memory(
         activation_checkpointing=plan.activation_checkpointing if train.activation_checkpointing == "auto" else 0,
         max_tokens=plan.max_tokens if train.trajectory_batch_size == "auto" else None,
     )
+    train.logprob_chunk_size = plan.logprob_chunk  # the configured chunk, or the half of it the plan chose
     return plan

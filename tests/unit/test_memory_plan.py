@@ -14,6 +14,7 @@ from miniverl.runtime.memory_plan import (
     checkpoint_options,
     choose_plan,
     estimate,
+    logprob_chunk_options,
 )
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -121,12 +122,38 @@ def test_given_settings_stay_and_only_auto_is_chosen() -> None:
     plan = choose_plan(SMOLLM2, _work(), 3.0, activation_checkpointing=2, trajectory_batch_size="auto")
     assert plan.activation_checkpointing == 2 and plan.checkpointed_layers == 15
     plan = choose_plan(SMOLLM2, _work(), 3.0, activation_checkpointing="auto", trajectory_batch_size=4)
-    assert plan.micro_rows == 4 and plan.chosen == ("activation_checkpointing",)
+    assert plan.micro_rows == 4 and plan.chosen[0] == "activation_checkpointing"
     assert plan.checkpointed_layers == min(
         c
         for _, c in checkpoint_options(30)
-        if estimate(SMOLLM2, _work(), micro_rows=4, checkpointed_layers=c).peak <= 3 * GIB
+        if any(
+            estimate(SMOLLM2, _work(), micro_rows=4, checkpointed_layers=c, logprob_chunk=k).peak <= 3 * GIB
+            for k in logprob_chunk_options(1024)
+        )
     )
+
+
+def test_the_plan_halves_the_logprob_chunk_before_it_recomputes_more_layers() -> None:
+    """A chunk of 1024 rows of fp32 logits over SmolLM2's 49,152-token vocabulary is 0.56 GiB with its copies:
+    at a budget near TRL's peak the plan keeps the whole step in one micro-batch with a smaller chunk."""
+    assert logprob_chunk_options(1024) == [1024, 512, 256, 128] and logprob_chunk_options(100) == [100]
+    plan = choose_plan(SMOLLM2, _work(), 1.33, activation_checkpointing="auto", trajectory_batch_size="auto")
+    assert plan.fits and plan.logprob_chunk < 1024 and "log-prob chunk" in plan.chosen
+    assert plan.metrics()["memory_plan/logprob_chunk"] == plan.logprob_chunk
+    assert f"log-prob chunk {plan.logprob_chunk} rows" in plan.describe()
+    with_chunk = estimate(SMOLLM2, _work(), micro_rows=plan.micro_rows, checkpointed_layers=plan.checkpointed_layers)
+    assert with_chunk.logits_chunk > plan.estimate.logits_chunk
+    # a larger chunk at the same checkpointing would not have fitted the same micro-batch
+    larger = estimate(
+        SMOLLM2, _work(), micro_rows=plan.micro_rows, checkpointed_layers=plan.checkpointed_layers,
+        logprob_chunk=plan.logprob_chunk * 2,
+    )  # fmt: skip
+    assert larger.peak > 1.33 * GIB
+    # a chunk already small is never changed
+    given = choose_plan(
+        SMOLLM2, _work(logprob_chunk=128), 40.0, activation_checkpointing="auto", trajectory_batch_size="auto"
+    )
+    assert given.logprob_chunk == 128 and "log-prob chunk" not in given.chosen
 
 
 def test_a_budget_nothing_fits_is_said_not_to_fit() -> None:
