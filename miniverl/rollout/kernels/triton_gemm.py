@@ -24,6 +24,7 @@ MAX_ROWS = 64  # rows one program holds: the whole batch of a decode step up to 
 MIN_DOT = 16  # tl.dot's smallest extent per dimension: fewer rows are masked up to it
 MAX_BLOCK_N = 64
 MAX_BLOCK_K = 128
+MIN_K_TILES = 4  # a small K still comes in this many tiles, so it can be split
 SM_COUNT = 132  # an H100/H200
 PROGRAMS_PER_SM = 2
 TARGET_PROGRAMS = SM_COUNT * PROGRAMS_PER_SM
@@ -54,9 +55,10 @@ def _clamped_power_of_two(value: int, low: int, high: int) -> int:
 def split_plan(rows: int, cols: int, depth: int, split_k: int | None = None) -> SplitPlan:
     """The tiling of ``x [rows, depth] @ weight[cols, depth].T``: a pure function of its arguments.
 
-    Tiles: ``BLOCK_M`` = ``rows`` to a power of two, at least 16 (:data:`MIN_DOT`); ``BLOCK_N`` and
-    ``BLOCK_K`` the next power of two of ``cols`` / ``depth``, between 16 and 64 / 128. With ``nb =
-    cdiv(cols, BLOCK_N)`` column blocks and ``kt = cdiv(depth, BLOCK_K)`` K tiles, a split of ``t``
+    Tiles: ``BLOCK_M`` = ``rows`` to a power of two, at least 16 (:data:`MIN_DOT`); ``BLOCK_N`` the
+    next power of two of ``cols``, between 16 and 64; ``BLOCK_K`` that of ``depth / 4``, between 16
+    and 128 (a small K still comes in 4 tiles that can split). With ``nb = cdiv(cols, BLOCK_N)``
+    column blocks and ``kt = cdiv(depth, BLOCK_K)`` K tiles, a split of ``t``
     tiles gives ``S = cdiv(kt, t)`` partials and ``nb * S`` programs. The rule picks the ``t`` whose
     program count is nearest :data:`TARGET_PROGRAMS` (about 2 per SM of a 132-SM GPU; ties go to
     fewer splits), among those whose float32 partials ``S * rows * cols * 4`` bytes stay within
@@ -70,7 +72,7 @@ def split_plan(rows: int, cols: int, depth: int, split_k: int | None = None) -> 
         raise ValueError(f"need 1..{MAX_ROWS} rows and positive sizes, got M={rows}, N={cols}, K={depth}")
     block_m = _clamped_power_of_two(rows, MIN_DOT, MAX_ROWS)
     block_n = _clamped_power_of_two(cols, MIN_DOT, MAX_BLOCK_N)
-    block_k = _clamped_power_of_two(depth, MIN_DOT, MAX_BLOCK_K)
+    block_k = _clamped_power_of_two(-(-depth // MIN_K_TILES), MIN_DOT, MAX_BLOCK_K)
     k_tiles = -(-depth // block_k)
     if split_k is not None:
         if not 0 < split_k <= k_tiles:
