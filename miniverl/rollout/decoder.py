@@ -21,8 +21,8 @@ RoPE pass over q and k together, and the attention scale folded into the weights
 residuals, SiLU gate) is ``torch.compile``'d into a few fused kernels (compiled once per workspace
 shape, then captured in the CUDA graph like any other kernel). With ``kernels="triton"`` a decode
 step runs the triton kernels of :mod:`miniverl.rollout.kernels` instead (norm + RoPE + KV write in
-one kernel, split-span decode attention, residual + norm fused), around the same GEMMs; the prefill
-stays on the torch path.
+one kernel, split-span decode attention, residual + norm fused, SiLU gate), its projections as split-K
+GEMMs whose parts those kernels sum (the LM head stays ``F.linear``); the prefill stays on the torch path.
 """
 
 from __future__ import annotations
@@ -253,13 +253,13 @@ class DecodeWorkspace:
         ops, gemm = load_triton_ops(), load_triton_gemm()
         w, shape = self.weights, self.weights.shape
         heads, kv, eps, batch = shape.heads, shape.kv_heads, shape.eps, self.batch
-        split_k = batch <= gemm.MAX_ROWS
+        use_split_k = batch <= gemm.MAX_ROWS
 
         def project(
             rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         ) -> tuple[torch.Tensor, torch.Tensor | None]:
             """The projection's parts ``[S, B, N]`` and the bias its consumer still adds."""
-            if split_k:
+            if use_split_k:
                 return gemm.skinny_linear_partials(rows, weight), bias
             return F.linear(rows, weight, bias).unsqueeze(0), None
 
