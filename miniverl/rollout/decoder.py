@@ -21,8 +21,8 @@ RoPE pass over q and k together, and the attention scale folded into the weights
 residuals, SiLU gate) is ``torch.compile``'d into a few fused kernels (compiled once per workspace
 shape, then captured in the CUDA graph like any other kernel). With ``kernels="triton"`` a decode
 step runs the triton kernels of :mod:`miniverl.rollout.kernels` instead (norm + RoPE + KV write in
-one kernel, split-span decode attention, residual + norm fused), around the same GEMMs; the prefill
-stays on the torch path.
+one kernel, split-span decode attention, residual + norm fused, SiLU gate), its projections as split-K
+GEMMs whose parts those kernels sum (the LM head stays ``F.linear``); the prefill stays on the torch path.
 """
 
 from __future__ import annotations
@@ -242,25 +242,43 @@ class DecodeWorkspace:
 
     def decode_forward_triton(self, span: int) -> torch.Tensor:
         """The decode step's forward on the triton kernels: logits ``[B, V]`` of the workspace's next
-        tokens at their positions, K/V written at the current slot, attention over slots ``0 .. span-1``."""
-        from miniverl.rollout.kernels import load_triton_ops
+        tokens at their positions, K/V written at the current slot, attention over slots ``0 .. span-1``.
 
-        ops = load_triton_ops()
+        The four projections of a layer run as split-K GEMMs whose float32 parts the next kernel sums
+        (q/k norm + RoPE, residual + norm, SiLU gate); a batch over the GEMM's row limit uses
+        ``F.linear``, its output passed on as a single part. The LM head stays ``F.linear``.
+        """
+        from miniverl.rollout.kernels import load_triton_gemm, load_triton_ops
+
+        ops, gemm = load_triton_ops(), load_triton_gemm()
         w, shape = self.weights, self.weights.shape
-        heads, kv, eps = shape.heads, shape.kv_heads, shape.eps
+        heads, kv, eps, batch = shape.heads, shape.kv_heads, shape.eps, self.batch
+        use_split_k = batch <= gemm.MAX_ROWS
+
+        def project(
+            rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            """The projection's parts ``[S, B, N]`` and the bias its consumer still adds."""
+            if use_split_k:
+                return gemm.skinny_linear_partials(rows, weight), bias
+            return F.linear(rows, weight, bias).unsqueeze(0), None
+
         x = F.embedding(self.tokens.unsqueeze(1), w.embed)  # [B, 1, hidden]
         _, h = ops.add_rms_norm(x, None, w.layers[0].input_norm, eps)
         for index, layer in enumerate(w.layers):
-            mixed = F.linear(h, layer.qkv, layer.qkv_bias).view(self.batch, 1, heads + 2 * kv, shape.head_dim)
+            mixed, qkv_bias = project(h.view(batch, shape.hidden), layer.qkv, layer.qkv_bias)
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            rope = (self.cos, self.sin, self.positions)
             q = ops.qk_norm_rope_cache_write(
-                mixed, layer.qk_norm, self.cos, self.sin, self.positions, k_cache, v_cache, self.slot, eps, heads, kv
+                mixed, layer.qk_norm, *rope, k_cache, v_cache, self.slot, eps, heads, kv, bias=qkv_bias
             )
             attn = ops.decode_attention(q, k_cache, v_cache, self.bias, span)
-            x, h = ops.add_rms_norm(x, F.linear(attn, layer.o, layer.o_bias), layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            update, o_bias = project(attn.view(batch, -1), layer.o, layer.o_bias)
+            x, h = ops.add_rms_norm(x, update, layer.post_norm, eps, bias=o_bias)
+            gate_up, _ = project(h.view(batch, shape.hidden), layer.gate_up, None)
+            update, _ = project(ops.silu_mul(gate_up, x.dtype), layer.down, None)
             following = w.layers[index + 1].input_norm if index + 1 < len(w.layers) else w.final_norm
-            x, h = ops.add_rms_norm(x, F.linear(F.silu(gate) * up, layer.down), following, eps)
+            x, h = ops.add_rms_norm(x, update, following, eps)
         return F.linear(h[:, -1], w.lm_head)
 
     # -- one batch ----------------------------------------------------------------------------

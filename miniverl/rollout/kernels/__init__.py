@@ -7,13 +7,18 @@ token per row) and their launchers:
   position, the K/V write into each row's cache slot, q out pre-scaled;
 * ``decode_attention``: attention of the new token over the first ``span`` cache slots, GQA-aware,
   float32 online softmax, split over the span (flash-decoding) and combined;
-* ``add_rms_norm``: residual add + RMSNorm in one pass.
+* ``add_rms_norm``: residual add + RMSNorm in one pass;
+* ``silu_mul``: the MLP's ``silu(gate) * up``.
+
+:mod:`~miniverl.rollout.kernels.triton_gemm` holds the projections' GEMM for a decode step's few
+rows, split over K into float32 partial sums (``skinny_linear_partials``); the kernels above take
+those parts as their input and sum them first, so the split costs no extra launch.
 
 Their references are the decoder's own torch functions (:func:`~miniverl.rollout.decoder.qk_norm_rope`,
 :func:`~miniverl.rollout.decoder.attend`, :func:`~miniverl.rollout.decoder.add_rms_norm`).
-triton is imported only by :func:`load_triton_ops`, on first use. On CPU the kernels run only under
-triton's interpreter (``TRITON_INTERPRET=1`` before triton is first imported): that is how they are
-tested without a GPU.
+triton is imported only by :func:`load_triton_ops` / :func:`load_triton_gemm`, on first use. On
+CPU the kernels run only under triton's interpreter (``TRITON_INTERPRET=1`` before triton is first
+imported): that is how they are tested without a GPU.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ def load_triton_ops() -> ModuleType:
     return importlib.import_module("miniverl.rollout.kernels.triton_ops")
 
 
+def load_triton_gemm() -> ModuleType:
+    """The split-K GEMM module (imports triton; raises ImportError when it is not installed)."""
+    return importlib.import_module("miniverl.rollout.kernels.triton_gemm")
+
+
 def triton_unavailable_reason(device: torch.device) -> str | None:
     """``None`` when the triton kernels can run on ``device``, else one line saying why not."""
     if device.type not in ("cuda", "cpu"):
@@ -44,4 +54,4 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-__all__ = ["KERNEL_CHOICES", "load_triton_ops", "triton_unavailable_reason"]
+__all__ = ["KERNEL_CHOICES", "load_triton_gemm", "load_triton_ops", "triton_unavailable_reason"]
