@@ -479,6 +479,8 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
         progress.advance(len(cells), f"bench grpo, measuring {section} {path}")
         cell: dict[str, Any] = {"section": section, "path": path}
         _release(device)
+        if device.type == "cuda":  # what an earlier cell left behind would count in this cell's peak
+            cell["allocated_at_start_gib"] = torch.cuda.memory_allocated(device) / GIB
         if path.endswith("_bf16") and dtype_name != "bfloat16":
             cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
         elif path == "trl":

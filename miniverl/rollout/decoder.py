@@ -138,6 +138,22 @@ def compiled_glue() -> tuple[Callable[..., Any], Callable[..., Any]]:
     return _COMPILED[0]
 
 
+_WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every capture's warm-up step runs on, per device.
+
+    cuBLAS keeps a workspace per (handle, stream) from the stream's first GEMM until the process
+    clears them (32 MiB each on an H200): a fresh stream per captured span kept five of them, 0.16 GiB
+    of a 1.4 GiB GRPO step on SmolLM2 (measured on the H200).
+    """
+    key = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    if key not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[key] = torch.cuda.Stream(key)
+    return _WARMUP_STREAMS[key]
+
+
 class SamplingSpec:
     """Temperature / top-p / top-k and the EOS ids, fixed for a captured graph."""
 
@@ -367,7 +383,7 @@ class DecodeWorkspace:
                 continue
             captured += 1
             self._reset_counters()
-            side = torch.cuda.Stream(self.device)
+            side = warmup_stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 self.step(span, spec)  # warm-up: cuBLAS handles and workspaces outside the capture

@@ -239,8 +239,11 @@ def engine_for(
 
 
 def release_engines() -> None:
-    """Drop every cached rollout copy and workspace (frees their device memory)."""
+    """Drop every cached rollout copy and workspace (frees their device memory), and the cuBLAS
+    workspaces their GEMMs kept per stream (returned to the caching allocator)."""
     _ENGINES.clear()
+    if torch.cuda.is_initialized():
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 __all__ = ["EngineRow", "FastRolloutEngine", "engine_for", "release_engines", "unsupported_reason"]
