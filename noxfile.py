@@ -50,7 +50,8 @@ def kernels(session: nox.Session) -> None:
     (the project with only what these tests import: torch, transformers for the tiny models, pytest)."""
     session.install("--constraint", CPU_STACK, "-e", ".", "torch", "transformers", "pytest", KERNELS_TRITON)
     session.run(
-        "python", "-m", "pytest", "-q", "tests/unit/test_rollout_kernels.py", *session.posargs,
+        "python", "-m", "pytest", "-q", "tests/unit/test_rollout_kernels.py",
+        "tests/unit/test_rollout_attention_kernel.py", *session.posargs,
         env={"TRITON_INTERPRET": "1", "MINIVERL_CACHE": ".cache/miniverl"},
     )  # fmt: skip
 

@@ -244,6 +244,7 @@ class DecodeWorkspace:
         """The decode step's forward on the triton kernels: logits ``[B, V]`` of the workspace's next
         tokens at their positions, K/V written at the current slot, attention over slots ``0 .. span-1``."""
         from miniverl.rollout.kernels import load_triton_ops
+        from miniverl.rollout.kernels.triton_attention import decode_attention
 
         ops = load_triton_ops()
         w, shape = self.weights, self.weights.shape
@@ -256,7 +257,7 @@ class DecodeWorkspace:
             q = ops.qk_norm_rope_cache_write(
                 mixed, layer.qk_norm, self.cos, self.sin, self.positions, k_cache, v_cache, self.slot, eps, heads, kv
             )
-            attn = ops.decode_attention(q, k_cache, v_cache, self.bias, span)
+            attn = decode_attention(q, k_cache, v_cache, self.bias, span)
             x, h = ops.add_rms_norm(x, F.linear(attn, layer.o, layer.o_bias), layer.post_norm, eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             following = w.layers[index + 1].input_norm if index + 1 < len(w.layers) else w.final_norm
