@@ -30,8 +30,10 @@ NUM_STAGES = 3
 def _mma(a, b, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
     """``a @ b`` accumulated in float32; ``WIDEN`` multiplies in float32 (exact for bf16 products)."""
     if WIDEN:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        product = tl.dot(a, b, input_precision=PRECISION)
+    return product
 
 
 @triton.jit
