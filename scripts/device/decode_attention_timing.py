@@ -1,13 +1,13 @@
 """Decode attention on the H200: the tensor-core triton kernel against the decoder's torch attention.
 
-``python3 scripts/device/decode_attention_timing.py [--repeats N] [--json PATH]`` at the Qwen3-0.6B
-attention shape (16 query heads, 8 KV heads, head_dim 128, bf16), batch 16 and 64, span 192 and 1024
-(cache capacity 1024, every slot of the span visible). Each of ``CALLS`` calls reads its own K/V cache,
-as the layers of a decode step do, so the K/V bytes come from HBM rather than the 50 MB L2. The calls
-are captured in one CUDA graph; after warm-up replays, the median of ``--repeats`` replays divided by
-``CALLS`` is the time per call. Printed per shape: us per call, TB/s of K/V bytes read
-(``2 * B * kv * span * d * 2`` per call), torch / triton, and the largest |triton - torch|.
-The old broadcast kernel is gone from the package, so it is not compared.
+``PYTHONPATH=. python3 scripts/device/decode_attention_timing.py [--repeats N] [--block-n N] [--split-slots N]
+[--json PATH]`` at the Qwen3-0.6B attention shape (16 query heads, 8 KV heads, head_dim 128, bf16), batch 16
+and 64, span 192 and 1024 (cache capacity 1024, every slot of the span visible). Each of ``CALLS`` calls
+reads its own K/V cache, as the layers of a decode step do, so the K/V bytes come from HBM rather than the
+50 MB L2. The calls are captured in one CUDA graph; after warm-up replays, the median of ``--repeats``
+replays divided by ``CALLS`` is the time per call. Printed per shape: us per call, TB/s of K/V bytes read
+(``2 * B * kv * span * d * 2`` per call), torch / triton, and the largest |triton - torch|. The old
+broadcast kernel is gone from the package, so it is not compared.
 
 ``--smoke`` runs tiny shapes on CPU under ``TRITON_INTERPRET=1``, each call once, no graph and no
 timing: a check that every code path of this script runs.
@@ -92,7 +92,16 @@ def graph_us_per_call(calls: Sequence[Callable[[], object]], repeats: int, warmu
     return statistics.median(times)
 
 
-def measure(batch: int, span: int, shape: Shape, dtype: torch.dtype, device: torch.device, repeats: int) -> Row:
+def measure(
+    batch: int,
+    span: int,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    block_n: int,
+    split_slots: int | None,
+) -> Row:
     from miniverl.rollout.decoder import attend
     from miniverl.rollout.kernels.triton_attention import decode_attention
 
@@ -110,7 +119,8 @@ def measure(batch: int, span: int, shape: Shape, dtype: torch.dtype, device: tor
     bias = torch.full((batch, shape.capacity), float("-inf"), dtype=dtype, device=device)
     bias[:, :span] = 0.0
     visible = bias[:, :span].unsqueeze(1)  # what the decoder's torch step passes
-    kernel_calls = [partial(decode_attention, q, k, v, bias, span) for k, v in caches]
+    kernel = partial(decode_attention, bias=bias, span=span, block_n=block_n, split_slots=split_slots)
+    kernel_calls = [partial(kernel, q, k, v) for k, v in caches]
     torch_calls = [partial(attend, q, k, v, visible) for k, v in caches]
     diff = float((kernel_calls[0]().float() - torch_calls[0]().float()).abs().max())
     nbytes = kv_bytes(batch, span, shape, dtype)
@@ -147,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     parser.add_argument("--repeats", type=int, default=7, help="timed graph replays per shape (median)")
+    parser.add_argument("--block-n", type=int, default=None, help="K/V tile slots (default: the kernel's)")
+    parser.add_argument("--split-slots", type=int, default=None, help="slots per span split (default: the kernel's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -160,14 +172,18 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("timing needs a CUDA GPU; --smoke checks the script on CPU")
         shape, device, repeats = FULL, torch.device("cuda"), max(5, args.repeats)
     dtype = torch.bfloat16
+    from miniverl.rollout.kernels.triton_attention import BLOCK_SLOTS  # after TRITON_INTERPRET is settled
+
+    block_n = args.block_n or BLOCK_SLOTS
     print(f"{shape.heads} q / {shape.kv_heads} KV heads, head_dim {shape.head_dim}, {dtype}, capacity {shape.capacity}")
     if device.type == "cuda":
         print(f"{torch.cuda.get_device_name(device)}: {CALLS} calls per graph, median of {repeats} replays")
+    print(f"block_n {block_n}, split_slots {args.split_slots or 'auto'}")
     print("the old broadcast kernel is removed from the package: not compared")
     rows = []
     for batch in shape.batches:
         for span in shape.spans:
-            row = measure(batch, span, shape, dtype, device, repeats)
+            row = measure(batch, span, shape, dtype, device, repeats, block_n, args.split_slots)
             rows.append(row)
             print(describe(row), flush=True)
     if args.json is not None:
