@@ -51,7 +51,7 @@ def kernels(session: nox.Session) -> None:
     session.install("--constraint", CPU_STACK, "-e", ".", "torch", "transformers", "pytest", KERNELS_TRITON)
     session.run(
         "python", "-m", "pytest", "-q", "tests/unit/test_rollout_kernels.py", "tests/unit/test_rollout_gemm_kernels.py",
-        *session.posargs,
+        "tests/unit/test_rollout_attention_kernel.py", *session.posargs,
         env={"TRITON_INTERPRET": "1", "MINIVERL_CACHE": ".cache/miniverl"},
     )  # fmt: skip
 

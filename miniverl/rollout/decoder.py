@@ -265,6 +265,7 @@ class DecodeWorkspace:
         ``F.linear``, its output passed on as a single part. The LM head stays ``F.linear``.
         """
         from miniverl.rollout.kernels import load_triton_gemm, load_triton_ops
+        from miniverl.rollout.kernels.triton_attention import decode_attention
 
         ops, gemm = load_triton_ops(), load_triton_gemm()
         w, shape = self.weights, self.weights.shape
@@ -288,7 +289,7 @@ class DecodeWorkspace:
             q = ops.qk_norm_rope_cache_write(
                 mixed, layer.qk_norm, *rope, k_cache, v_cache, self.slot, eps, heads, kv, bias=qkv_bias
             )
-            attn = ops.decode_attention(q, k_cache, v_cache, self.bias, span)
+            attn = decode_attention(q, k_cache, v_cache, self.bias, span)
             update, o_bias = project(attn.view(batch, -1), layer.o, layer.o_bias)
             x, h = ops.add_rms_norm(x, update, layer.post_norm, eps, bias=o_bias)
             gate_up, _ = project(h.view(batch, shape.hidden), layer.gate_up, None)

@@ -3,10 +3,11 @@
 On CPU the kernels run under triton's interpreter, which must be on before triton is first
 imported: ``TRITON_INTERPRET=1 pytest tests/unit/test_rollout_kernels.py`` (``nox -s kernels``).
 On a CUDA machine without ``TRITON_INTERPRET=1`` they run compiled on the GPU. Tiny shapes:
-head_dim 16, capacity 48, GQA ratios 1, 2 and 4, rows at different positions and slots, masked
-slots, span < capacity, the span split several ways. fp32 must agree within 1e-5; bf16 must be no
-further from a float64 evaluation than the decoder's own bf16 maths is, plus two bf16 ulps
-(triton's interpreter rounds float32 to bf16 by truncation, the GPU to nearest even).
+head_dim 16, capacity 48, GQA ratios 1, 2 and 4, rows at different positions and slots. fp32 must
+agree within 1e-5; bf16 must be no further from a float64 evaluation than the decoder's own bf16
+maths is, plus two bf16 ulps (:func:`tests.helpers.kernel_bounds.assert_close_to_decoder`). The
+decode attention kernel's own tests are in ``test_rollout_attention_kernel.py``; the whole decode
+through the engine, here, runs it too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
 
 from miniverl.errors import UsageError  # noqa: E402
 from miniverl.rollout import decoder  # noqa: E402
+from tests.helpers.kernel_bounds import assert_close_to_decoder as _assert_close  # noqa: E402
 from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -59,19 +61,6 @@ def _rope_tables(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     half = HEAD_DIM // 2
     signed = torch.cat((-emb[:, :half], emb[:, half:]), dim=-1)
     return emb.cos().to(DEVICE, dtype), signed.sin().to(DEVICE, dtype)
-
-
-def _assert_close(
-    got: torch.Tensor, reference: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, ulps: int = 2
-) -> None:
-    """fp32: within 1e-5 of the torch reference. bf16: no further from float64 than the reference, plus ``ulps``."""
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
-        return
-    ulp = 2.0**-7
-    err = (got.double() - exact).abs()
-    bound = (reference.double() - exact).abs().max() + ulps * ulp * exact.abs().clamp(min=1.0)
-    assert bool((err <= bound).all()), f"bf16 kernel error {float(err.max()):.4g} over the decoder's bound"
 
 
 # -- RMSNorm + RoPE + KV-cache write ---------------------------------------------------------------
@@ -139,56 +128,6 @@ def test_one_slot_for_every_row_as_the_decoder_passes_it(ops: ModuleType) -> Non
     torch.testing.assert_close(q, q_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(caches[0], ref_caches[0], atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[1], ref_caches[1])
-
-
-# -- decode attention ------------------------------------------------------------------------------
-def _bias(batch: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows with left padding, a masked hole, and different lengths (0 visible, -inf masked)."""
-    visible = torch.zeros(batch, CAPACITY, dtype=torch.bool)
-    visible[0, 0:30] = True
-    visible[1, 7:30] = True  # left padding
-    visible[1, 12:15] = False  # a masked hole
-    visible[2 % batch, 25:41] = True
-    bias = torch.zeros(batch, CAPACITY, dtype=dtype)
-    bias.masked_fill_(~visible, float("-inf"))
-    return bias.to(DEVICE)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize(("heads", "kv"), GQA, ids=["gqa1", "gqa2", "gqa4"])
-@pytest.mark.parametrize(
-    ("span", "split_slots"),
-    [(41, None), (41, 16), (41, 8), (48, 48), (33, 32)],
-    ids=["auto", "s16", "s8", "full", "s32"],
-)
-def test_decode_attention_equals_the_decoder(
-    ops: ModuleType, dtype: torch.dtype, heads: int, kv: int, span: int, split_slots: int | None
-) -> None:
-    batch = 3
-    q = _rand(batch, heads, 1, HEAD_DIM, seed=6, dtype=dtype)
-    k_cache = _rand(batch, kv, CAPACITY, HEAD_DIM, seed=7, dtype=dtype) * 2
-    v_cache = _rand(batch, kv, CAPACITY, HEAD_DIM, seed=8, dtype=dtype)
-    k_cache[:, :, span:] = float("nan")  # slots past the span must never be read
-    bias = _bias(batch, dtype)
-    got = ops.decode_attention(q, k_cache, v_cache, bias, span, split_slots=split_slots, block_n=8)
-    visible = bias[:, :span].unsqueeze(1)
-    reference = decoder.attend(q, k_cache, v_cache, visible)
-    exact = decoder.attend(q.double(), k_cache.double(), v_cache.double(), visible.double())
-    assert got.shape == reference.shape and got.isfinite().all()
-    _assert_close(got, reference, exact, dtype)
-
-
-def test_default_split_fills_the_gpu_and_is_a_whole_number_of_tiles(ops: ModuleType) -> None:
-    assert ops.default_split_slots(64, 8, 320) == 320  # 512 programs already: one split
-    assert ops.default_split_slots(16, 8, 320) == 192  # 128 programs: two splits, rounded to 64-slot tiles
-    assert ops.default_split_slots(1, 2, 64) == 64
-    with pytest.raises(ValueError, match="span"):
-        ops.decode_attention(
-            torch.zeros(1, 2, 1, HEAD_DIM, device=DEVICE),
-            *[torch.zeros(1, 1, 8, HEAD_DIM, device=DEVICE)] * 2,
-            torch.zeros(1, 8, device=DEVICE),
-            9,
-        )
 
 
 # -- residual + RMSNorm ----------------------------------------------------------------------------

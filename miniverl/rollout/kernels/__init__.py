@@ -1,14 +1,16 @@
 """Triton kernels for the fast decode step, optional: miniverl imports and runs without triton.
 
-:mod:`~miniverl.rollout.kernels.triton_ops` holds three kernels for one decode step (one new
-token per row) and their launchers:
+:mod:`~miniverl.rollout.kernels.triton_ops` holds two kernels for one decode step (one new
+token per row) and their launchers, :mod:`~miniverl.rollout.kernels.triton_attention` the third:
 
 * ``qk_norm_rope_cache_write``: per-head q/k RMSNorm (Qwen3's ``qk_norm``), RoPE at each row's
   position, the K/V write into each row's cache slot, q out pre-scaled;
-* ``decode_attention``: attention of the new token over the first ``span`` cache slots, GQA-aware,
-  float32 online softmax, split over the span (flash-decoding) and combined;
 * ``add_rms_norm``: residual add + RMSNorm in one pass;
 * ``silu_mul``: the MLP's ``silu(gate) * up``.
+
+:mod:`~miniverl.rollout.kernels.triton_attention` holds ``decode_attention``: attention of the new
+token over the first ``span`` cache slots on tensor cores (``tl.dot``), each KV head's query heads in
+one tile (GQA), float32 online softmax, split over the span (flash-decoding) and combined.
 
 :mod:`~miniverl.rollout.kernels.triton_gemm` holds the projections' GEMM for a decode step's few
 rows, split over K into float32 partial sums (``skinny_linear_partials``); the kernels above take
@@ -16,9 +18,10 @@ those parts as their input and sum them first, so the split costs no extra launc
 
 Their references are the decoder's own torch functions (:func:`~miniverl.rollout.decoder.qk_norm_rope`,
 :func:`~miniverl.rollout.decoder.attend`, :func:`~miniverl.rollout.decoder.add_rms_norm`).
-triton is imported only by :func:`load_triton_ops` / :func:`load_triton_gemm`, on first use. On
-CPU the kernels run only under triton's interpreter (``TRITON_INTERPRET=1`` before triton is first
-imported): that is how they are tested without a GPU.
+triton is imported on first use only: by :func:`load_triton_ops` / :func:`load_triton_gemm`, or by
+the decoder's triton step importing ``triton_attention``. On CPU the kernels run only under
+triton's interpreter (``TRITON_INTERPRET=1`` before triton is first imported): that is how they are
+tested without a GPU.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Layouts are the decoder's (:mod:`miniverl.rollout.decoder`): ``mixed`` ``[B, 1, h + 2 kv, d]`` is
 the stacked q/k/v projection, the caches are ``[B, kv, capacity, d]``, the RoPE tables
-``[capacity, d]`` (``sin`` carries rotate_half's sign), the attention bias ``[B, capacity]`` (0 on
-visible slots, -inf elsewhere). Every kernel computes in float32 and rounds once when it stores.
-A projection may come as split-K parts ``[S, rows, width]`` (float32 partial sums, from
+``[capacity, d]`` (``sin`` carries rotate_half's sign); the decode attention lives in
+:mod:`~miniverl.rollout.kernels.triton_attention`. Every kernel computes in float32 and rounds once
+when it stores. A projection may come as split-K parts ``[S, rows, width]`` (float32 partial sums, from
 :func:`~miniverl.rollout.kernels.triton_gemm.skinny_linear_partials`): the kernel that reads it
 sums the ``S`` parts in float32 first, so the reduction costs no launch of its own.
 Whether kernels are interpreted is fixed when they are decorated: triton's own (``tl.sum``) at
@@ -18,9 +18,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
-
-BLOCK_SLOTS = 64  # cache slots per inner tile of the attention (the decoder's SPAN_QUANTUM)
-TARGET_PROGRAMS = 256  # split the span until about this many attention programs run (about 2 per H200 SM)
 
 
 @triton.jit
@@ -177,194 +174,6 @@ def qk_norm_rope_cache_write(
 
 
 @triton.jit
-def _decode_attention_split_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    bias_ptr,
-    out_ptr,
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    stride_cache_row,
-    stride_cache_head,
-    stride_cache_slot,
-    stride_bias_row,
-    span,
-    num_splits,
-    HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT_SLOTS: tl.constexpr,
-    FINAL: tl.constexpr,
-):
-    """One (row, KV head, span split): the GROUP query heads of that KV head read its K/V tiles once.
-
-    ``SPLIT_SLOTS`` is a compile-time constant (one variant per span bucket, as the CUDA graphs are).
-    """
-    row = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    g = tl.arange(0, GROUP_P2)
-    d = tl.arange(0, BLOCK_D)
-    in_group = g < GROUP
-    in_head = d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_offsets = (row * HEADS + heads)[:, None] * HEAD_DIM + d[None, :]
-    q_mask = in_group[:, None] & in_head[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=q_mask, other=0.0).to(tl.float32)  # [G, D]
-    running_max = tl.full([GROUP_P2], float("-inf"), tl.float32)
-    running_sum = tl.zeros([GROUP_P2], tl.float32)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
-    start = split * SPLIT_SLOTS
-    end = tl.minimum(start + SPLIT_SLOTS, span)
-    cache = row * stride_cache_row + kv_head * stride_cache_head
-    for tile in range(0, SPLIT_SLOTS, BLOCK_N):  # the last split's tiles past the span are masked
-        n = start + tile + tl.arange(0, BLOCK_N)
-        in_span = n < end
-        kv_offsets = cache + n[:, None] * stride_cache_slot + d[None, :]
-        kv_mask = in_span[:, None] & in_head[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
-        bias = tl.load(bias_ptr + row * stride_bias_row + n, mask=in_span, other=float("-inf")).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) + bias[None, :]  # [G, N]
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        # a tile (or split) with every slot masked keeps max -inf: shift by 0 there, so exp gives 0, not nan
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        probs = tl.exp(scores - shift[:, None])
-        rescale = tl.exp(running_max - shift)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
-        acc = acc * rescale[:, None] + tl.sum(probs[:, :, None] * v[None, :, :], axis=1)
-        running_max = new_max
-    if FINAL:
-        out = acc / running_sum[:, None]
-        out_offsets = row * HEADS * HEAD_DIM + heads[:, None] * HEAD_DIM + d[None, :]
-        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
-    else:
-        part = (row * HEADS + heads) * num_splits + split  # [G]
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
-        tl.store(part_max_ptr + part, running_max, mask=in_group)
-        tl.store(part_sum_ptr + part, running_sum, mask=in_group)
-
-
-@triton.jit
-def _decode_attention_combine_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    num_splits,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-):
-    """One (row, query head): the splits' partial softmax sums rescaled to the global max and added."""
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-    s = tl.arange(0, SPLITS_P2)
-    d = tl.arange(0, BLOCK_D)
-    in_splits = s < num_splits
-    in_head = d < HEAD_DIM
-    part = (row * HEADS + head) * num_splits + s
-    maxes = tl.load(part_max_ptr + part, mask=in_splits, other=float("-inf"))
-    sums = tl.load(part_sum_ptr + part, mask=in_splits, other=0.0)
-    overall = tl.max(maxes, axis=0)
-    weights = tl.exp(maxes - tl.where(overall == float("-inf"), 0.0, overall))
-    acc = tl.load(
-        part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=in_splits[:, None] & in_head[None, :], other=0.0
-    )
-    out = tl.sum(weights[:, None] * acc, axis=0) / tl.sum(weights * sums, axis=0)
-    tl.store(out_ptr + (row * HEADS + head) * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=in_head)
-
-
-def default_split_slots(batch: int, kv_heads: int, span: int, block_n: int = BLOCK_SLOTS) -> int:
-    """Slots per split: the whole span when ``batch * kv_heads`` programs already fill the GPU, else
-    enough splits to reach about :data:`TARGET_PROGRAMS`, each a multiple of ``block_n``."""
-    splits = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
-    per_split = -(-span // splits)
-    return max(block_n, -(-per_split // block_n) * block_n)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    bias: torch.Tensor,
-    span: int,
-    *,
-    split_slots: int | None = None,
-    block_n: int = BLOCK_SLOTS,
-) -> torch.Tensor:
-    """Attention of ``q`` ``[B, h, 1, d]`` over cache slots ``0 .. span-1``: ``[B, 1, h * d]``.
-
-    ``bias`` ``[B, capacity]`` (0 / -inf) masks slots; each KV head serves ``h / kv`` query heads.
-    The span is cut into splits of ``split_slots`` slots (default :func:`default_split_slots`),
-    each reduced with a float32 online softmax, then combined (flash-decoding).
-    """
-    batch, heads, seq, head_dim = q.shape
-    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
-    if seq != 1 or heads % kv_heads or not q.is_contiguous():
-        raise ValueError(f"q must be a contiguous [B, h, 1, d] with h a multiple of {kv_heads} KV heads")
-    if not 0 < span <= capacity or bias.shape != (batch, capacity) or bias.stride(-1) != 1:
-        raise ValueError(f"span {span} must be in 1..{capacity} and bias [B, capacity] with contiguous slots")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
-        raise ValueError("k and v caches must share one layout with a contiguous last dim")
-    if triton.next_power_of_2(block_n) != block_n:
-        raise ValueError(f"block_n {block_n} must be a power of two")
-    group = heads // kv_heads
-    per_split = split_slots or default_split_slots(batch, kv_heads, span, block_n)
-    num_splits = -(-span // per_split)
-    out = torch.empty((batch, 1, heads * head_dim), dtype=q.dtype, device=q.device)
-    final = num_splits == 1
-    parts = 0 if final else batch * heads * num_splits
-    part_acc = torch.empty((parts, head_dim), dtype=torch.float32, device=q.device)
-    part_max = torch.empty((parts,), dtype=torch.float32, device=q.device)
-    part_sum = torch.empty((parts,), dtype=torch.float32, device=q.device)
-    block_d = triton.next_power_of_2(head_dim)
-    _decode_attention_split_kernel[(batch, kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        bias,
-        out,
-        part_acc,
-        part_max,
-        part_sum,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        bias.stride(0),
-        span,
-        num_splits,
-        HEADS=heads,
-        GROUP=group,
-        GROUP_P2=triton.next_power_of_2(group),
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        SPLIT_SLOTS=per_split,
-        FINAL=final,
-    )
-    if not final:
-        _decode_attention_combine_kernel[(batch, heads)](
-            out,
-            part_acc,
-            part_max,
-            part_sum,
-            num_splits,
-            HEADS=heads,
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            SPLITS_P2=triton.next_power_of_2(num_splits),
-        )
-    return out
-
-
-@triton.jit
 def _add_rms_norm_kernel(
     residual_ptr,
     update_ptr,
@@ -515,11 +324,4 @@ def silu_mul(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 INTERPRETED = isinstance(tl.sum, InterpretedFunction) and isinstance(_add_rms_norm_kernel, InterpretedFunction)
 
-__all__ = [
-    "INTERPRETED",
-    "add_rms_norm",
-    "decode_attention",
-    "default_split_slots",
-    "qk_norm_rope_cache_write",
-    "silu_mul",
-]
+__all__ = ["INTERPRETED", "add_rms_norm", "qk_norm_rope_cache_write", "silu_mul"]
