@@ -13,7 +13,8 @@ GRPO step paths (``prompts`` groups of ``samples`` completions of ``new_tokens``
   optimizer (:class:`~miniverl.training.update.Bf16MasterAdapter`; bf16 models only);
 * ``miniverl_lean``: the step as training builds it: ``adapter_precision`` auto (bf16 + fp32 masters on
   a bf16 model) through :class:`~miniverl.training.algorithms.base.TrainedParameters`, and with
-  ``--memory-budget-gib`` the memory plan's activation checkpointing and micro-batch;
+  ``--memory-budget-gib`` the memory plan's activation checkpointing, micro-batch and log-prob chunk
+  (``--memory-budget-gib trl``: under TRL's peak reserved as measured in the same run, its cell first);
 * ``miniverl_hf``: the same step with the transformers decode loop (``engine="hf"``);
 * ``trl``: TRL's ``GRPOTrainer`` on the same model shape and lengths when ``trl`` is importable,
   else recorded ``not_run`` with the reason (never ``passed``).
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import random
 import statistics
@@ -81,7 +83,9 @@ class GrpoBenchOptions:
     learning_rate: float = 1e-5
     activation_checkpointing: int = 0  # miniverl cells: recompute every n-th decoder layer in backward (0: off)
     seed: int = 0
-    memory_budget_gib: float | None = None  # miniverl_lean: the memory plan's budget (None: training's defaults)
+    #: miniverl_lean: the memory plan's budget in GiB, or "trl" (TRL's peak reserved measured in the same run);
+    #: None: training's defaults
+    memory_budget_gib: float | str | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -248,6 +252,7 @@ def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.de
     runtime = _runtime(loader, device, dtype_name, train_batch=rows, checkpointing=0)
     runtime.memory_plan = None
     if opts.memory_budget_gib is not None:
+        assert isinstance(opts.memory_budget_gib, float), "run_grpo_bench resolves 'trl' first"
         plan = choose_plan(
             DecoderDims.from_hf_config(runtime.student_config()),
             _lean_workload(opts, device, dtype_name, precision),
@@ -270,7 +275,6 @@ def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.de
 def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOptions, device: torch.device,
                        dtype_name: str, config: Any) -> float | None:  # fmt: skip
     """The memory plan's estimate for a miniverl cell, with the settings that cell ran (None: not miniverl's)."""
-    import dataclasses
 
     from miniverl.runtime.memory_plan import GIB as PLAN_GIB
     from miniverl.runtime.memory_plan import DecoderDims, estimate
@@ -474,6 +478,9 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     completion_tokens = opts.prompts * opts.samples * opts.new_tokens
     cells: list[dict[str, Any]] = []
     sections = [("update", p) for p in opts.update_paths] + [("step", p) for p in opts.paths]  # cheap ones first
+    if opts.memory_budget_gib == "trl" and "trl" in opts.paths:  # TRL's peak is the lean path's budget
+        sections.remove(("step", "trl"))
+        sections.insert(0, ("step", "trl"))
     progress.task("bench grpo", len(sections), "cells")
     for section, path in sections:
         progress.advance(len(cells), f"bench grpo, measuring {section} {path}")
@@ -485,15 +492,21 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
         elif path == "trl":
             cell.update(_trl_cell(loader, opts, device, dtype_name))
+        elif path == "miniverl_lean" and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:
+            cell.update(status="not_run", reason="--memory-budget-gib trl, and TRL's peak reserved was not measured")
         else:
             factory = _step_runner if section == "step" else _update_runner
             holder: Any = None
             run: Any = None
+            cell_opts = opts
+            if opts.memory_budget_gib == "trl":
+                cell_opts = dataclasses.replace(opts, memory_budget_gib=_trl_peak(cells))
+                cell["memory_budget_gib"], cell["memory_budget_from"] = cell_opts.memory_budget_gib, "trl"
             try:
-                run, holder = factory(path, loader, opts, device, dtype_name)
+                run, holder = factory(path, loader, cell_opts, device, dtype_name)
                 cell.update(measure(run, warmup=opts.warmup, repeats=opts.repeats, device=device))
                 cell["estimated_peak_gib"] = estimated_peak_gib(
-                    section, path, holder, opts, device, dtype_name, loader.config
+                    section, path, holder, cell_opts, device, dtype_name, loader.config
                 )
                 plan = getattr(holder, "memory_plan", None)
                 if plan is not None:
@@ -544,6 +557,14 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     return report
 
 
+def _trl_peak(cells: list[dict[str, Any]]) -> float | None:
+    """TRL's measured peak reserved GiB among the cells run so far (``None``: not measured)."""
+    for cell in cells:
+        if cell["path"] == "trl" and cell.get("status") == "measured" and cell.get("peak_reserved_gib"):
+            return float(cell["peak_reserved_gib"])
+    return None
+
+
 def _say_estimate(cell: dict[str, Any]) -> None:
     """One line per miniverl cell: the memory plan's estimate beside the measured peak (CUDA)."""
     estimated, measured = cell.get("estimated_peak_gib"), cell.get("peak_reserved_gib")
@@ -592,8 +613,13 @@ def validate_options(opts: GrpoBenchOptions) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     if opts.warmup < 0 or opts.activation_checkpointing < 0:
         raise UsageError("--warmup and --activation-checkpointing must be >= 0")
-    if opts.memory_budget_gib is not None and not opts.memory_budget_gib > 0:
-        raise UsageError(f"--memory-budget-gib must be > 0, got {opts.memory_budget_gib}")
+    budget = opts.memory_budget_gib
+    if isinstance(budget, str) and budget != "trl":
+        raise UsageError(f"--memory-budget-gib must be a number of GiB or 'trl', got {budget!r}")
+    if isinstance(budget, str) and "trl" not in opts.paths:
+        raise UsageError("--memory-budget-gib trl needs the trl path in --paths")
+    if isinstance(budget, float | int) and not budget > 0:
+        raise UsageError(f"--memory-budget-gib must be > 0, got {budget}")
     batch, length = opts.update_shape
     if batch < 1 or length < 4:
         raise UsageError(f"--update-shape {batch},{length}: give B >= 1 and T >= 4")

@@ -43,8 +43,19 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-budget-gib",
-        type=float,
+        type=memory_budget,
         default=None,
-        help="miniverl_lean: the memory plan's peak-reserved budget (checkpointing and micro-batch chosen to fit)",
+        help="miniverl_lean: the memory plan's peak-reserved budget in GiB (checkpointing, micro-batch and log-prob "
+        "chunk chosen to fit), or 'trl': TRL's peak reserved as measured in this run (its cell then runs first)",
     )
     parser.add_argument("--out", required=True, help="output directory")
+
+
+def memory_budget(text: str) -> float | str:
+    """``--memory-budget-gib``: a number of GiB > 0, or ``trl`` (TRL's measured peak)."""
+    if text == "trl":
+        return text
+    try:
+        return float(text)  # validate_options refuses one <= 0 (or nan), for every caller
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of GiB nor 'trl'") from None

@@ -130,6 +130,42 @@ def test_the_lean_path_runs_what_training_runs_under_the_memory_plan(tmp_path: P
     assert cell["estimated_peak_gib"] == pytest.approx(plan["memory_plan/estimated_peak_gib"])
 
 
+def test_a_budget_of_trl_runs_trl_first_and_plans_the_lean_path_under_its_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--memory-budget-gib trl``: TRL's cell runs first, and the lean cell's plan takes TRL's measured peak as
+    its budget; without a measured peak (here a stand-in TRL cell that could not measure) the lean cell is not
+    run, never run under some other budget."""
+    import miniverl.bench.grpo as grpo_bench
+
+    def stand_in_trl(peak: float | None) -> Any:
+        def cell(*_: Any) -> dict[str, Any]:
+            if peak is None:
+                return {"status": "not_run", "reason": "stand-in: no peak"}
+            return {
+                "status": "measured", "peak_reserved_gib": peak, "median_step_seconds": 1.0, "step_seconds": [1.0],
+                "first_call_seconds": 1.0, "spread_step_seconds": {"min": 1.0, "q1": 1.0, "q3": 1.0, "max": 1.0},
+            }  # fmt: skip
+
+        return cell
+
+    opts = GrpoBenchOptions(
+        model="tiny", device="cpu", dtype="bfloat16", prompts=2, samples=2, new_tokens=5, prompt_tokens=4,
+        rollout_batch=4, warmup=1, repeats=1, paths=("miniverl_lean", "trl"), update_paths=(),
+        memory_budget_gib="trl",
+    )  # fmt: skip
+    monkeypatch.setattr(grpo_bench, "_trl_cell", stand_in_trl(2e-4))
+    cells = run_grpo_bench(opts, tmp_path / "a")["cells"]
+    assert [c["path"] for c in cells] == ["trl", "miniverl_lean"]
+    lean = cells[1]
+    assert lean["status"] == "measured" and lean["memory_budget_from"] == "trl"
+    assert lean["memory_plan"]["memory_plan/budget_gib"] == pytest.approx(2e-4) == lean["memory_budget_gib"]
+
+    monkeypatch.setattr(grpo_bench, "_trl_cell", stand_in_trl(None))
+    cells = run_grpo_bench(opts, tmp_path / "b")["cells"]
+    assert cells[1]["status"] == "not_run" and "TRL's peak reserved was not measured" in cells[1]["reason"]
+
+
 def test_the_spread_goes_beside_every_median() -> None:
     from miniverl.bench.common import spread
 
@@ -149,6 +185,8 @@ def test_the_spread_goes_beside_every_median() -> None:
         (["--update-shape", "8,2"], "--update-shape 8,2"),
         (["--memory-budget-gib", "0"], "--memory-budget-gib must be > 0"),
         (["--memory-budget-gib", "nan"], "--memory-budget-gib must be > 0"),
+        (["--memory-budget-gib", "lots"], "'lots' is neither a number of GiB nor 'trl'"),
+        (["--memory-budget-gib", "trl", "--paths", "miniverl_lean"], "--memory-budget-gib trl needs the trl path"),
     ],
 )
 def test_bad_input_is_one_error_line(tmp_path: Path, argv: list[str], message: str) -> None:
