@@ -225,15 +225,33 @@ def default_rollout_dtype(model: Any, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def default_kernels(device: torch.device, compile_glue: bool) -> str:
+    """The decode step's kernels when the caller names none: the triton kernels on CUDA where triton can run
+    them (1.75x the torch step at batch 16 and 1.54x at batch 64 on the H200, Qwen3-0.6B shape), else torch's.
+    ``compile_glue`` is the other fusion of the same glue, so it keeps torch's kernels."""
+    if device.type != "cuda" or compile_glue:
+        return "torch"
+    return "triton" if triton_unavailable_reason(device) is None else "torch"
+
+
 def engine_for(
-    model: Any, device: torch.device, dtype: torch.dtype | None = None, *, compile_glue: bool = False
+    model: Any,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    *,
+    compile_glue: bool = False,
+    kernels: str | None = None,
 ) -> FastRolloutEngine:
-    """The engine cached for ``model`` (one per model object, kept while the model lives)."""
+    """The engine cached for ``model`` (one per model object, kept while the model lives); ``kernels``
+    ``None`` is :func:`default_kernels`."""
     device = _normalized(device)
     wanted = dtype or default_rollout_dtype(model, device)
+    chosen = kernels or default_kernels(device, compile_glue)
     engine = _ENGINES.get(model)
-    if engine is None or (engine.device, engine.dtype, engine.compile_glue) != (device, wanted, compile_glue):
-        engine = FastRolloutEngine(device=device, dtype=wanted, compile_glue=compile_glue)
+    if engine is None or (engine.device, engine.dtype, engine.compile_glue, engine.kernels) != (
+        device, wanted, compile_glue, chosen
+    ):  # fmt: skip
+        engine = FastRolloutEngine(device=device, dtype=wanted, compile_glue=compile_glue, kernels=chosen)
         _ENGINES[model] = engine
     return engine
 
@@ -246,4 +264,4 @@ def release_engines() -> None:
         torch._C._cuda_clearCublasWorkspaces()
 
 
-__all__ = ["EngineRow", "FastRolloutEngine", "engine_for", "release_engines", "unsupported_reason"]
+__all__ = ["EngineRow", "FastRolloutEngine", "default_kernels", "engine_for", "release_engines", "unsupported_reason"]

@@ -44,22 +44,28 @@ MIN_LOGPROB_CHUNK = 128  # the plan halves the configured log-prob chunk no furt
 
 @dataclass(frozen=True)
 class MemoryConstants:
-    """The estimator's stated constants (checked against the H200 by ``bench grpo``'s estimate column).
+    """The estimator's constants, fitted to five peaks measured on the H200 (2026-12-03, after the entropy fix):
+    SmolLM2 GRPO steps (the fast path, fp32 adapter: 6.89 GiB reserved, estimate 7.68; the lean path,
+    micro-batch 8, all layers checkpointed, chunk 128: 1.23, estimate 1.11) and Qwen3-0.6B updates, B = 8,
+    T = 512, bf16 masters (no checkpointing 10.06, estimate 9.98; every 4th layer 8.50, estimate 8.60; every
+    layer 3.81, estimate 4.45). ``bench grpo`` prints the estimate beside each measured peak.
 
-    Per token and decoder layer, the tensors autograd keeps, in hidden-size units: the two residual
-    inputs, the two RMSNorms (input, fp32 upcast counted twice, output), the attention output, the
-    SDPA output and o-proj output (12 in all); in intermediate-size units: gate, up, silu(gate) and
-    their product (4); q, k, v before and after RoPE (2 per projection width).
+    Per token and decoder layer, what autograd keeps, in hidden-size units (residual inputs, the norms'
+    inputs and outputs, attention and o-proj outputs), intermediate-size units (gate, up and their
+    products) and q/k/v-width units (before and after RoPE).
     """
 
-    hidden_copies: float = 12.0
-    intermediate_copies: float = 4.0
+    hidden_copies: float = 6.0
+    intermediate_copies: float = 3.0
     qkv_copies: float = 2.0
-    #: fp32 logits of one chunk, its log-softmax, exp and grad: on the H200 a GRPO step on SmolLM2 held 0.68 GiB
-    #: more with chunks of 1024 rows than of 256, 4.8 fp32 copies of the chunk's logits
-    logits_copies: float = 5.0
+    #: fp32 logits of one chunk, its log-softmax, exp and grad (SmolLM2 showed 4.8 from the difference between
+    #: chunks of 1024 and 256 rows, Qwen3's checkpointed update about 3)
+    logits_copies: float = 4.0
     #: backward of one decoder layer: the grads of its activations live beside them (one layer's worth)
     backward_layers: float = 1.0
+    #: cuBLAS's workspace per stream that ran a GEMM (32 MiB on Hopper), on the allocator: the training
+    #: stream, and with the fast engine its warm-up and graph-capture streams too
+    cublas_workspace: float = 32.0 * (1 << 20)
     #: CUDA caching allocator: reserved / allocated at peak (fragmentation, rounding to blocks): 1.15 on the
     #: H200's SmolLM2 GRPO step at 1.25 GiB allocated, 1.04-1.08 on Qwen3-0.6B updates of 3-10 GiB
     allocator_overhead: float = 1.15
@@ -155,10 +161,11 @@ class MemoryEstimate:
     logits_chunk: float
     overhead: float
     layer_backward: float = 0.0  # one layer recomputed (if checkpointed) and its activation grads
+    workspaces: float = 0.0  # cuBLAS's per-stream workspaces
 
     @property
     def resident(self) -> float:
-        return self.weights + self.adapter_optimizer + self.rollout_engine
+        return self.weights + self.adapter_optimizer + self.rollout_engine + self.workspaces
 
     @property
     def peak(self) -> float:
@@ -229,6 +236,7 @@ def estimate(
         logits_chunk=logits_chunk,
         overhead=constants.allocator_overhead,
         layer_backward=layer_backward,
+        workspaces=constants.cublas_workspace * (3 if work.fast_engine else 1),
     )
 
 

@@ -142,3 +142,15 @@ def test_capturing_many_spans_leaves_nothing_allocated_after_release() -> None:
     release_engines()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < 1 << 20
+
+
+def test_the_engine_a_rollout_gets_runs_the_triton_kernels_on_cuda() -> None:
+    pytest.importorskip("triton")
+    from miniverl.rollout.engine import default_kernels, engine_for
+
+    actor, tok = _actor()
+    assert default_kernels(CUDA, compile_glue=False) == "triton"
+    assert default_kernels(CUDA, compile_glue=True) == "torch"
+    assert engine_for(actor, CUDA).kernels == "triton"
+    trajectories = generate_group(actor, tok, PROMPTS, samples_per_prompt=2, max_new_tokens=12, temperature=0.0)
+    assert engine_for(actor, CUDA).stats.decode_steps > 0 and len(trajectories) == 4

@@ -209,3 +209,11 @@ def test_adapter_toggle_refolds_and_never_writes_into_the_model(tok: Any) -> Non
     assert shared[0] != shared[1]  # the adapter really changes the samples
     engine = engine_for(actor, torch.device("cpu"))
     assert engine.stats.folds == 1  # the fresh engine above
+
+
+def test_a_cpu_rollout_runs_torchs_kernels_whatever_triton_can_do() -> None:
+    """The triton kernels are the default on CUDA only (on CPU they run under the interpreter, a test tool)."""
+    from miniverl.rollout.engine import default_kernels
+
+    assert default_kernels(torch.device("cpu"), compile_glue=False) == "torch"
+    assert default_kernels(torch.device("cpu"), compile_glue=True) == "torch"
