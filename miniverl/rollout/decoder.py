@@ -142,7 +142,7 @@ _WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def warmup_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one side stream every capture's warm-up step runs on, per device.
+    """The one side stream every capture's warm-up step and capture run on, per device.
 
     cuBLAS keeps a workspace per (handle, stream) from the stream's first GEMM until the process
     clears them (32 MiB each on an H200): a fresh stream per captured span kept five of them, 0.16 GiB
@@ -391,7 +391,7 @@ class DecodeWorkspace:
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._reset_counters()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, stream=side):  # one stream: one cuBLAS workspace
                 self.step(span, spec)
             self.graphs[span] = graph
         return captured

@@ -64,7 +64,7 @@ class MemoryConstants:
     #: backward of one decoder layer: the grads of its activations live beside them (one layer's worth)
     backward_layers: float = 1.0
     #: cuBLAS's workspace per stream that ran a GEMM (32 MiB on Hopper), on the allocator: the training
-    #: stream, and with the fast engine its warm-up and graph-capture streams too
+    #: stream, and with the fast engine the one stream its graphs are warmed up and captured on
     cublas_workspace: float = 32.0 * (1 << 20)
     #: CUDA caching allocator: reserved / allocated at peak (fragmentation, rounding to blocks): 1.15 on the
     #: H200's SmolLM2 GRPO step at 1.25 GiB allocated, 1.04-1.08 on Qwen3-0.6B updates of 3-10 GiB
@@ -236,7 +236,7 @@ def estimate(
         logits_chunk=logits_chunk,
         overhead=constants.allocator_overhead,
         layer_backward=layer_backward,
-        workspaces=constants.cublas_workspace * (3 if work.fast_engine else 1),
+        workspaces=constants.cublas_workspace * (2 if work.fast_engine else 1),
     )
 
 
