@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # H200, 2026-12-03 (issue 21): the decode kernels (split-K GEMM, tensor-core attention), the GRPO step against TRL
 # under TRL's own peak memory, the update, the CUDA tests. Random weights built from each model's config (nothing
-# downloaded). Carry [".carry/perf"] (pydantic & co, trl 1.16.0, datasets, dill, multiprocess) in every call; two
-# calls, back to back:
+# downloaded). Carry [".carry/perf"] (pydantic & co, trl 1.16.0, datasets, dill, multiprocess) in every call:
 #   bash scripts/device/h200_perf_20261203.sh kernels-grpo   # kernel timings, decode ms/step by graph replay,
 #                                                            # bench grpo (SmolLM2 16 x 256) with the lean path's
 #                                                            # budget = TRL's measured peak
 #   bash scripts/device/h200_perf_20261203.sh tests-rollout  # CUDA tests (kernels compiled), bench rollout
-#                                                            # (Qwen3-0.6B + LoRA r16, batch 16 and 64), bench update
+#                                                            # (Qwen3-0.6B + LoRA r16, batch 16 and 64)
+#   bash scripts/device/h200_perf_20261203.sh grpo-update    # bench grpo again (final code), the lean path at
+#                                                            # 1.3 GiB too, bench update (Qwen3-0.6B, 8 x 512)
 # Every step has its own timeout and its log under $OUT; a failed step is reported and the next one runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -36,7 +37,8 @@ kernels-grpo)
     --update-paths "" --memory-budget-gib trl --out "$OUT/grpo-smollm2"
   grep -E "memory|^\| (step|miniverl|trl|GRPO)" "$OUT/grpo-smollm2.log" | cut -c1-220 | head -24 ;;
 tests-rollout)
-  step cuda-tests 220 python3 -m pytest -q -p no:cacheprovider tests/integration/test_rollout_cuda.py \
+  git -C . log -1 --format=%H 2>/dev/null | tee "$OUT/commit.txt"
+  step cuda-tests 240 python3 -m pytest -q -p no:cacheprovider tests/integration/test_rollout_cuda.py \
     tests/integration/test_reward_model_offload_cuda.py tests/integration/test_gpu_training.py \
     tests/integration/test_policy_digest.py tests/integration/test_memory_plan_training.py \
     tests/unit/test_rollout_kernels.py tests/unit/test_rollout_gemm_kernels.py \
@@ -45,7 +47,16 @@ tests-rollout)
   tail -4 "$OUT/cuda-tests.log"
   step rollout-qwen3 200 python3 -m miniverl bench rollout --model qwen3-0.6b-shape --device cuda --batches 16,64 \
     --new-tokens 256 --paths fast,fast_triton --repeats 5 --pair fast_triton,fast --pairs 5 --out "$OUT/rollout-qwen3"
-  tail -24 "$OUT/rollout-qwen3.log" | cut -c1-200
+  grep -E "^\| (fast|batch|decode|path)|ratio|met" "$OUT/rollout-qwen3.log" | cut -c1-200 | head -30 ;;
+grpo-update)
+  step grpo-smollm2 260 python3 -m miniverl bench grpo --model smollm2-shape --device cuda --prompts 2 --samples 8 \
+    --new-tokens 256 --rollout-batch 16 --warmup 1 --repeats 5 --paths miniverl_fast,miniverl_lean,trl \
+    --update-paths "" --memory-budget-gib trl --out "$OUT/grpo-smollm2"
+  grep -E "memory|^\| (step|miniverl|trl|GRPO)" "$OUT/grpo-smollm2.log" | cut -c1-220 | head -24
+  step grpo-smollm2-lean-1.3 90 python3 -m miniverl bench grpo --model smollm2-shape --device cuda --prompts 2 \
+    --samples 8 --new-tokens 256 --rollout-batch 16 --warmup 1 --repeats 5 --paths miniverl_lean --update-paths "" \
+    --memory-budget-gib 1.3 --out "$OUT/grpo-smollm2-lean-1.3"
+  grep -E "memory|^\| step" "$OUT/grpo-smollm2-lean-1.3.log" | cut -c1-220 | head -6
   step update-qwen3 90 python3 -m miniverl bench grpo --model qwen3-0.6b-shape --device cuda --paths "" \
     --update-paths naive_hf_peft,miniverl_update,miniverl_update_bf16 --update-shape 8,512 --warmup 1 --repeats 5 \
     --out "$OUT/update-qwen3"
@@ -53,5 +64,5 @@ tests-rollout)
     --update-paths naive_hf_peft,miniverl_update_bf16 --update-shape 8,512 --warmup 1 --repeats 5 \
     --activation-checkpointing 4 --out "$OUT/update-qwen3-ckpt4"
   grep -hE "memory:|^\| (naive|miniverl|update)" "$OUT"/update-qwen3*.log | cut -c1-200 | head -20 ;;
-*) echo "usage: $0 kernels-grpo | tests-rollout"; exit 2 ;;
+*) echo "usage: $0 kernels-grpo | tests-rollout | grpo-update"; exit 2 ;;
 esac
