@@ -107,7 +107,11 @@ class FastRolloutEngine:
         digest = policy_digest(tensors) if tensors is not None else None
         old = self.weights
         self.weights = fold_policy(model, device=self.device, dtype=self.dtype, into=old)
-        if old is None or self.weights.embed is not old.embed or self.weights.lm_head is not old.lm_head:
+        same = old is not None and all(
+            new.data_ptr() == was.data_ptr()
+            for new, was in ((self.weights.embed, old.embed), (self.weights.lm_head, old.lm_head))
+        )  # the embedding may be the model's own tensor, a new view of it on every fold
+        if not same:
             self.workspace = None  # new tensors: captured graphs would read the old ones
         self._fold_key = key
         self.fold_digest = digest

@@ -217,3 +217,25 @@ def test_a_cpu_rollout_runs_torchs_kernels_whatever_triton_can_do() -> None:
 
     assert default_kernels(torch.device("cpu"), compile_glue=False) == "torch"
     assert default_kernels(torch.device("cpu"), compile_glue=True) == "torch"
+
+
+def test_a_frozen_embedding_in_the_rollout_dtype_is_read_in_place_never_copied_nor_written(tok: Any) -> None:
+    """The fold shares a frozen, tied embedding that is already in the rollout dtype (0.29 GiB of Qwen3-0.6B's
+    bf16 copy); a refold after a step never writes into it; in another dtype it is a copy as before."""
+    from miniverl.rollout.weights import fold_policy
+
+    actor = _lora_actor(make_tiny_qwen3(tok, seed=2))
+    own = actor.get_base_model().model.embed_tokens.weight
+    before = own.detach().clone()
+    folded = fold_policy(actor, device=torch.device("cpu"), dtype=own.dtype)
+    assert folded.tied and folded.embed.data_ptr() == own.data_ptr() and folded.lm_head is folded.embed
+    qkv_before = folded.layers[0].qkv.clone()
+    with torch.no_grad():
+        for name, param in actor.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.5)
+    again = fold_policy(actor, device=torch.device("cpu"), dtype=own.dtype, into=folded)
+    assert again.embed.data_ptr() == own.data_ptr() and torch.equal(own, before)
+    assert not torch.equal(again.layers[0].qkv, qkv_before)  # the adapters' step did reach the folded layers
+    other = fold_policy(actor, device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert other.embed.data_ptr() != own.data_ptr() and torch.equal(other.embed, before.to(torch.bfloat16))
