@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from graph_timing import graph_seconds_per_call  # this folder: the scripts run as files
 
 CALLS = 20  # captured in one graph, each over its own cache
 
@@ -66,30 +66,9 @@ def tb_per_s(nbytes: int, microseconds: float) -> float:
     return nbytes / (microseconds * 1e-6) / 1e12
 
 
-def graph_us_per_call(calls: Sequence[Callable[[], object]], repeats: int, warmup: int = 3) -> float:
+def graph_us_per_call(calls: Sequence[Callable[[], object]], repeats: int) -> float:
     """Median over ``repeats`` replays of one CUDA graph of ``calls``, divided by their number (us)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # triton compiles, torch picks its kernels: outside the capture
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
+    return graph_seconds_per_call(calls, repeats) * 1e6
 
 
 def measure(

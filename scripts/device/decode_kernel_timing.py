@@ -34,6 +34,7 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graph_seconds_per_call  # this folder: the scripts run as files
 
 
 @dataclass(frozen=True)
@@ -130,28 +131,7 @@ def projections(shape: Shape, rows: int, device: torch.device, dtype: torch.dtyp
 
 def time_graph(fn: Callable[[], object], repeats: int) -> float:
     """Seconds per call: ``CALLS_PER_GRAPH`` calls captured in one CUDA graph, median of ``repeats`` replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):  # warm-up outside the capture: compiles, cuBLAS handles, workspaces
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000.0 / CALLS_PER_GRAPH)
-    return statistics.median(times)
+    return graph_seconds_per_call([fn] * CALLS_PER_GRAPH, repeats)
 
 
 def time_eager(fn: Callable[[], object], repeats: int) -> float:

@@ -83,26 +83,14 @@ def peak_breakdown(snapshot: dict[str, Any], baseline: int, top: int = 20) -> di
                 peak, peak_at = total, i
         elif action == "free_completed" and ev["addr"] in live:
             total -= live.pop(ev["addr"])[0]
-    live = {}
-    for i, ev in enumerate(trace[: peak_at + 1]):
-        action = ev.get("action")
-        if action == "alloc":
-            live[ev["addr"]] = (ev["size"], i)
-        elif action == "free_completed":
-            live.pop(ev["addr"], None)
-    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for size, index in live.values():
-        key = _frame_key(trace[index].get("frames", []))
-        groups[key][0] += size
-        groups[key][1] += 1
-    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    rows = _live_by_frame(trace, upto=peak_at, top=top)
     at = trace[peak_at]
     return {
         "baseline_allocated_gib": round(baseline / GIB, 3),
         "trace_peak_gib": round(peak / GIB, 3),
         "peak_total_gib": round((baseline + peak) / GIB, 3),
         "peak_event": _frame_key(at.get("frames", [])),
-        "live_at_peak": [{"where": k, "gib": round(v[0] / GIB, 4), "blocks": v[1]} for k, v in rows[:top]],
+        "live_at_peak": rows,
     }
 
 
@@ -318,7 +306,8 @@ def section_grpo() -> dict[str, Any]:
     return out
 
 
-def _live_by_frame(trace: list[dict[str, Any]], upto: int | None = None) -> list[dict[str, Any]]:
+def _live_by_frame(trace: list[dict[str, Any]], upto: int | None = None, top: int = 25) -> list[dict[str, Any]]:
+    """The blocks live after event ``upto`` (default: the end), summed by their allocating frame, largest first."""
     live: dict[int, tuple[int, int]] = {}
     for i, ev in enumerate(trace if upto is None else trace[: upto + 1]):
         if ev.get("action") == "alloc":
@@ -331,7 +320,7 @@ def _live_by_frame(trace: list[dict[str, Any]], upto: int | None = None) -> list
         groups[key][0] += size
         groups[key][1] += 1
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    return [{"where": k, "gib": round(v[0] / GIB, 4), "blocks": v[1]} for k, v in rows[:25]]
+    return [{"where": k, "gib": round(v[0] / GIB, 4), "blocks": v[1]} for k, v in rows[:top]]
 
 
 def lifecycle(build: Any, label: str) -> dict[str, Any]:
