@@ -97,7 +97,8 @@ def test_a_new_policy_version_reuses_the_captured_graphs() -> None:
                 param.mul_(1.5)
     after = generate_group(actor, tok, PROMPTS, policy_version=1, **kw)
     assert engine.stats.folds == 2 and engine.stats.captures == captures
-    eager = FastRolloutEngine(device=CUDA, dtype=torch.bfloat16, use_graphs=False)
+    # the same kernels as the rollout's engine (triton's on CUDA where it runs): only the graphs differ
+    eager = FastRolloutEngine(device=CUDA, dtype=torch.bfloat16, use_graphs=False, kernels=engine.kernels)
     eager.sync_policy(actor, 1)
     rows = [EngineRow(t.prompt_token_ids, t.seed) for t in after]
     expected = eager.generate(rows, batch_size=4, max_new_tokens=16, spec=SamplingSpec(1.0, 1.0, 0, (4,)), pad_id=1)

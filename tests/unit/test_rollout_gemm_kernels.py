@@ -124,7 +124,8 @@ def test_fp32_parts_sum_to_the_product(gemm: ModuleType, rows: int, depth: int, 
     assert parts.shape == (plan.split_k, rows, cols) and parts.dtype == torch.float32
     if split_k is not None:
         assert plan.split_k == split_k
-    torch.testing.assert_close(parts.sum(0), (x @ weight.T), atol=1e-5, rtol=1e-5)
+    # against float64, not against x @ weight.T: cuBLAS's own float32 sums differ from these by up to 1.3e-5 at
+    # K = 600 (seen on the H200), both well inside the bound
     _assert_accumulated(parts.double().sum(0), x, weight)
     first = torch.arange(depth, device=DEVICE) < plan.slice_k  # part 0 is the first K-slice alone
     _assert_accumulated(parts[0].double(), x[:, first], weight[:, first])
