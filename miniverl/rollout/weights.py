@@ -124,9 +124,13 @@ def policy_digest(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torc
     return h.hexdigest()
 
 
+def _is_nf4(weight: torch.Tensor) -> bool:
+    return type(weight).__name__ == "Params4bit"
+
+
 def _plain_weight(module: Any) -> torch.Tensor:
     weight = module.weight
-    if type(weight).__name__ == "Params4bit":
+    if _is_nf4(weight):
         import bitsandbytes.functional as bnbf
 
         return bnbf.dequantize_4bit(weight.data, weight.quant_state).float()
@@ -211,7 +215,7 @@ def fold_policy(
     old_layers: list[LayerWeights | None] = list(into.layers) if into is not None else [None] * shape.layers
     embed = _frozen_as_is(embed_module, device, dtype)
     if embed is None:
-        own = getattr(getattr(embed_module, "base_layer", embed_module), "weight", None)
+        own = _stored_weight(embed_module)
         aliased = into is not None and own is not None and into.embed.data_ptr() == own.data_ptr()
         previous = into.embed if into is not None and not aliased else None  # never refill the model's own tensor
         embed = _put(previous, effective_weight(embed_module), device, dtype)
@@ -263,8 +267,9 @@ def fold_policy(
     return RolloutWeights(shape, embed, layers, final_norm, lm_head, inv_freq, tied=tied)
 
 
-def _frozen_weight(module: Any) -> torch.Tensor | None:
-    return None if _has_adapter(module) else getattr(module, "weight", None)
+def _stored_weight(module: Any) -> torch.Tensor | None:
+    """The module's own weight tensor (under a PEFT wrapper, its base layer's)."""
+    return getattr(getattr(module, "base_layer", module), "weight", None)
 
 
 def _frozen_as_is(module: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
@@ -272,8 +277,8 @@ def _frozen_as_is(module: Any, device: torch.device, dtype: torch.dtype) -> torc
     (same dtype and device, a plain tensor): no folded copy of it then. Only the embedding (and a
     tied LM head) qualify, and they are frozen, so the rollout never writes through it (a refill skips
     it); 0.29 GiB of Qwen3-0.6B's bf16 rollout copy, 0.05 GiB of SmolLM2's."""
-    weight = _frozen_weight(module)
-    if weight is None or type(weight).__name__ == "Params4bit" or weight.dtype != dtype or weight.device != device:
+    weight = None if _has_adapter(module) else _stored_weight(module)
+    if weight is None or _is_nf4(weight) or weight.dtype != dtype or weight.device != device:
         return None
     return weight.detach()
 

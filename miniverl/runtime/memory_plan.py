@@ -10,8 +10,8 @@ of the update). Without a budget nothing is chosen here.
 
 Peak (bytes) = ``allocator_overhead`` x max(rollout phase, update phase), where both phases hold
 the *resident* part: the base weights (student, plus each separately loaded frozen or critic
-model), the adapter with its grads and AdamW state (fp32, or bf16 + fp32 masters), and with the
-fast engine its folded rollout copy and static KV cache; then
+model), the adapter with its grads and AdamW state (fp32, or bf16 + fp32 masters), cuBLAS's
+per-stream workspaces, and with the fast engine its folded rollout copy and static KV cache; then
 
 * rollout phase (HF engine only; the fast engine's cache is resident): the KV cache and logits of one
   rollout batch;
@@ -45,8 +45,8 @@ MIN_LOGPROB_CHUNK = 128  # the plan halves the configured log-prob chunk no furt
 @dataclass(frozen=True)
 class MemoryConstants:
     """The estimator's constants, fitted to five peaks measured on the H200 (2026-12-03, after the entropy fix):
-    SmolLM2 GRPO steps (the fast path, fp32 adapter: 6.89 GiB reserved, estimate 7.68; the lean path,
-    micro-batch 8, all layers checkpointed, chunk 128: 1.23, estimate 1.11) and Qwen3-0.6B updates, B = 8,
+    SmolLM2 GRPO steps (the fast path, fp32 adapter: 6.89 GiB reserved, estimate 7.64; the lean path,
+    micro-batch 8, all layers checkpointed, chunk 128: 1.23, estimate 1.08) and Qwen3-0.6B updates, B = 8,
     T = 512, bf16 masters (no checkpointing 10.06, estimate 9.98; every 4th layer 8.50, estimate 8.60; every
     layer 3.81, estimate 4.45). ``bench grpo`` prints the estimate beside each measured peak.
 
@@ -288,7 +288,8 @@ class MemoryPlan:
             f"{self.logprob_chunk} rows; estimated peak "
             f"{e.peak / GIB:.2f} GiB of budget {self.budget_bytes / GIB:.2f} GiB, {verdict} (weights "
             f"{e.weights / GIB:.2f}, adapter+optimizer {e.adapter_optimizer / GIB:.2f}, rollout engine "
-            f"{e.rollout_engine / GIB:.2f}, activations {e.activations / GIB:.2f}, logits chunk "
+            f"{e.rollout_engine / GIB:.2f}, cuBLAS workspaces {e.workspaces / GIB:.2f}, activations "
+            f"{e.activations / GIB:.2f}, one layer's backward {e.layer_backward / GIB:.2f}, logits chunk "
             f"{e.logits_chunk / GIB:.2f}); chose {', '.join(self.chosen) or 'nothing (all given)'}"
         )
 

@@ -3,8 +3,8 @@
 With ``memory.max_peak_reserved_gib`` set, :func:`plan_memory` chooses what the config leaves
 ``auto`` (``train.activation_checkpointing``, ``train.trajectory_batch_size``) and the log-prob chunk
 (at most ``train.logprob_chunk_size``) from :func:`miniverl.runtime.memory_plan.choose_plan`, and applies
-them to the runtime and the run's config. Without a budget it
-returns ``None`` and nothing changes (``activation_checkpointing: auto`` is then off).
+them to the runtime and the run's config. Without a budget it returns ``None`` and nothing changes
+(``activation_checkpointing: auto`` is then off).
 """
 
 from __future__ import annotations

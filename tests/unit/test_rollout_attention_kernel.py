@@ -6,30 +6,21 @@ kernels``). On a CUDA machine without ``TRITON_INTERPRET=1`` it runs compiled on
 shapes: head_dim 16 and 32, capacity 48, GQA ratios 1, 2, 4 and 8, batch 1 and 3, masked slots
 (left padding, a hole, a split with every slot masked), span < capacity, the span split several
 ways. fp32 must agree within 1e-5; bf16 must be no further from a float64 evaluation than the
-decoder's own bf16 maths is, plus two bf16 ulps (:func:`tests.helpers.kernel_bounds.assert_close_to_decoder`).
+decoder's own bf16 maths is, plus two bf16 ulps (:func:`tests.helpers.kernel_cases.assert_close_to_decoder`).
 """
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (nox -s kernels)")
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "on CPU the kernels run under triton's interpreter: TRITON_INTERPRET=1 pytest "
-        "tests/unit/test_rollout_attention_kernel.py (nox -s kernels)",
-        allow_module_level=True,
-    )
+from miniverl.rollout import decoder
+from tests.helpers.kernel_cases import assert_close_to_decoder, kernel_device
 
-from miniverl.rollout import decoder  # noqa: E402
-from tests.helpers.kernel_bounds import assert_close_to_decoder  # noqa: E402
+DEVICE = kernel_device("tests/unit/test_rollout_attention_kernel.py")
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 CAPACITY, BLOCK_N = 48, 16
 GQA = [(4, 4), (4, 2), (8, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 2, 4, 8
 SPLITS = [(41, None), (41, 16), (41, 32), (48, 48), (33, 16), (40, 24)]  # (span, slots per split)

@@ -10,35 +10,38 @@ no further from float64 than torch's own bf16 maths, plus two bf16 ulps.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (nox -s kernels)")
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "on CPU the kernels run under triton's interpreter: TRITON_INTERPRET=1 pytest "
-        "tests/unit/test_rollout_gemm_kernels.py (nox -s kernels)",
-        allow_module_level=True,
-    )
-
-import torch.nn.functional as F  # noqa: E402
-
-from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer  # noqa: E402
-from tests.unit.test_rollout_kernels import (  # noqa: E402
+from tests.helpers.kernel_cases import (
     CAPACITY,
-    DEVICE,
     EPS,
     HEAD_DIM,
-    _assert_close,
-    _norm_rope_reference,
-    _rand,
-    _rope_tables,
+    kernel_device,
+    norm_rope_reference,
+    rand,
+    rope_tables,
 )
+from tests.helpers.kernel_cases import assert_close_to_decoder as _assert_close
+from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer
+
+DEVICE = kernel_device("tests/unit/test_rollout_gemm_kernels.py")
+ON_GPU = DEVICE.type == "cuda"
+
+
+def _rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return rand(*shape, seed=seed, device=DEVICE, dtype=dtype)
+
+
+def _rope_tables(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope_tables(dtype, DEVICE)
+
+
+_norm_rope_reference = norm_rope_reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

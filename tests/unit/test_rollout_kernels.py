@@ -5,36 +5,28 @@ imported: ``TRITON_INTERPRET=1 pytest tests/unit/test_rollout_kernels.py`` (``no
 On a CUDA machine without ``TRITON_INTERPRET=1`` they run compiled on the GPU. Tiny shapes:
 head_dim 16, capacity 48, GQA ratios 1, 2 and 4, rows at different positions and slots. fp32 must
 agree within 1e-5; bf16 must be no further from a float64 evaluation than the decoder's own bf16
-maths is, plus two bf16 ulps (:func:`tests.helpers.kernel_bounds.assert_close_to_decoder`). The
+maths is, plus two bf16 ulps (:func:`tests.helpers.kernel_cases.assert_close_to_decoder`). The
 decode attention kernel's own tests are in ``test_rollout_attention_kernel.py``; the whole decode
 through the engine, here, runs it too.
 """
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (nox -s kernels)")
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "on CPU the kernels run under triton's interpreter: TRITON_INTERPRET=1 pytest "
-        "tests/unit/test_rollout_kernels.py (nox -s kernels)",
-        allow_module_level=True,
-    )
+from miniverl.errors import UsageError
+from miniverl.rollout import decoder
+from tests.helpers.kernel_cases import CAPACITY, EPS, HEAD_DIM, kernel_device, norm_rope_reference, rand, rope_tables
+from tests.helpers.kernel_cases import assert_close_to_decoder as _assert_close
+from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer
 
-from miniverl.errors import UsageError  # noqa: E402
-from miniverl.rollout import decoder  # noqa: E402
-from tests.helpers.kernel_bounds import assert_close_to_decoder as _assert_close  # noqa: E402
-from tests.helpers.tiny import make_tiny_llama, make_tiny_qwen3, make_tiny_tokenizer  # noqa: E402
+DEVICE = kernel_device("tests/unit/test_rollout_kernels.py")
+ON_GPU = DEVICE.type == "cuda"
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-HEAD_DIM, CAPACITY, EPS = 16, 48, 1e-6
 GQA = [(4, 4), (4, 2), (8, 2)]  # (query heads, KV heads): ratios 1, 2, 4
 
 
@@ -50,38 +42,14 @@ def ops() -> ModuleType:
 
 
 def _rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+    return rand(*shape, seed=seed, device=DEVICE, dtype=dtype)
 
 
 def _rope_tables(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM))
-    emb = torch.outer(torch.arange(CAPACITY, dtype=torch.float64), inv_freq)
-    emb = torch.cat((emb, emb), dim=-1)
-    half = HEAD_DIM // 2
-    signed = torch.cat((-emb[:, :half], emb[:, half:]), dim=-1)
-    return emb.cos().to(DEVICE, dtype), signed.sin().to(DEVICE, dtype)
+    return rope_tables(dtype, DEVICE)
 
 
-# -- RMSNorm + RoPE + KV-cache write ---------------------------------------------------------------
-def _norm_rope_reference(
-    mixed: torch.Tensor,
-    qk_norm: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    slots: torch.Tensor,
-    caches: tuple[torch.Tensor, torch.Tensor],
-    heads: int,
-    kv: int,
-) -> torch.Tensor:
-    q, k, v = decoder.qk_norm_rope(
-        mixed, qk_norm, cos[positions][:, None, None], sin[positions][:, None, None], EPS, heads, kv
-    )
-    for row, slot in enumerate(slots.tolist()):
-        caches[0][row, :, slot] = k[row, :, 0]
-        caches[1][row, :, slot] = v[row, :, 0]
-    return q
+_norm_rope_reference = norm_rope_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
