@@ -260,7 +260,11 @@ def _lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.de
             activation_checkpointing="auto",
             trajectory_batch_size="auto",
         )
-        runtime.apply_memory_plan(activation_checkpointing=plan.activation_checkpointing, max_tokens=plan.max_tokens)
+        runtime.apply_memory_plan(
+            activation_checkpointing=plan.activation_checkpointing,
+            max_tokens=plan.max_tokens,
+            release_rollout_engine=plan.release_rollout,
+        )
         runtime.bench_config.train.trajectory_batch_size = "auto"
         runtime.bench_config.train.logprob_chunk_size = plan.logprob_chunk
         runtime.memory_plan = plan

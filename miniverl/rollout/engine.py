@@ -260,6 +260,27 @@ def engine_for(
     return engine
 
 
+def release_engine(model: Any) -> bool:
+    """Drop ``model``'s cached engine (its folded copy, static KV cache and captured graphs) and give their
+    device memory back, so that the update after a rollout has the room (the memory plan's
+    ``release_rollout``); the next rollout folds and captures afresh. Returns whether there was one.
+
+    On CUDA the graphs' private pool only leaves the caching allocator on ``empty_cache``, and cuBLAS's
+    per-stream workspaces on clearing them, so both happen here; the workspaces only when no other engine
+    is left on CUDA, since every engine's graphs were captured on the one warm-up stream and use its
+    workspace."""
+    engine = _ENGINES.pop(model, None)
+    if engine is None:
+        return False
+    cuda = engine.device.type == "cuda"
+    del engine
+    if cuda:
+        if not any(other.device.type == "cuda" for other in _ENGINES.values()):
+            torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+    return True
+
+
 def release_engines() -> None:
     """Drop every cached rollout copy and workspace (frees their device memory), and the cuBLAS
     workspaces their GEMMs kept per stream (returned to the caching allocator)."""
@@ -268,4 +289,12 @@ def release_engines() -> None:
         torch._C._cuda_clearCublasWorkspaces()
 
 
-__all__ = ["EngineRow", "FastRolloutEngine", "default_kernels", "engine_for", "release_engines", "unsupported_reason"]
+__all__ = [
+    "EngineRow",
+    "FastRolloutEngine",
+    "default_kernels",
+    "engine_for",
+    "release_engine",
+    "release_engines",
+    "unsupported_reason",
+]

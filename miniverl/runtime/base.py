@@ -100,8 +100,12 @@ class RoleRuntime(Protocol):
     def student_config(self) -> Any:
         """The student's HF model config (the memory plan reads its shape)."""
 
-    def apply_memory_plan(self, *, activation_checkpointing: int, max_tokens: int | None) -> None:
-        """Checkpoint every n-th student layer (0: as built); set the ``auto`` per-forward token budget."""
+    def apply_memory_plan(
+        self, *, activation_checkpointing: int, max_tokens: int | None, release_rollout_engine: bool = False
+    ) -> None:
+        """Checkpoint every n-th student layer (0: as built); set the ``auto`` per-forward token budget;
+        with ``release_rollout_engine``, every :meth:`generation_model` block gives the fast rollout
+        engine's memory (folded copy, KV cache, graphs) back when it ends."""
 
     @property
     def value_head(self) -> torch.nn.Linear:

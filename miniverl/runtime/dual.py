@@ -30,7 +30,7 @@ from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
-from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, save_peft_adapter
+from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, release_rollout_engine, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
     BaseLoader,
@@ -66,6 +66,8 @@ class DualModelRuntime(CriticRole):
         self._device = torch.device(device)
         dtype = DTYPES[models.dtype]
         self.auto = auto or AutoPolicy.for_device(self._device, dtype)
+        #: the memory plan's ``release_rollout``: leaving :meth:`generation_model` drops the fast engine's copy
+        self.release_rollout_engine = False
         settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
         student_base = load(models.student, settings)
         disable_cpu_weight_repack(student_base.model)
@@ -203,6 +205,8 @@ class DualModelRuntime(CriticRole):
             yield self._student
         finally:
             self._student.train(was_training)
+            if self.release_rollout_engine:
+                release_rollout_engine(self._student)
 
     def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         for name, param in self._student.named_parameters():
@@ -216,9 +220,13 @@ class DualModelRuntime(CriticRole):
         """The student's HF model config (the memory plan reads its shape)."""
         return inner_causal_lm(self._student).config
 
-    def apply_memory_plan(self, *, activation_checkpointing: int, max_tokens: int | None) -> None:
+    def apply_memory_plan(
+        self, *, activation_checkpointing: int, max_tokens: int | None, release_rollout_engine: bool = False
+    ) -> None:
         """What a memory plan chose: checkpoint every n-th student layer (0: leave as built); the
-        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it)."""
+        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it); whether every
+        rollout gives the fast engine's memory back when it ends."""
+        self.release_rollout_engine = release_rollout_engine
         if activation_checkpointing:
             enable_activation_checkpointing(self._student, activation_checkpointing)
         if max_tokens is not None:

@@ -98,6 +98,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def release_rollout_engine(model: Any) -> None:
+    """Drop the fast rollout engine cached for ``model`` and give its device memory back
+    (:func:`miniverl.rollout.engine.release_engine`)."""
+    from miniverl.rollout.engine import release_engine
+
+    release_engine(model)
+
+
 def release_device_memory(device: torch.device) -> None:
     """On CUDA: collect reference cycles and return cached blocks (teardown back to baseline).
 

@@ -6,7 +6,10 @@ auto`` takes the least recomputation and ``train.trajectory_batch_size: auto`` t
 micro-batch whose estimated peak fits the budget, and the log-prob chunk (``train.logprob_chunk_size``
 is then the largest chunk the plan may use: it halves it, down to :data:`MIN_LOGPROB_CHUNK` rows, before
 it recomputes more layers, since a smaller chunk costs a few more launches and recomputation a third
-of the update). Without a budget nothing is chosen here.
+of the update). With the fast engine it also chooses whether the engine stays resident between
+rollouts or is released after each one (``release_rollout``): released when that buys a larger
+micro-batch, since a fold and a graph capture per rollout cost less than another forward and backward
+through every layer. Without a budget nothing is chosen here.
 
 Peak (bytes) = ``allocator_overhead`` x max(rollout phase, update phase), where both phases hold
 the *resident* part: the base weights (student, plus each separately loaded frozen or critic
@@ -14,7 +17,8 @@ model), the adapter with its grads and AdamW state (fp32, or bf16 + fp32 masters
 per-stream workspaces, and with the fast engine its folded rollout copy and static KV cache; then
 
 * rollout phase (HF engine only; the fast engine's cache is resident): the KV cache and logits of one
-  rollout batch;
+  rollout batch; with ``release_rollout`` the fast engine's copy and cache are this phase's instead of
+  resident;
 * update phase: the kept activations ``tokens x [(L - c) x full + c x hidden x act_bytes]`` for
   ``c`` checkpointed layers of ``L``, ``tokens = rows x row_tokens`` of one micro-batch, plus the
   larger of two moments that never overlap: the log-prob chunks' backward (one chunk of fp32 logits
@@ -162,15 +166,18 @@ class MemoryEstimate:
     overhead: float
     layer_backward: float = 0.0  # one layer recomputed (if checkpointed) and its activation grads
     workspaces: float = 0.0  # cuBLAS's per-stream workspaces
+    rollout_released: bool = False  # the fast engine is dropped after each rollout: not resident in the update
 
     @property
     def resident(self) -> float:
-        return self.weights + self.adapter_optimizer + self.rollout_engine + self.workspaces
+        engine = 0.0 if self.rollout_released else self.rollout_engine
+        return self.weights + self.adapter_optimizer + engine + self.workspaces
 
     @property
     def peak(self) -> float:
+        rollout = self.rollout_phase + (self.rollout_engine if self.rollout_released else 0.0)
         update = self.activations + max(self.logits_chunk, self.layer_backward)
-        return self.overhead * (self.resident + max(self.rollout_phase, update))
+        return self.overhead * (self.resident + max(rollout, update))
 
 
 def kv_cache_bytes(dims: DecoderDims, rows: int, capacity: int, element_bytes: float) -> float:
@@ -197,12 +204,16 @@ def estimate(
     micro_rows: int,
     checkpointed_layers: int,
     logprob_chunk: int | None = None,
+    release_rollout: bool = False,
     constants: MemoryConstants = MemoryConstants(),
 ) -> MemoryEstimate:
     """The estimated peak of one cycle with ``micro_rows`` rows per forward and ``checkpointed_layers``
-    (log-prob chunks of ``logprob_chunk`` rows; default the workload's)."""
+    (log-prob chunks of ``logprob_chunk`` rows; default the workload's); ``release_rollout``: the fast
+    engine is released after each rollout."""
     if not 0 <= checkpointed_layers <= dims.layers or micro_rows < 1:
         raise ValueError("checkpointed_layers must be in [0, layers] and micro_rows >= 1")
+    if release_rollout and not work.fast_engine:
+        raise ValueError("release_rollout needs the fast engine: the HF engine keeps nothing between rollouts")
     element = DTYPE_BYTES[work.dtype]
     per_base = NF4_BYTES_PER_PARAM if work.quantized else element
     weights = dims.base_params() * (per_base + element * work.extra_models)
@@ -237,6 +248,7 @@ def estimate(
         overhead=constants.allocator_overhead,
         layer_backward=layer_backward,
         workspaces=constants.cublas_workspace * (2 if work.fast_engine else 1),
+        rollout_released=release_rollout,
     )
 
 
@@ -265,6 +277,7 @@ class MemoryPlan:
     layers: int
     chosen: tuple[str, ...] = field(default=())  # which settings the plan chose (the rest were given)
     logprob_chunk: int = 1024  # rows of one log-prob chunk (the configured one, or a half of it the plan chose)
+    release_rollout: bool = False  # the fast engine gives its memory back after every rollout
 
     @property
     def fits(self) -> bool:
@@ -283,12 +296,13 @@ class MemoryPlan:
             else "no activation checkpointing"
         )
         verdict = "fits" if self.fits else "DOES NOT FIT (the run's peak check still applies)"
+        engine = "released after each rollout" if self.release_rollout else "resident"
         return (
             f"{ckpt}, micro-batch {self.micro_rows} row(s) x {self.row_tokens} tokens, log-prob chunk "
             f"{self.logprob_chunk} rows; estimated peak "
             f"{e.peak / GIB:.2f} GiB of budget {self.budget_bytes / GIB:.2f} GiB, {verdict} (weights "
             f"{e.weights / GIB:.2f}, adapter+optimizer {e.adapter_optimizer / GIB:.2f}, rollout engine "
-            f"{e.rollout_engine / GIB:.2f}, cuBLAS workspaces {e.workspaces / GIB:.2f}, activations "
+            f"{e.rollout_engine / GIB:.2f} {engine}, cuBLAS workspaces {e.workspaces / GIB:.2f}, activations "
             f"{e.activations / GIB:.2f}, one layer's backward {e.layer_backward / GIB:.2f}, logits chunk "
             f"{e.logits_chunk / GIB:.2f}); chose {', '.join(self.chosen) or 'nothing (all given)'}"
         )
@@ -299,6 +313,7 @@ class MemoryPlan:
             "memory_plan/checkpointed_layers": float(self.checkpointed_layers),
             "memory_plan/micro_rows": float(self.micro_rows),
             "memory_plan/logprob_chunk": float(self.logprob_chunk),
+            "memory_plan/release_rollout": float(self.release_rollout),
             "memory_plan/estimated_peak_gib": self.estimate.peak / GIB,
             "memory_plan/budget_gib": self.budget_bytes / GIB,
             "memory_plan/fits": float(self.fits),
@@ -328,7 +343,9 @@ def choose_plan(
     :func:`logprob_chunk_options` (largest first), and micro-batches of 1 .. ``update_rows`` rows: if
     some pair fits the whole step in one micro-batch, the first that does (least recomputation, then
     the largest chunk); else the pair that fits the largest micro-batch (ties: less recomputation,
-    then a larger chunk). If nothing fits, the most frugal plan, marked as not fitting.
+    then a larger chunk). That search runs with the fast engine resident; if it falls short of one
+    micro-batch, it runs again with the engine released after each rollout, which wins when it fits
+    more rows. If nothing fits, the most frugal plan, marked as not fitting.
     """
     budget = budget_gib * GIB
     if activation_checkpointing == "auto":
@@ -342,43 +359,63 @@ def choose_plan(
         row_choices = [int(trajectory_batch_size)]
     chunks = logprob_chunk_options(work.logprob_chunk)
 
-    def peak(option: tuple[int, int], rows: int, chunk: int) -> MemoryEstimate:
+    def peak(option: tuple[int, int], rows: int, chunk: int, release: bool) -> MemoryEstimate:
         return estimate(
-            dims, work, micro_rows=rows, checkpointed_layers=option[1], logprob_chunk=chunk, constants=constants
+            dims,
+            work,
+            micro_rows=rows,
+            checkpointed_layers=option[1],
+            logprob_chunk=chunk,
+            release_rollout=release,
+            constants=constants,
         )
 
-    best: tuple[int, tuple[int, int], int] | None = None  # (rows, option, chunk)
-    for option in options:
-        for chunk in chunks:
-            fitting = [r for r in row_choices if peak(option, r, chunk).peak <= budget]
-            if not fitting:
-                continue
-            rows = max(fitting)
-            if best is None or rows > best[0]:
-                best = (rows, option, chunk)
-            if rows == max(row_choices):
-                break
-        if best is not None and best[0] == max(row_choices):
-            break
+    def search(release: bool) -> tuple[int, tuple[int, int], int] | None:
+        """(rows, option, chunk) of the best fitting plan, or None."""
+        best: tuple[int, tuple[int, int], int] | None = None
+        for option in options:
+            for chunk in chunks:
+                fitting = [r for r in row_choices if peak(option, r, chunk, release).peak <= budget]
+                if not fitting:
+                    continue
+                rows = max(fitting)
+                if best is None or rows > best[0]:
+                    best = (rows, option, chunk)
+                if rows == max(row_choices):
+                    return best
+        return best
+
+    release = False
+    best = search(release=False)
+    if work.fast_engine and (best is None or best[0] < max(row_choices)):
+        released = search(release=True)
+        if released is not None and (best is None or released[0] > best[0]):
+            best, release = released, True
     if best is None:  # nothing fits: the least memory the given/auto settings allow
+        release = work.fast_engine
         best = (min(row_choices), max(options, key=lambda o: o[1]), chunks[-1])
     rows, (every, count), chunk = best
-    chosen = tuple(
-        name
-        for name, value in (
-            ("activation_checkpointing", activation_checkpointing),
-            ("micro-batch", trajectory_batch_size),
+    chosen = (
+        tuple(
+            name
+            for name, value in (
+                ("activation_checkpointing", activation_checkpointing),
+                ("micro-batch", trajectory_batch_size),
+            )
+            if value == "auto"
         )
-        if value == "auto"
-    ) + (("log-prob chunk",) if chunk != work.logprob_chunk else ())
+        + (("log-prob chunk",) if chunk != work.logprob_chunk else ())
+        + (("rollout release",) if release else ())
+    )
     return MemoryPlan(
         budget_bytes=budget,
         activation_checkpointing=every,
         checkpointed_layers=count,
         micro_rows=rows,
         row_tokens=work.row_tokens,
-        estimate=peak((every, count), rows, chunk),
+        estimate=peak((every, count), rows, chunk, release),
         layers=dims.layers,
         chosen=chosen,
         logprob_chunk=chunk,
+        release_rollout=release,
     )

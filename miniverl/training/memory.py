@@ -2,8 +2,9 @@
 
 With ``memory.max_peak_reserved_gib`` set, :func:`plan_memory` chooses what the config leaves
 ``auto`` (``train.activation_checkpointing``, ``train.trajectory_batch_size``) and the log-prob chunk
-(at most ``train.logprob_chunk_size``) from :func:`miniverl.runtime.memory_plan.choose_plan`, and applies
-them to the runtime and the run's config. Without a budget it returns ``None`` and nothing changes
+(at most ``train.logprob_chunk_size``) and whether the fast rollout engine is released after each
+rollout from :func:`miniverl.runtime.memory_plan.choose_plan`, and applies them to the runtime and the
+run's config. Without a budget it returns ``None`` and nothing changes
 (``activation_checkpointing: auto`` is then off).
 """
 
@@ -107,6 +108,7 @@ def plan_memory(
     runtime.apply_memory_plan(
         activation_checkpointing=plan.activation_checkpointing if train.activation_checkpointing == "auto" else 0,
         max_tokens=plan.max_tokens if train.trajectory_batch_size == "auto" else None,
+        release_rollout_engine=plan.release_rollout,
     )
     train.logprob_chunk_size = plan.logprob_chunk  # the configured chunk, or the half of it the plan chose
     return plan

@@ -93,6 +93,61 @@ def test_auto_checkpointing_without_a_budget_trains_as_before(
     assert not any(k.startswith("memory_plan/") for k in line["algorithm_metrics"])
 
 
+def _rollout(runtime: object, rows: list, version: int) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    from miniverl.rollout.hf import generate_group
+
+    with runtime.generation_model() as model:  # type: ignore[attr-defined]
+        out = generate_group(
+            model, runtime.tokenizer, rows, samples_per_prompt=2, max_new_tokens=5, temperature=1.0, seed=3,  # type: ignore[attr-defined]
+            policy_version=version, batch_size=4, engine="fast",
+        )  # fmt: skip
+    return [(t.response_token_ids, t.sampled_logprobs) for t in out]
+
+
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("runtime_kind", ["dual_model", "shared_backbone"])
+def test_a_released_rollout_engine_is_dropped_after_every_rollout_and_samples_the_same(
+    tiny_model_dir: Path, prompts: Path, runtime_kind: str, device: str
+) -> None:
+    """The plan's ``release_rollout``: leaving ``generation_model`` drops the fast engine (its folded copy,
+    cache and graphs), so the update runs without them; the next rollout folds afresh and samples the same
+    tokens as an engine kept resident. On CUDA nothing of it stays allocated or reserved."""
+    from miniverl.data import load_prompts
+    from miniverl.rollout import engine as engine_module
+    from miniverl.runtime import build_runtime
+
+    config = _config(tiny_model_dir)
+    config.models.runtime = runtime_kind  # type: ignore[assignment]
+    rows = load_prompts(config.data.path)[:2]
+    engine_module.release_engines()
+    kept = build_runtime(config.models, device=torch.device(device))
+    released = build_runtime(config.models, device=torch.device(device))
+    released.apply_memory_plan(activation_checkpointing=0, max_tokens=None, release_rollout_engine=True)
+    policies = []
+    for runtime in (kept, released):
+        with runtime.generation_model() as model:
+            policies.append(model)
+    for version in (0, 1):
+        kept_rows = _rollout(kept, rows, version)
+        cuda = device == "cuda"
+        if cuda:
+            torch.cuda.empty_cache()
+            before = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+        assert _rollout(released, rows, version) == kept_rows
+        assert policies[0] in engine_module._ENGINES  # resident between rollouts
+        assert policies[1] not in engine_module._ENGINES  # given back when the rollout ended
+        if cuda:
+            assert torch.cuda.memory_allocated() == before[0]
+            assert torch.cuda.memory_reserved() <= before[1]  # the graphs' pool went back too
+    engine_module.release_engines()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the budget is measured from CUDA's peak reserved memory")
 def test_a_cuda_run_records_its_plan_and_stays_under_the_budget(

@@ -113,15 +113,56 @@ def test_a_large_budget_keeps_everything_and_the_whole_step_in_one_micro_batch()
     assert plan.metrics()["memory_plan/fits"] == 1.0 and "no activation checkpointing" in plan.describe()
 
 
-def test_a_tight_budget_chooses_checkpointing_and_a_smaller_micro_batch_that_fit() -> None:
-    budget = 1.33  # TRL's peak reserved on the same step
-    plan = choose_plan(SMOLLM2, _work(), budget, activation_checkpointing="auto", trajectory_batch_size="auto")
+@pytest.mark.parametrize(("fast_engine", "budget"), [(True, 0.9), (False, 0.8)], ids=["fast-engine", "hf-engine"])
+def test_a_tight_budget_chooses_checkpointing_and_a_smaller_micro_batch_that_fit(
+    fast_engine: bool, budget: float
+) -> None:
+    work = _work(fast_engine=fast_engine)
+    plan = choose_plan(SMOLLM2, work, budget, activation_checkpointing="auto", trajectory_batch_size="auto")
     assert plan.fits and plan.estimate.peak <= budget * GIB
-    assert plan.activation_checkpointing >= 1 and plan.micro_rows < 16
-    # the largest micro-batch: one more row would not fit under any checkpointing
-    bigger = estimate(SMOLLM2, _work(), micro_rows=plan.micro_rows + 1, checkpointed_layers=30)
+    assert plan.activation_checkpointing >= 1 and 1 < plan.micro_rows < 16
+    assert plan.release_rollout == fast_engine  # the HF engine keeps nothing between rollouts to release
+    # the largest micro-batch: one more row would not fit under any checkpointing, with the smallest chunk
+    bigger = estimate(
+        SMOLLM2, work, micro_rows=plan.micro_rows + 1, checkpointed_layers=30, logprob_chunk=128,
+        release_rollout=plan.release_rollout,
+    )  # fmt: skip
     assert bigger.peak > budget * GIB
     assert "chose activation_checkpointing, micro-batch" in plan.describe()
+
+
+def test_releasing_the_rollout_engine_moves_it_from_resident_to_the_rollout_phase() -> None:
+    work = _work(adapter_precision="bf16_master")
+    kept = estimate(SMOLLM2, work, micro_rows=16, checkpointed_layers=30, logprob_chunk=256)
+    released = estimate(SMOLLM2, work, micro_rows=16, checkpointed_layers=30, logprob_chunk=256, release_rollout=True)
+    assert released.rollout_engine == kept.rollout_engine > 0
+    assert released.resident == pytest.approx(kept.resident - kept.rollout_engine)
+    update = released.activations + max(released.logits_chunk, released.layer_backward)
+    rollout = released.rollout_phase + released.rollout_engine  # the engine lives while it samples
+    assert released.peak == pytest.approx(1.15 * (released.resident + max(rollout, update)))
+    assert released.peak < kept.peak
+    with pytest.raises(ValueError, match="fast engine"):
+        estimate(SMOLLM2, _work(fast_engine=False), micro_rows=1, checkpointed_layers=0, release_rollout=True)
+
+
+def test_the_rollout_engine_is_released_only_when_that_fits_more_rows() -> None:
+    """SmolLM2 16 x 256 with bf16 masters: under TRL's 1.05 GiB the resident engine leaves room for
+    micro-batches of 5 rows, released it leaves room for all 16 (the H200 lean path)."""
+    work = _work(adapter_precision="bf16_master")
+    roomy = choose_plan(SMOLLM2, work, 1.5, activation_checkpointing="auto", trajectory_batch_size="auto")
+    assert roomy.micro_rows == 16 and not roomy.release_rollout and "rollout release" not in roomy.chosen
+    assert "resident" in roomy.describe() and roomy.metrics()["memory_plan/release_rollout"] == 0.0
+    tight = choose_plan(SMOLLM2, work, 1.05, activation_checkpointing="auto", trajectory_batch_size="auto")
+    assert tight.fits and tight.release_rollout and tight.micro_rows == 16 and "rollout release" in tight.chosen
+    assert "released after each rollout" in tight.describe()
+    assert tight.metrics()["memory_plan/release_rollout"] == 1.0
+    # resident, the most frugal settings (every layer checkpointed, the smallest chunk) fit 5 rows at most
+    resident_rows = [
+        rows
+        for rows in range(1, 17)
+        if estimate(SMOLLM2, work, micro_rows=rows, checkpointed_layers=30, logprob_chunk=128).peak <= 1.05 * GIB
+    ]
+    assert max(resident_rows) == 5
 
 
 def test_more_budget_never_means_more_recomputation_or_a_smaller_micro_batch() -> None:
@@ -164,7 +205,7 @@ def test_the_plan_halves_the_logprob_chunk_before_it_recomputes_more_layers() ->
     # a larger chunk at the same checkpointing would not have fitted the same micro-batch
     larger = estimate(
         SMOLLM2, _work(), micro_rows=plan.micro_rows, checkpointed_layers=plan.checkpointed_layers,
-        logprob_chunk=plan.logprob_chunk * 2,
+        logprob_chunk=plan.logprob_chunk * 2, release_rollout=plan.release_rollout,
     )  # fmt: skip
     assert larger.peak > 1.33 * GIB
     # a chunk already small is never changed
