@@ -11,6 +11,8 @@
 #                                                            # 1.3 GiB too, bench update (Qwen3-0.6B, 8 x 512)
 #   bash scripts/device/h200_perf_20261203.sh final          # what ran, with the device time left: the CUDA
 #                                                            # tests but NF4's, then bench grpo as kernels-grpo
+#   bash scripts/device/h200_perf_20261203.sh release COMMIT # 2026-12-04: the same on the code that releases the
+#                                                            # rollout engine between rollouts (COMMIT: what ran)
 # Every step has its own timeout and its log under $OUT; a failed step is reported and the next one runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -66,6 +68,11 @@ grpo-update)
     --update-paths naive_hf_peft,miniverl_update_bf16 --update-shape 8,512 --warmup 1 --repeats 5 \
     --activation-checkpointing 4 --out "$OUT/update-qwen3-ckpt4"
   grep -hE "memory:|^\| (naive|miniverl|update)" "$OUT"/update-qwen3*.log | cut -c1-200 | head -20 ;;
+release)
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${2:-unknown}"
+    python3 -c "import torch, transformers, peft, trl, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'triton', triton.__version__)"
+  } | tee "$OUT/gpu.txt"
+  set -- final ;&
 final)  # one call on the final code, when little device time is left: the CUDA tests (NF4 cases need the
         # bitsandbytes wheel, not carried here), then the GRPO step against TRL under TRL's peak
   step cuda-tests 230 python3 -m pytest -q -p no:cacheprovider -k "not nf4" tests/integration/test_rollout_cuda.py \
@@ -74,9 +81,9 @@ final)  # one call on the final code, when little device time is left: the CUDA 
     tests/unit/test_rollout_kernels.py tests/unit/test_rollout_gemm_kernels.py \
     tests/unit/test_rollout_attention_kernel.py tests/unit/test_adapter_precision.py
   tail -4 "$OUT/cuda-tests.log"
-  step grpo-smollm2 170 python3 -m miniverl bench grpo --model smollm2-shape --device cuda --prompts 2 --samples 8 \
+  step grpo-smollm2 240 python3 -m miniverl bench grpo --model smollm2-shape --device cuda --prompts 2 --samples 8 \
     --new-tokens 256 --rollout-batch 16 --warmup 1 --repeats 5 --paths miniverl_fast,miniverl_lean,trl \
     --update-paths "" --memory-budget-gib trl --out "$OUT/grpo-smollm2"
   grep -E "memory|^\| (step|miniverl|trl|GRPO)" "$OUT/grpo-smollm2.log" | cut -c1-220 | head -24 ;;
-*) echo "usage: $0 kernels-grpo | tests-rollout | grpo-update | final"; exit 2 ;;
+*) echo "usage: $0 kernels-grpo | tests-rollout | grpo-update | final | release COMMIT"; exit 2 ;;
 esac
