@@ -139,6 +139,9 @@ def compiled_glue() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 
 _WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+#: decode steps (by :meth:`DecodeWorkspace.step_key`) this process has run eagerly once, so that their triton
+#: and inductor kernels are compiled and a capture of the same step launches no compiler
+_WARMED_STEPS: set[tuple[Any, ...]] = set()
 
 
 def warmup_stream(device: torch.device) -> torch.cuda.Stream:
@@ -364,8 +367,19 @@ class DecodeWorkspace:
         return -(-slots_used // SPAN_QUANTUM) * SPAN_QUANTUM
 
     # -- CUDA graphs --------------------------------------------------------------------------
+    def step_key(self, span: int, spec: SamplingSpec) -> tuple[Any, ...]:
+        """What a decode step's kernels and shapes are a function of."""
+        shape, dtype = self.weights.shape, self.weights.embed.dtype
+        return (self.device, self.kernels, self.compile_glue, self.batch, self.capacity, span, dtype, shape, spec.key())
+
     def capture(self, spec: SamplingSpec, spans: Sequence[int]) -> int:
         """Capture one graph per span (same pool); state is junk afterwards until :meth:`prefill`.
+
+        Before a capture the step runs once eagerly on the capture stream (outside the capture): the first
+        span of every call, so that cuBLAS has its handle and workspace on that stream even after they
+        were cleared, and any span whose step this process has not run yet (:data:`_WARMED_STEPS`: its
+        kernels compile then). A released engine (the memory plan's ``release_rollout``) recaptures every
+        rollout, and skipping the other warm-ups halves that cost.
 
         Returns how many graphs it captured (0 when every span's graph for ``spec`` is there already)."""
         if self.graph_key != spec.key():
@@ -382,13 +396,16 @@ class DecodeWorkspace:
         for span in spans:
             if span in self.graphs:
                 continue
-            captured += 1
-            self._reset_counters()
+            key = self.step_key(span, spec)
             side = warmup_stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.step(span, spec)  # warm-up: cuBLAS handles and workspaces outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            if captured == 0 or key not in _WARMED_STEPS:
+                self._reset_counters()
+                with torch.cuda.stream(side):
+                    self.step(span, spec)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                _WARMED_STEPS.add(key)
+            captured += 1
             self._reset_counters()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=side):  # one stream: one cuBLAS workspace
