@@ -95,7 +95,7 @@ def main() -> None:
         for _ in range(REPEATS):
             ws = workspace()
             decoder_module._WARMED_STEPS.clear()
-            all_warmups.append(timed(lambda: ws.capture(spec, spans)))
+            all_warmups.append(timed(lambda ws=ws: ws.capture(spec, spans)))
         results["capture_all_warmups"] = summary(all_warmups)
         # what torch.cuda.graph's empty_cache before every capture costs (a probe: patched out for this timing)
         emptied = torch.cuda.empty_cache
