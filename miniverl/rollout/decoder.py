@@ -407,11 +407,25 @@ class DecodeWorkspace:
                 _WARMED_STEPS.add(key)
             captured += 1
             self._reset_counters()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=side):  # one stream: one cuBLAS workspace
-                self.step(span, spec)
-            self.graphs[span] = graph
+            self.graphs[span] = self._captured_step(span, spec, side)
         return captured
+
+    def _captured_step(self, span: int, spec: SamplingSpec, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+        """One decode step captured on ``stream`` into the workspace's pool.
+
+        ``capture_begin``/``capture_end`` rather than ``torch.cuda.graph``, whose ``empty_cache`` before
+        every capture was 40 % of a released engine's five captures on the H200 (133 ms against 80 without;
+        ``scripts/device/rollout_rebuild_timing.py``) and returns blocks the next allocation must take from
+        the driver again."""
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):  # one stream for every capture: one cuBLAS workspace
+            graph.capture_begin(pool=self._pool)
+            try:
+                self.step(span, spec)
+            finally:
+                graph.capture_end()
+        return graph
 
     def _reset_counters(self) -> None:
         self.slot.zero_()

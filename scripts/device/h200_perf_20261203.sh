@@ -11,8 +11,9 @@
 #                                                            # 1.3 GiB too, bench update (Qwen3-0.6B, 8 x 512)
 #   bash scripts/device/h200_perf_20261203.sh final          # what ran, with the device time left: the CUDA
 #                                                            # tests but NF4's, then bench grpo as kernels-grpo
-#   bash scripts/device/h200_perf_20261203.sh release COMMIT # 2026-12-04: the same on the code that releases the
-#                                                            # rollout engine between rollouts (COMMIT: what ran)
+#   bash scripts/device/h200_perf_20261203.sh release COMMIT # 2026-12-04: what rebuilding a released rollout engine
+#                                                            # costs, then final, on the code that releases it
+#                                                            # between rollouts (COMMIT: what ran)
 # Every step has its own timeout and its log under $OUT; a failed step is reported and the next one runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -72,6 +73,8 @@ release)
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${2:-unknown}"
     python3 -c "import torch, transformers, peft, trl, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'triton', triton.__version__)"
   } | tee "$OUT/gpu.txt"
+  step rollout-rebuild 120 python3 scripts/device/rollout_rebuild_timing.py --json "$OUT/rollout-rebuild.json"
+  grep -E "^(fold|workspace|capture|rollout)" "$OUT/rollout-rebuild.log" | cut -c1-160
   set -- final ;&
 final)  # one call on the final code, when little device time is left: the CUDA tests (NF4 cases need the
         # bitsandbytes wheel, not carried here), then the GRPO step against TRL under TRL's peak

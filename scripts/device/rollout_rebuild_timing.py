@@ -7,8 +7,9 @@ x 256 new tokens, as the lean GRPO path runs it with ``release_rollout``. Median
 * ``workspace``: a new :class:`DecodeWorkspace` (KV cache, tables, state);
 * ``capture_first_warmup``: capturing the 5 spans' graphs with a warm-up step before the first span only (every
   step already ran once in this process), ``capture_all_warmups`` with one before every span (as before), and
-  ``capture_first_warmup_no_empty_cache`` without the ``empty_cache`` that ``torch.cuda.graph`` runs before every
-  capture (patched out for that timing only);
+  ``capture_first_warmup_no_empty_cache`` with ``torch.cuda.empty_cache`` patched out for that timing only (what
+  ``torch.cuda.graph``'s ``empty_cache`` before every capture cost while the engine captured through it; since
+  the engine calls ``capture_begin``/``capture_end`` itself, the two timings measure the same capture);
 * ``rollout_kept`` / ``rollout_released``: ``generate_group`` on an engine kept resident, and on one released
   after every rollout (fold, workspace, capture and decode included).
 
