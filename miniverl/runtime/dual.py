@@ -30,7 +30,7 @@ from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
-from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, release_rollout_engine, save_peft_adapter
+from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, rollout_memory_scope, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
     BaseLoader,
@@ -200,13 +200,12 @@ class DualModelRuntime(CriticRole):
     @contextmanager
     def generation_model(self) -> Iterator[Any]:
         was_training = self._student.training
-        self._student.eval()
-        try:
-            yield self._student
-        finally:
-            self._student.train(was_training)
-            if self.release_rollout_engine:
-                release_rollout_engine(self._student)
+        with rollout_memory_scope(self._student, self._device, release=self.release_rollout_engine):
+            self._student.eval()
+            try:
+                yield self._student
+            finally:
+                self._student.train(was_training)
 
     def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         for name, param in self._student.named_parameters():

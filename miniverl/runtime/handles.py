@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +99,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def release_rollout_engine(model: Any) -> None:
-    """Drop the fast rollout engine cached for ``model`` and give its device memory back
-    (:func:`miniverl.rollout.engine.release_engine`)."""
-    from miniverl.rollout.engine import release_engine
+@contextmanager
+def rollout_memory_scope(model: Any, device: torch.device, *, release: bool) -> Iterator[None]:
+    """Where a rollout runs. With ``release`` (the memory plan's ``release_rollout``) the allocator's cached
+    blocks go back to the driver first, so that the fast engine's copy, cache and graphs are allocated beside
+    what is in use rather than on top of the update's cached activations, and when the block ends the engine
+    cached for ``model`` is dropped (:func:`miniverl.rollout.engine.release_engine`). Without it, nothing."""
+    if not release:
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        from miniverl.rollout.engine import release_engine
 
-    release_engine(model)
+        release_engine(model)
 
 
 def release_device_memory(device: torch.device) -> None:

@@ -33,7 +33,7 @@ from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
-from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, release_rollout_engine, save_peft_adapter
+from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, rollout_memory_scope, save_peft_adapter
 from miniverl.runtime.loading import (
     DTYPES,
     BaseLoader,
@@ -253,14 +253,12 @@ class SharedBackboneRuntime(CriticRole):
 
     @contextmanager
     def generation_model(self) -> Iterator[Any]:
-        with self.use("student"):
+        with self.use("student"), rollout_memory_scope(self._model, self._device, release=self.release_rollout_engine):
             self._model.eval()
             try:
                 yield self._model
             finally:
                 self._model.train(self._active == "student")
-                if self.release_rollout_engine:
-                    release_rollout_engine(self._model)
 
     def named_trainable_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """The student adapter only (the critic's adapter has its own optimizer)."""
