@@ -103,6 +103,13 @@ def test_the_estimates_are_near_the_h200_measurements() -> None:
     plain = estimate(qwen3, update, micro_rows=8, checkpointed_layers=0).peak / GIB
     every_4th = estimate(qwen3, update, micro_rows=8, checkpointed_layers=7).peak / GIB
     assert fast == pytest.approx(6.89, rel=0.15) and lean == pytest.approx(1.23, rel=0.15)
+    # 2026-12-04 (docs/measurements/2026-12-04-h200-release): the lean path with the engine released after each
+    # rollout, micro-batch 16, every layer checkpointed, chunk 256: 0.91 GiB
+    released = estimate(
+        SMOLLM2, _work(adapter_precision="bf16_master"), micro_rows=16, checkpointed_layers=30, logprob_chunk=256,
+        release_rollout=True,
+    )  # fmt: skip
+    assert released.peak / GIB == pytest.approx(0.91, rel=0.15)
     assert plain == pytest.approx(10.06, rel=0.15) and every_4th == pytest.approx(8.50, rel=0.15)
 
 
