@@ -379,7 +379,8 @@ class DecodeWorkspace:
         span of every call, so that cuBLAS has its handle and workspace on that stream even after they
         were cleared, and any span whose step this process has not run yet (:data:`_WARMED_STEPS`: its
         kernels compile then). A released engine (the memory plan's ``release_rollout``) recaptures every
-        rollout, and skipping the other warm-ups halves that cost.
+        rollout; skipping the other warm-ups took a quarter to a third off its five captures on the H200
+        (``docs/measurements/2026-12-04-h200-release``).
 
         Returns how many graphs it captured (0 when every span's graph for ``spec`` is there already)."""
         if self.graph_key != spec.key():
