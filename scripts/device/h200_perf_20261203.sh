@@ -14,11 +14,13 @@
 #   bash scripts/device/h200_perf_20261203.sh release COMMIT # 2026-12-04: what rebuilding a released rollout engine
 #                                                            # costs, then final, on the code that releases it
 #                                                            # between rollouts (COMMIT: what ran)
+#   bash scripts/device/h200_perf_20261203.sh cuda-tests COMMIT  # every CUDA test, NF4's included: carry
+#                                                            # [".carry/perf", ".carry/bnb"] (bitsandbytes 0.50.2)
 # Every step has its own timeout and its log under $OUT; a failed step is reported and the next one runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .carry/perf/whl/*.whl || { echo "perf FAILED: wheels"; exit 1; }
+  .carry/perf/whl/*.whl $(ls .carry/bnb/*.whl 2>/dev/null) || { echo "perf FAILED: wheels"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD MINIVERL_CACHE=/tmp/miniverl-cache
 step() {  # NAME SECONDS CMD...: run with a timeout, output to $OUT/NAME.log, one status line
   local name=$1 limit=$2; shift 2
@@ -69,6 +71,16 @@ grpo-update)
     --update-paths naive_hf_peft,miniverl_update_bf16 --update-shape 8,512 --warmup 1 --repeats 5 \
     --activation-checkpointing 4 --out "$OUT/update-qwen3-ckpt4"
   grep -hE "memory:|^\| (naive|miniverl|update)" "$OUT"/update-qwen3*.log | cut -c1-200 | head -20 ;;
+cuda-tests)
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${2:-unknown}"
+    python3 -c "import torch, transformers, peft, bitsandbytes, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'bitsandbytes', bitsandbytes.__version__, 'triton', triton.__version__)"
+  } | tee "$OUT/gpu.txt"
+  step cuda-tests 400 python3 -m pytest -q -p no:cacheprovider -rfEs tests/integration/test_rollout_cuda.py \
+    tests/integration/test_gpu_training.py tests/integration/test_policy_digest.py \
+    tests/integration/test_memory_plan_training.py tests/integration/test_reward_model_offload_cuda.py \
+    tests/unit/test_rollout_kernels.py tests/unit/test_rollout_gemm_kernels.py \
+    tests/unit/test_rollout_attention_kernel.py tests/unit/test_adapter_precision.py tests/unit/test_models_loading.py
+  tail -6 "$OUT/cuda-tests.log" ;;
 release)
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${2:-unknown}"
     python3 -c "import torch, transformers, peft, trl, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'triton', triton.__version__)"
@@ -88,5 +100,5 @@ final)  # one call on the final code, when little device time is left: the CUDA 
     --new-tokens 256 --rollout-batch 16 --warmup 1 --repeats 5 --paths miniverl_fast,miniverl_lean,trl \
     --update-paths "" --memory-budget-gib trl --out "$OUT/grpo-smollm2"
   grep -E "memory|^\| (step|miniverl|trl|GRPO)" "$OUT/grpo-smollm2.log" | cut -c1-220 | head -24 ;;
-*) echo "usage: $0 kernels-grpo | tests-rollout | grpo-update | final | release COMMIT"; exit 2 ;;
+*) echo "usage: $0 kernels-grpo | tests-rollout | grpo-update | final | release COMMIT | cuda-tests COMMIT"; exit 2 ;;
 esac
