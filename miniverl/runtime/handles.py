@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,13 @@ import torch
 from miniverl.canonical import fsync_tree, temp_dir_beside
 from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
 from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
-from miniverl.runtime.loading import ADAPTER_CONFIG, ADAPTER_WEIGHTS, decoder_of, head_weight_of
+from miniverl.runtime.loading import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    decoder_of,
+    enable_activation_checkpointing,
+    head_weight_of,
+)
 
 
 class ModelRoleHandle:
@@ -97,6 +104,32 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "value") and type(value).__module__.startswith("peft"):
         return value.value  # peft enums (TaskType, PeftType)
     return value
+
+
+class StudentMemoryPlan:
+    """``apply_memory_plan`` of a role runtime over its student model (``_student_model``)."""
+
+    auto: AutoPolicy
+    _handles: dict[RoleName, ModelRoleHandle]
+    #: the memory plan's ``release_rollout``: leaving ``generation_model`` drops the fast engine's copy
+    release_rollout_engine: bool = False
+
+    def _student_model(self) -> Any:
+        raise NotImplementedError
+
+    def apply_memory_plan(
+        self, *, activation_checkpointing: int, max_tokens: int | None, release_rollout_engine: bool = False
+    ) -> None:
+        """What a memory plan chose: checkpoint every n-th student layer (0: leave as built); the
+        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it); whether every
+        rollout gives the fast engine's memory back when it ends."""
+        self.release_rollout_engine = release_rollout_engine
+        if activation_checkpointing:
+            enable_activation_checkpointing(self._student_model(), activation_checkpointing)
+        if max_tokens is not None:
+            self.auto = dataclasses.replace(self.auto, max_tokens=max_tokens)
+            for handle in self._handles.values():
+                handle.auto = self.auto
 
 
 @contextmanager

@@ -19,7 +19,6 @@ A shared backbone is one resident model: ``placement: swap`` is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,7 +32,13 @@ from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
 from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
-from miniverl.runtime.handles import ModelRoleHandle, release_device_memory, rollout_memory_scope, save_peft_adapter
+from miniverl.runtime.handles import (
+    ModelRoleHandle,
+    StudentMemoryPlan,
+    release_device_memory,
+    rollout_memory_scope,
+    save_peft_adapter,
+)
 from miniverl.runtime.loading import (
     DTYPES,
     BaseLoader,
@@ -80,7 +85,7 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
         )
 
 
-class SharedBackboneRuntime(CriticRole):
+class SharedBackboneRuntime(CriticRole, StudentMemoryPlan):
     runtime: Literal["dual_model", "shared_backbone"] = "shared_backbone"
 
     def __init__(
@@ -99,8 +104,6 @@ class SharedBackboneRuntime(CriticRole):
         self._device = torch.device(device)
         dtype = DTYPES[models.dtype]
         self.auto = auto or AutoPolicy.for_device(self._device, dtype)
-        #: the memory plan's ``release_rollout``: leaving :meth:`generation_model` drops the fast engine's copy
-        self.release_rollout_engine = False
         settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
         base = load(models.student, settings)
         disable_cpu_weight_repack(base.model)
@@ -271,19 +274,8 @@ class SharedBackboneRuntime(CriticRole):
         """The student's HF model config (the memory plan reads its shape)."""
         return inner_causal_lm(self._model).config
 
-    def apply_memory_plan(
-        self, *, activation_checkpointing: int, max_tokens: int | None, release_rollout_engine: bool = False
-    ) -> None:
-        """What a memory plan chose: checkpoint every n-th student layer (0: leave as built); the
-        ``trajectory_batch_size: auto`` per-forward token budget (``None``: leave it); whether every
-        rollout gives the fast engine's memory back when it ends."""
-        self.release_rollout_engine = release_rollout_engine
-        if activation_checkpointing:
-            enable_activation_checkpointing(self._model, activation_checkpointing)
-        if max_tokens is not None:
-            self.auto = dataclasses.replace(self.auto, max_tokens=max_tokens)
-            for handle in self._handles.values():
-                handle.auto = self.auto
+    def _student_model(self) -> Any:
+        return self._model
 
     def save_student_adapter(self, directory: str) -> None:
         save_peft_adapter(self._model, "student", directory)
