@@ -53,7 +53,7 @@ PROFILES: dict[str, Profile] = {
                 "Its stack is declared here, not measured; a declared stack cannot authorize a release."
             ),
         ),
-        # The seed names one release machine; the H200 is measured here but can never authorize a release.
+        # The seed names one release machine; the H100 and H200 are measured here but can never authorize a release.
         _profile(
             "h200-cu130",
             required_gpu_name="NVIDIA H200",
@@ -61,6 +61,16 @@ PROFILES: dict[str, Profile] = {
             description=(
                 "The H200 machine measured here (no network; torch 2.11 cu130 system-wide, the venv uses "
                 "--system-site-packages). Peak reserved is held to the 14.5 GiB budget of the 16 GiB release card."
+            ),
+        ),
+        _profile(
+            "h100-cu130",
+            required_gpu_name="NVIDIA H100 80GB HBM3",
+            can_authorize_release=False,
+            description=(
+                "The H100 machine measured here: the H200's image on an H100 80GB HBM3 (no network; torch 2.11 "
+                "cu130 system-wide, the venv uses --system-site-packages). The same thresholds, scale and required "
+                "checks as h200-cu130; peak reserved is held to the 14.5 GiB budget of the 16 GiB release card."
             ),
         ),
         _profile(

@@ -54,7 +54,7 @@ CUDA_ONLY = {"gpu_identity", "teardown", "peak_reserved", "vram_measured", "rewa
 # it), and only the release card's known-good stack is meant to include vLLM, whose policy-gradient boundary
 # `vllm_boundary` measures.
 REQUIRED_ONLY_ON: dict[tuple[str, str], tuple[str, ...]] = {
-    ("backend-matrix", "speed_thresholds"): ("rtx4080-wsl2-cu130", "h200-cu130"),
+    ("backend-matrix", "speed_thresholds"): ("rtx4080-wsl2-cu130", "h100-cu130", "h200-cu130"),
     ("backend-matrix", "vllm_boundary"): ("rtx4080-wsl2-cu130",),
 }
 

@@ -7,13 +7,15 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.core.jsonio import sha256_bytes
 from harness.core.proc import Redactor, clean_env
 from harness.core.records import InstalledFrom, Invocation, Transcript
+from harness.qualify.quiet import QuietGate
 
 
 @dataclass
@@ -67,22 +69,33 @@ class CliDriver:
     installed: InstalledFrom | None  # what the origin proof found installed in ``venv`` (stamped on every invocation)
     extra_env: dict[str, str] = field(default_factory=dict)
     results: list[CliResult] = field(default_factory=list)
+    # Shared by the workloads of one concurrent run: each invocation holds a slot (timed steps alone).
+    gate: QuietGate | None = None
+    workload: str = ""
+
+    def slot(self, step: str) -> AbstractContextManager[None]:
+        return self.gate.slot(self.workload, step) if self.gate is not None else nullcontext()
+
+    def fork(self, work: Path | None = None) -> CliDriver:
+        """A driver with this one's settings and gate and a transcript of its own (for steps run side by side)."""
+        return replace(self, work=work or self.work, results=[])
 
     def __call__(self, step: str, args: list[str], *, timeout: float = 600) -> CliResult:
         exe = self.venv / "bin" / "miniverl"
         env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
-        start = time.monotonic()
-        timed_out = False
-        try:
-            done = subprocess.run(
-                [str(exe), *args], cwd=self.work, env=env, capture_output=True, timeout=timeout, check=False
-            )
-            code, out, err = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            timed_out, code = True, 124
-            out, err = exc.stdout or b"", exc.stderr or b""
-        except OSError as exc:
-            code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
+        with self.slot(step):
+            start = time.monotonic()
+            timed_out = False
+            try:
+                done = subprocess.run(
+                    [str(exe), *args], cwd=self.work, env=env, capture_output=True, timeout=timeout, check=False
+                )
+                code, out, err = done.returncode, done.stdout, done.stderr
+            except subprocess.TimeoutExpired as exc:
+                timed_out, code = True, 124
+                out, err = exc.stdout or b"", exc.stderr or b""
+            except OSError as exc:
+                code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
         return self._record(step, args, code, out, err, time.monotonic() - start, timed_out)
 
     def interrupt(
@@ -102,6 +115,12 @@ class CliDriver:
         that exits first is recorded as it exited. A child still running after ``timeout`` is killed and
         recorded as timed out (exit 124), as ``__call__`` does.
         """
+        with self.slot(step):
+            return self._interrupt(step, args, wait_for, signum, timeout, poll_seconds)
+
+    def _interrupt(
+        self, step: str, args: list[str], wait_for: Path, signum: signal.Signals, timeout: float, poll_seconds: float
+    ) -> Interruption:
         exe = self.venv / "bin" / "miniverl"
         env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
         target = self.work / wait_for

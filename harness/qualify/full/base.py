@@ -27,6 +27,9 @@ class Scale:
     max_new_tokens: int
     matrix_model: str  # the model `miniverl gate equivalence --model` uses for the preregistered matrix
     policy_refreshes: int  # GRPO updates per rollout backend in the refresh check
+    # Workloads side by side on one dedicated GPU, their timed steps alone first (harness.qualify.quiet); never on
+    # a card whose memory budget is per card rather than per process, nor on a shared CI CPU.
+    side_by_side: bool = False
 
     def overrides(self) -> list[str]:
         """``--set a=b`` argv pairs for ``miniverl plan``."""
@@ -96,3 +99,6 @@ class Workload:
     evidence: dict[str, str]
     run: Callable[[Context], dict[str, Path]]
     judge: Callable[[dict[str, Path], Profile, Scale], Judgement]
+    # CLI steps whose wall clock a check judges: they run alone, before any other workload's step, and must be
+    # the first steps ``run`` takes (harness.qualify.quiet).
+    timed_steps: frozenset[str] = frozenset()

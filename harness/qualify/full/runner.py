@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from harness.qualify.binding import transcript_bound
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
 from harness.qualify.full.catalog import implemented
+from harness.qualify.quiet import QuietGate
 from harness.qualify.transcript import CliDriver
 
 EVIDENCE_DIR = "evidence"
@@ -63,14 +65,20 @@ def judge_into(book: CheckBook, workload: Workload, judgement: Judgement, profil
     book.skip_remaining(book.required, f"the {workload.name} judge did not decide it (its evidence is missing)")
 
 
-def run_one(workload: Workload, opts: RunnerOptions) -> Outcome:
+def run_one(workload: Workload, opts: RunnerOptions, gate: QuietGate | None = None) -> Outcome:
     started = time.monotonic()
     work = opts.root / workload.name
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
     shutil.copyfile(opts.data_source, work / "data" / "prompts.parquet")
     cli = CliDriver(
-        venv=opts.venv, work=work, redact=opts.redact, installed=opts.installed, extra_env=dict(opts.extra_env)
+        venv=opts.venv,
+        work=work,
+        redact=opts.redact,
+        installed=opts.installed,
+        extra_env=dict(opts.extra_env),
+        gate=gate,
+        workload=workload.name,
     )
     ctx = Context(
         cli=cli,
@@ -123,8 +131,11 @@ def judged(
 
 
 def run_workloads(opts: RunnerOptions) -> tuple[list[Outcome], list[str]]:
-    """Every registered full workload in registry order: the outcomes of those implemented, the names missing."""
-    outcomes: list[Outcome] = []
+    """Every registered full workload: the outcomes of those implemented (in registry order), the names missing.
+
+    Where the scale says so, the workloads run side by side, each in its own thread driving its own CLI processes,
+    with every timed step alone first (:class:`QuietGate`); elsewhere one after another."""
+    todo: list[Workload] = []
     missing: list[str] = []
     for spec in registry.REGISTRY.workloads:
         if spec.name == "release-smoke":
@@ -132,7 +143,27 @@ def run_workloads(opts: RunnerOptions) -> tuple[list[Outcome], list[str]]:
         workload = implemented(spec.name)
         if workload is None:
             missing.append(spec.name)
-            continue
-        print(f"harness: full workload {spec.name}", file=sys.stderr, flush=True)
-        outcomes.append(run_one(workload, opts))
-    return outcomes, missing
+        else:
+            todo.append(workload)
+    if not opts.scale.side_by_side:
+        return [_announced(w, opts, None) for w in todo], missing
+    gate = QuietGate((w.name, step) for w in todo for step in w.timed_steps)
+    _progress(f"{len(todo)} workloads side by side; timed steps alone first: {sorted(s for _, s in gate.pending)}")
+    with ThreadPoolExecutor(max_workers=len(todo) or 1, thread_name_prefix="workload") as pool:
+        futures = [pool.submit(_announced, w, opts, gate) for w in todo]
+        return [f.result() for f in futures], missing
+
+
+def _announced(workload: Workload, opts: RunnerOptions, gate: QuietGate | None) -> Outcome:
+    _progress(f"full workload {workload.name}")
+    try:
+        outcome = run_one(workload, opts, gate)
+    finally:
+        if gate is not None:
+            gate.finished(workload.name)
+    _progress(f"full workload {workload.name} done in {outcome.metrics['wall_seconds']} s")
+    return outcome
+
+
+def _progress(message: str) -> None:
+    print(f"harness: {message}", file=sys.stderr, flush=True)

@@ -104,23 +104,24 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
     its interpreter in argv, so the transcript says which environment ran it. The candidate overlay
     (``ctx.verl_overlay``) comes first on PYTHONPATH, so the miniverl it runs is the candidate's."""
     env = clean_env({**ctx.cli.extra_env, **verl_env.child_env(ctx.verl_overlay)}, path_prefix=python.parent)
-    start = time.monotonic()
-    timed_out = False
-    try:
-        done = subprocess.run(
-            [str(python), "-m", "miniverl", *args],
-            cwd=ctx.work,
-            env=env,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-        code, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        timed_out, code = True, 124
-        out, err = exc.stdout or b"", exc.stderr or b""
-    except OSError as exc:
-        code, out, err = 127, b"", f"cannot execute {python.name}: {exc.strerror}".encode()
+    with ctx.cli.slot(step):
+        start = time.monotonic()
+        timed_out = False
+        try:
+            done = subprocess.run(
+                [str(python), "-m", "miniverl", *args],
+                cwd=ctx.work,
+                env=env,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+            code, out, err = done.returncode, done.stdout, done.stderr
+        except subprocess.TimeoutExpired as exc:
+            timed_out, code = True, 124
+            out, err = exc.stdout or b"", exc.stderr or b""
+        except OSError as exc:
+            code, out, err = 127, b"", f"cannot execute {python.name}: {exc.strerror}".encode()
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
     interpreter = verl_label(ctx, python)
     installed = ctx.verl_installed.model_copy(update={"executable": interpreter}) if ctx.verl_installed else None
