@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.core import policy, registry
@@ -147,6 +148,10 @@ def run_workloads(opts: RunnerOptions) -> tuple[list[Outcome], list[str]]:
             todo.append(workload)
     if not opts.scale.side_by_side:
         return [_announced(w, opts, None) for w in todo], missing
+    # Each CLI process gets its share of the cores: torch's default of one thread a core, in every process at once,
+    # would oversubscribe them many times over (busy-waiting OpenMP threads slow every process down).
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, len(todo))))
+    opts = replace(opts, extra_env={"OMP_NUM_THREADS": threads, **opts.extra_env})
     gate = QuietGate((w.name, step) for w in todo for step in w.timed_steps)
     _progress(f"{len(todo)} workloads side by side; timed steps alone first: {sorted(s for _, s in gate.pending)}")
     with ThreadPoolExecutor(max_workers=len(todo) or 1, thread_name_prefix="workload") as pool:
