@@ -32,6 +32,7 @@ VERL_ENV=$T/verl-env   # the wrapper is $VERL_ENV/bin/python so the harness labe
 RES=$T/res
 LOGS=$T/qualify-logs
 EXTRA_WHEELS=${EXTRA_WHEELS:-}   # rehearsal only: wheels the CPU stand-in lacks (added to --offline-wheels)
+RECORD_STACK=${RECORD_STACK:-}   # rehearsal only: record the stand-in's stack even where the profile's is measured
 
 # Pinned wheels. HARNESS: the harness's own dependency (pydantic) and the pieces of miniverl's closure the image lacks.
 HARNESS_PINS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
@@ -280,7 +281,7 @@ sys.exit(\"; \".join(bad) or None)
   echo "$commit" > "$RES/commit.txt"; echo "$PROFILE" > "$RES/profile.txt"
   tar cf - --exclude=./.carry . | (mkdir -p "$T/checkout" && tar xf - -C "$T/checkout")
   local kg_dir=$T/checkout/known-good
-  if ! grep -q '"status":"measured"' "$kg_dir/$PROFILE.json" 2>/dev/null; then
+  if [ -n "${RECORD_STACK:-}" ] || ! grep -q '"status":"measured"' "$kg_dir/$PROFILE.json" 2>/dev/null; then
     kg_dir=$RES/known-good
     step stack-record env PYTHONPATH="$T/site:$T/checkout" bash -c "cd '$T/checkout' && python3 -m harness stack record \
       --profile $PROFILE --candidate out/candidate --system-site-packages --offline-wheels $T/whl --known-good-dir $kg_dir"
