@@ -135,6 +135,8 @@ EOF
 stage_start() {  # the last part moves into start/ beside git.tar: one carried path for the start call (re-runnable)
   [ -f "$STAGE/SHA256SUMS" ] || fail "stage-start: no $STAGE/SHA256SUMS (run stage first)"
   [ -z "$(git status --porcelain)" ] || fail "stage-start: the checkout has changes; commit them first"
+  local built; built=$(python3 -c "import json; print(json.load(open('out/candidate/candidate-manifest.json'))['source_commit'])" 2>/dev/null || true)
+  [ "$built" = "$(git rev-parse HEAD)" ] || fail "stage-start: out/candidate was built from ${built:-nothing}, not HEAD (python -m harness build)"
   local last; last=$(grep -o '[0-9]*/part$' "$STAGE/SHA256SUMS" | sort -n | tail -1 | cut -d/ -f1)
   mkdir -p "$STAGE/start"
   if [ -d "$STAGE/$last" ]; then mv "$STAGE/$last" "$STAGE/start/$last"; fi
