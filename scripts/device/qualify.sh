@@ -295,12 +295,12 @@ sys.exit(\"; \".join(bad) or None)
   (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$T/site:$T/checkout; export PYTHONPATH; \
     python3 -m harness full --profile $PROFILE --candidate out/candidate --system-site-packages \
     --offline-wheels $T/whl --known-good-dir $kg_dir --model-cache $T/miniverl-cache --out $RES/qual --work $T/fullwork --keep-work \
-    --verl-python $VERL_ENV/bin/python > $RES/full.log 2>&1; echo \$? > $RES/rc" < /dev/null > /dev/null 2>&1 &)
+    --verl-python $VERL_ENV/bin/python > $RES/full.log 2>&1; echo \$? > $RES/rc" &) < /dev/null > /dev/null 2>&1
   echo "$(date +%s)" > "$RES/started"
   sleep 5
   [ -f "$RES/rc" ] && fail "start: harness full exited at once (rc $(cat "$RES/rc")): $(tail -1 "$RES/full.log")"
   echo "harness full started ($PROFILE, candidate $cand_version) after $(($(date +%s) - t0)) s of this call"
-  phase_costs &
+  phase_costs < /dev/null > /dev/null 2>&1 &
 }
 
 # What every CLI invocation pays before its work (process start, imports, CUDA, the model load), measured beside the
@@ -323,7 +323,7 @@ alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-cloc
     "$T"/src/harness/*.whl "$T"/src/candidate/*.whl > /dev/null
   (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$site:$T/checkout MINIVERL_CACHE=$T/miniverl-cache-tests \
     timeout 900 python3 -m pytest -m gpu -q tests/ -p no:cacheprovider --continue-on-collection-errors \
-    > $RES/gpu-tests.log 2>&1; echo \$? > $RES/gpu-tests.rc" < /dev/null > /dev/null 2>&1 &)
+    > $RES/gpu-tests.log 2>&1; echo \$? > $RES/gpu-tests.rc" &) < /dev/null > /dev/null 2>&1
   echo "CUDA tests started alongside the run, $(( $(date +%s) - $(cat "$RES/started") )) s into it"
 }
 
