@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
+from harness.qualify.full.direct_config import CONFIGS
 from harness.qualify.full.product_workflows import PRODUCT_WORKFLOW_INVOCATIONS
 from harness.qualify.full.runner import RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
@@ -61,3 +62,6 @@ def test_side_by_side_runs_the_timed_step_alone_and_the_rest_together(tmp_path: 
     product = next(o for o in outcomes if o.name == "product-workflows")
     steps = [i["step"] for i in json.loads(product.files["transcript"][1].read_text())["invocations"]]
     assert steps == [s for s in PRODUCT_WORKFLOW_INVOCATIONS if not s.endswith("_diagnose")]
+    direct = next(o for o in outcomes if o.name == "direct-config")
+    keys = [i["step"].rsplit("_", 1)[-1] for i in json.loads(direct.files["transcript"][1].read_text())["invocations"]]
+    assert keys == sorted(keys, key=[c.key for c in CONFIGS].index), "the configs' steps interleave in the transcript"

@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,16 @@ def run(ctx: Context) -> dict[str, Path]:
     shutil.copyfile(ctx.work / ctx.data, ctx.work / "prompts.parquet")  # the native data.train_files
     keep("diagnose_environment", wt.write_evidence(ctx, "diagnose-environment.json", wt.diagnose_environment(ctx)))
     taken: dict[str, statehash.Taken | None] = {}
-    for config in CONFIGS:
-        _run_config(ctx, config, keep, taken)
+    # Each config drives its own CLI driver (distinct files in the work dir); the transcript keeps CONFIGS' order.
+    forks = [replace(ctx, cli=ctx.cli.fork()) for _ in CONFIGS]
+    if ctx.scale.side_by_side:
+        with ThreadPoolExecutor(max_workers=len(CONFIGS), thread_name_prefix="direct-config") as pool:
+            list(pool.map(lambda fork, config: _run_config(fork, config, keep, taken), forks, CONFIGS))
+    else:
+        for fork, config in zip(forks, CONFIGS, strict=True):
+            _run_config(fork, config, keep, taken)
+    for fork in forks:
+        ctx.cli.results.extend(fork.cli.results)
     keep("state_hashes", statehash.write_taken(wt.evidence_dir(ctx) / "state-hashes.json", taken))
     return out
 
