@@ -84,6 +84,34 @@ def _on_device(role: str, device: str) -> Callable[[dict[str, Path]], None]:
     return lambda ev: _edit_json(ev[role], lambda doc: doc.update(device=device))
 
 
+def _not_a_compiler(doc: Any) -> None:
+    doc["compiler"] = "not-a-verl-compiler"
+
+
+def _everywhere_not_a_compiler(ev: dict[str, Path]) -> None:
+    """The three files agree with each other, on a compiler that is not verl's."""
+    for case in ("ppo", "grpo"):
+        _edit_json(ev[f"{case}_handoff"], _not_a_compiler)
+        _edit_json(ev[f"{case}_diagnose"], _not_a_compiler)
+    _edit_json(ev["walkthrough"], lambda d: [_not_a_compiler(c) for c in d["cases"]])
+
+
+def _compilers_swapped(ev: dict[str, Path]) -> None:
+    """Each case names the other case's (real) compiler, in all three files."""
+    swap = {
+        "verl-rl-v0.9-single-gpu-v1": "verl-rl-v0.9-single-gpu-v2",
+        "verl-rl-v0.9-single-gpu-v2": "verl-rl-v0.9-single-gpu-v1",
+    }
+
+    def edit(doc: Any) -> None:
+        doc["compiler"] = swap[doc["compiler"]]
+
+    for case in ("ppo", "grpo"):
+        _edit_json(ev[f"{case}_handoff"], edit)
+        _edit_json(ev[f"{case}_diagnose"], edit)
+    _edit_json(ev["walkthrough"], lambda d: [edit(c) for c in d["cases"]])
+
+
 def _walk(edit: Callable[[Any], None]) -> Callable[[dict[str, Path]], None]:
     return lambda ev: _edit_json(ev["walkthrough"], edit)
 
@@ -107,6 +135,11 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("exit_misreported", "walkthrough_record", _walk(lambda d: d["cases"][1]["invocations"][0].update(exit_code=1))),
     ("models_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0].update(models={}))),
     ("extra_field", "walkthrough_record", _walk(lambda d: d.update(note="x"))),
+    ("compiler_in_handoff", "walkthrough_record", lambda ev: _edit_json(ev["ppo_handoff"], _not_a_compiler)),
+    ("compiler_in_diagnose", "walkthrough_record", lambda ev: _edit_json(ev["grpo_diagnose"], _not_a_compiler)),
+    ("compiler_in_walkthrough", "walkthrough_record", _walk(lambda d: _not_a_compiler(d["cases"][0]))),
+    ("compiler_everywhere", "walkthrough_record", _everywhere_not_a_compiler),
+    ("compilers_swapped", "walkthrough_record", _compilers_swapped),
     (
         "ppo_smaller_than_declared",
         "walkthrough_record",

@@ -383,7 +383,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     w_ok, w_why = _walkthrough_agrees(walk, evidence, invocations)
     s_ok, s_why = _planned_as_declared(evidence, profile, scale)
     d_ok, d_why = _ran_on_profile(evidence, profile)
-    j.check("walkthrough_record", w_ok and s_ok and d_ok, f"{w_why}; {s_why}; {d_why}")
+    c_ok, c_why = _compiler_identity(walk, evidence)
+    j.check("walkthrough_record", w_ok and s_ok and d_ok and c_ok, f"{w_why}; {s_why}; {d_why}; {c_why}")
 
     for case in CASES:
         summary = read_json(evidence.get(f"{case}_summary")) or {}
@@ -462,6 +463,30 @@ def _ran_on_profile(evidence: dict[str, Path], profile: Profile) -> tuple[bool, 
                 f"{case} {prefix or 'run_'}device {str(summary.get('device'))[:10]}, cuda block {cuda is not None}"
             )
     return ok, f"summaries of a {profile.device!r} profile's runs: " + ", ".join(figures)
+
+
+# The verl compiler each case's plan hands off with: GRPO through v1, PPO (actor + critic LoRA) through v2.
+CASE_COMPILERS = {"grpo": wt.VERL_COMPILER_GRPO, "ppo": wt.VERL_COMPILER_PPO}
+
+
+def _compiler_identity(walk: Walkthrough | None, evidence: dict[str, Path]) -> tuple[bool, str]:
+    """Each case's handoff, its diagnosis in verl's environment and the walkthrough name the case's verl compiler."""
+    problems: list[str] = []
+    for case in CASES:
+        named = {
+            "handoff": (read_json(evidence.get(f"{case}_handoff")) or {}).get("compiler"),
+            "diagnose": (read_json(evidence.get(f"{case}_diagnose")) or {}).get("compiler"),
+            "walkthrough": next((c.compiler for c in walk.cases if c.case == case), None) if walk else None,
+        }
+        wrong = {where: name for where, name in named.items() if name != CASE_COMPILERS[case]}
+        if wrong:
+            problems.append(
+                f"{case}: want {CASE_COMPILERS[case]!r}, "
+                + ", ".join(f"{k} {runs.short(v)!r}" for k, v in wrong.items())
+            )
+    return not problems, "compiler: " + (
+        "; ".join(problems) if problems else "handoff, diagnose and walkthrough agree per case"
+    )
 
 
 def _walkthrough_agrees(
