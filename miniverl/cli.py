@@ -96,6 +96,8 @@ def cmd_data_sample(args: argparse.Namespace) -> int:
     from miniverl.data import sample_dataset
 
     check_writable_file(Path(args.out), option="--out")
+    if Path(args.out).suffix.lower() != ".parquet":
+        raise UsageError(f"--out {args.out}: data sample writes Parquet; give a file name ending in .parquet")
     result = sample_dataset(args.task, args.rows, args.seed, Path(args.out))
     _emit(args, result, f"wrote {result['rows']} rows to {args.out} (sha256 {result['sha256']})")
     return 0
@@ -107,6 +109,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from miniverl.config.plan import compile_plan
 
     check_writable_file(Path(args.out), option="--out")
+    if Path(args.out).suffix.lower() != ".json":
+        raise UsageError(f"--out {args.out}: a plan is JSON; give a file name ending in .json")
     if args.verl_config:  # direct-config (compiler v4): --set holds runtime bindings only
         from miniverl.handoff.native import import_native
 
