@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -461,6 +461,8 @@ def test_roll_back_refuses_a_directory_as_metrics(tmp_path: Path) -> None:
     from miniverl.errors import UsageError
 
     (tmp_path / "metrics.jsonl").mkdir()
-    with pytest.raises(UsageError, match=r"metrics\.jsonl is a directory, not a regular file this run wrote; remove it and resume"):
+    with pytest.raises(
+        UsageError, match=r"metrics\.jsonl is a directory, not a regular file this run wrote; remove it and resume"
+    ):
         roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
     assert (tmp_path / "metrics.jsonl").is_dir()
