@@ -277,3 +277,30 @@ def test_export_keeps_a_sibling_it_did_not_create(cli: Callable[..., CliResult],
     assert (mine / "keep.txt").read_text() == "not export's"
     assert (parent / "e" / "adapter_config.json").is_file()
     assert sorted(p.name for p in parent.iterdir()) == [".tmp-export-e", "e", "r"]
+
+
+def _resume(cli: Callable[..., CliResult], run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch) -> CliResult:
+    monkeypatch.chdir(trained.parent.parent)  # where the plan's data path is
+    plan = str(run_copy / "plan.json")
+    return cli("run", "--plan", plan, "--output", str(run_copy.parent), "--run-id", "r", "--resume", "--quiet")
+
+
+def test_resume_recomputes_run_json_fields(cli, run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile class: edited run state. A derivable field of run.json that was edited is refused by inspect and
+    --resume (one line, exit 2), never reported or trusted."""
+    manifest = json.loads((run_copy / "run.json").read_text())
+    assert _resume(cli, run_copy, trained, monkeypatch).code == 0  # the unedited run settles
+    manifest["algorithm"] = "ppo"
+    (run_copy / "run.json").write_text(json.dumps(manifest))
+    assert_one_line(cli("inspect", str(run_copy)), 2, "algorithm 'ppo' is not the plan's 'grpo'")
+    assert_one_line(_resume(cli, run_copy, trained, monkeypatch), 2, "run.json: algorithm is not what the plan gives")
+
+
+def test_resume_recomputes_the_checkpoint_config_digest(
+    cli, run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (record_path,) = sorted((run_copy / "checkpoints").glob("step-*/checkpoint.json"))
+    record = json.loads(record_path.read_text())
+    record["config_digest"] = "0" * 64
+    record_path.write_text(json.dumps(record))
+    assert_one_line(_resume(cli, run_copy, trained, monkeypatch), 2, "config_digest 0000000000000000 is not its plan's")
