@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import json
+import math
 import os
 import shlex
 import sys
@@ -36,6 +37,34 @@ def _at_most(limit: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
+
+
+def _at_least(low: int, limit: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, limit]`` (checked at parse time, before any model loads)."""
+    upper = _at_most(limit)
+
+    def parse(text: str) -> int:
+        value = upper(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _temperature(text: str) -> float:
+    """An argparse type: a finite sampling temperature above 0 (at most 100)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value) or not 0.0 < value <= 100.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a temperature; give a finite number above 0 (up to 100)")
+    return value
+
+
+_temperature.__name__ = "float"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +147,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UsageError("give either CONFIG.yaml or --verl-config, not both")
         bindings = Path(args.bindings) if args.bindings else None
         plan = import_native(Path(args.verl_config), list(args.set or []), bindings)
+    elif args.bindings:
+        raise UsageError("--bindings applies to --verl-config only; give --verl-config NATIVE.yaml, or drop --bindings")
     elif not args.config:
         raise UsageError("plan needs CONFIG.yaml (or --verl-config NATIVE.yaml)")
     else:
@@ -524,8 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="sampled responses per prompt (default 4; 0: greedy only)",
     )
     evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
-    evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
-    evaluation.add_argument("--max-new-tokens", type=_at_most(MAX_NEW_TOKENS), help="default: rollout.max_new_tokens")
+    evaluation.add_argument(
+        "--temperature", type=_temperature, help="sampling temperature (default: rollout.temperature)"
+    )
+    evaluation.add_argument(
+        "--max-new-tokens", type=_at_least(1, MAX_NEW_TOKENS), help="default: rollout.max_new_tokens"
+    )
     evaluation.add_argument(
         "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
     )

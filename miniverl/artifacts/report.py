@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.artifacts.report_render import render_html, render_markdown
-from miniverl.artifacts.rundir import read_jsonl_text, read_manifest, read_plan, read_summary, require_run_dir
+from miniverl.artifacts.rundir import (
+    read_jsonl_text,
+    read_manifest,
+    read_metrics,
+    read_plan,
+    read_summary,
+    require_run_dir,
+)
 from miniverl.artifacts.svg import line_chart, moving_average, smoothing_window
 from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
@@ -56,6 +63,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             raise UsageError(f"{path} line {number} is not a JSON object")
         out.append(value)
     return out
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` checked as ``inspect`` checks it (the metrics schema), and each line's ``step`` its own
+    update number: a hand-edited step ("x", null, 10**60) is one line and exit 2, never plotted."""
+    path = run_dir / "metrics.jsonl"
+    checked = read_metrics(run_dir)
+    for number, line in enumerate(checked, start=1):
+        if line.step != number:
+            raise UsageError(f"{path}: update {number} records step {str(line.step)[:24]}; steps count 1, 2, 3...")
+    return [line.model_dump(mode="json") for line in checked]
 
 
 def _number(value: Any) -> float | None:
@@ -174,7 +192,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     plan = read_plan(run_dir)
     manifest = read_manifest(run_dir)
     summary = read_summary(run_dir)
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = _read_metrics(run_dir)
     evals = read_evals(run_dir)
     for record in evals:
         if record.run_id != manifest.run_id:

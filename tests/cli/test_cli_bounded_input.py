@@ -304,3 +304,14 @@ def test_resume_recomputes_the_checkpoint_config_digest(
     record["config_digest"] = "0" * 64
     record_path.write_text(json.dumps(record))
     assert_one_line(_resume(cli, run_copy, trained, monkeypatch), 2, "config_digest 0000000000000000 is not its plan's")
+
+
+@pytest.mark.parametrize("step", ['"x"', "null", "1" + "0" * 60, "2"])
+def test_report_refuses_an_edited_metrics_step(cli, run_copy: Path, step: str) -> None:
+    """Hostile class: edited run state. ``report`` checks metrics.jsonl as ``inspect`` does, step included."""
+    path = run_copy / "metrics.jsonl"
+    line = json.loads(path.read_text().splitlines()[0])
+    path.write_text(json.dumps(line).replace(f'"step": {line["step"]}', f'"step": {step}') + "\n")
+    result = cli("report", str(run_copy))
+    assert_one_line(result, 2, "metrics.jsonl")
+    assert not (run_copy / "report").exists()
