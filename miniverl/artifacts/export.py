@@ -56,6 +56,13 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
     ckpt_dir = candidates[-1]
     record = verify_checkpoint(ckpt_dir)  # quick, and a refusal here stays the command's one line
+    from miniverl.config.plan import plan_ancestry
+
+    if record.plan_digest not in plan_ancestry(plan, run_dir / "plans"):
+        raise UsageError(
+            f"checkpoint {ckpt_dir.name} was written under plan {record.plan_digest[:16]}, not under "
+            f"{run_dir}/plan.json ({plan.plan_digest[:16]}) or a plan it extends; restore the run's own plan.json"
+        )
     probe = _probe_ids(run_dir)
     tmp = _fresh_staging_dir(out)
     try:

@@ -96,10 +96,20 @@ def read_manifest(run_dir: Path) -> RunManifest:
 
 
 def read_plan(run_dir: Path) -> PlanRecord:
+    """The run's ``plan.json``, schema-checked and its ``plan_digest`` recomputed: an edited plan is refused."""
+    from miniverl.canonical import sha256_json
+
     try:
-        return PlanRecord.model_validate(_read_json(run_dir / "plan.json"))
+        raw = _read_json(run_dir / "plan.json")
+        plan = PlanRecord.model_validate(raw)
     except (ValidationError, FileNotFoundError):
         raise UsageError(f"{run_dir} has no valid plan.json") from None
+    if sha256_json({k: v for k, v in raw.items() if k != "plan_digest"}) != plan.plan_digest:
+        raise UsageError(
+            f"{run_dir / 'plan.json'} was modified after `miniverl plan` (its plan_digest does not verify); "
+            "restore it from the plan the run was started with"
+        )
+    return plan
 
 
 def read_summary(run_dir: Path) -> RunSummary | None:

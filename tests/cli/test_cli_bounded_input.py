@@ -315,3 +315,20 @@ def test_report_refuses_an_edited_metrics_step(cli, run_copy: Path, step: str) -
     result = cli("report", str(run_copy))
     assert_one_line(result, 2, "metrics.jsonl")
     assert not (run_copy / "report").exists()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_export_refuses_an_edited_plan(cli, run_copy: Path, tmp_path: Path, recompute: bool) -> None:
+    """Hostile class: edited run state. An edited plan.json (LoRA rank) is refused by export in one line, whether
+    or not its plan_digest was recomputed, before any model loads."""
+    from miniverl.canonical import sha256_json
+
+    path = run_copy / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["config"]["models"]["student"]["lora"]["r"] = 2 * plan["config"]["models"]["student"]["lora"]["r"]
+    if recompute:
+        plan["plan_digest"] = sha256_json({k: v for k, v in plan.items() if k != "plan_digest"})
+    path.write_text(json.dumps(plan))
+    needle = "not under" if recompute else "plan_digest does not verify"
+    assert_one_line(cli("export", str(run_copy), "--out", str(tmp_path / "e")), 2, needle)
+    assert not (tmp_path / "e").exists()
