@@ -134,3 +134,21 @@ def test_a_billion_laughs_yaml_is_refused_at_once() -> None:
     with pytest.raises(StrictFormatError, match="recursive anchor"):
         loads_yaml("&a [*a]")
     assert loads_yaml("base: &b {x: 1}\nother: {<<: *b, y: 2}") == {"base": {"x": 1}, "other": {"x": 1, "y": 2}}
+
+
+def test_plan_refuses_a_prompt_longer_than_the_context_in_tokens(cli, workdir: Path, tiny_model_dir: Path) -> None:
+    import yaml
+
+    from tests.cli.test_cli_errors import assert_clean_error
+    from tests.conftest import tiny_config
+
+    rows = [{"prompt": "2 + 2 = ?", "answer": "4"}, {"prompt": "1 + 1 = " * 300, "answer": "2"}]
+    (workdir / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tiny_config(tiny_model_dir)
+    config["data"]["path"] = "p.jsonl"
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config))
+    assert_clean_error(cli("plan", "c.yaml", "--out", "plan.json"), 2, "tokens; the student's context of 512 less")
+    assert not (workdir / "plan.json").exists()
+    rows[1]["prompt"] = "1 + 1 = " * 20  # longer in bytes than nothing, well inside in tokens
+    (workdir / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli("plan", "c.yaml", "--out", "plan.json").code == 0
