@@ -40,3 +40,13 @@ def test_harness_directory_output_refuses_a_fifo(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is a FIFO, not a directory"):
         replace_dir(staging, tmp_path / "assets")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "assets").st_mode) and staging.is_dir()
+
+
+@pytest.mark.parametrize("command", [["build"], ["smoke", "--profile", "cpu-reference"]])
+def test_harness_directory_out_refuses_a_fifo_before_any_work(tmp_path: Path, command: list[str]) -> None:
+    from harness.cli import main
+
+    os.mkfifo(tmp_path / "out")
+    assert main([*command, "--out", str(tmp_path / "out")]) == 2
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "out").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
