@@ -152,3 +152,17 @@ def test_plan_refuses_a_prompt_longer_than_the_context_in_tokens(cli, workdir: P
     rows[1]["prompt"] = "1 + 1 = " * 20  # longer in bytes than nothing, well inside in tokens
     (workdir / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert cli("plan", "c.yaml", "--out", "plan.json").code == 0
+
+
+def test_plan_refuses_a_lone_surrogate_in_one_line(cli, workdir: Path, tiny_model_dir: Path) -> None:
+    import yaml
+
+    from tests.cli.test_cli_errors import assert_clean_error
+    from tests.conftest import tiny_config
+
+    (workdir / "p.jsonl").write_text('{"prompt_id": "a", "prompt": "2 + 2 = \\ud800?", "answer": "4"}\n')
+    config = tiny_config(tiny_model_dir)
+    config["data"]["path"] = "p.jsonl"
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config))
+    assert_clean_error(cli("plan", "c.yaml", "--out", "plan.json"), 2, "line 1: a lone surrogate \\ud800")
+    assert not (workdir / "plan.json").exists()
