@@ -166,3 +166,23 @@ def test_plan_refuses_a_lone_surrogate_in_one_line(cli, workdir: Path, tiny_mode
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
     assert_clean_error(cli("plan", "c.yaml", "--out", "plan.json"), 2, "line 1: a lone surrogate \\ud800")
     assert not (workdir / "plan.json").exists()
+
+
+def _laughs() -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 10):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_billion_laughs_through_verl_config_and_bindings(cli, workdir: Path) -> None:
+    from miniverl import bounded
+    from miniverl.handoff.native import _load_bindings
+    from tests.cli.test_cli_errors import assert_clean_error
+
+    (workdir / "laughs.yaml").write_text(_laughs())
+    start = time.perf_counter()
+    assert_clean_error(cli("plan", "--verl-config", "laughs.yaml"), 2, "expands to more than 200,000 nodes")
+    with pytest.raises(bounded.InputBoundError, match="expands to more than 200,000 nodes"):
+        _load_bindings(workdir / "laughs.yaml")
+    assert time.perf_counter() - start < 2.0
