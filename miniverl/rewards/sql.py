@@ -63,7 +63,7 @@ NON_DETERMINISTIC_TIME_ARGS = frozenset({"now", "localtime", "utc"})
 REFUSED_FUNCTIONS = ("current_time", "current_date", "current_timestamp", "random", "randomblob", "changes")
 
 #: SQLite's heap (all connections of the process) may not pass this: a query that needs more fails (score 0).
-HEAP_LIMIT_BYTES = 256 << 20
+HEAP_LIMIT_BYTES = 128 << 20
 #: The longest response searched for SQL; a longer one scores 0 without being read.
 MAX_RESPONSE_CHARS = 1 << 20
 
