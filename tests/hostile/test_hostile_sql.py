@@ -206,6 +206,16 @@ def _scores(responses: list[str]) -> list[float]:
     return [_score(r, credit=0.1) for r in responses]
 
 
+def test_scores_do_not_depend_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine so loaded that a minute passes between two looks at the clock: the scores stay the same."""
+    responses = _responses()
+    idle = _scores(responses)
+    ticks = iter(range(10**9))
+    for name in ("monotonic", "time", "perf_counter", "process_time"):
+        monkeypatch.setattr(time, name, lambda: 60.0 * next(ticks))
+    assert _scores(responses) == idle
+
+
 def test_scores_are_identical_idle_and_under_load() -> None:
     responses = _responses()
     assert len(responses) == 50
