@@ -206,7 +206,7 @@ def replace_dir(staging: Path, target: Path) -> None:
     old = None
     if target.is_symlink() or target.is_file():
         raise UsageError(f"{target.name} exists and is not a directory; remove it first", check="output")
-    check_output_dir(target, target.name)
+    check_output_dir(target)
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)

@@ -119,6 +119,12 @@ class SandboxConnection(sqlite3.Connection):
 
     task_tables: frozenset[str] = frozenset()
     reads: _Reads | None = None
+    clock: sqlite3.Connection | None = None  # computes the wrapped date/time functions
+
+    def close(self) -> None:
+        if self.clock is not None:
+            self.clock.close()
+        super().close()
 
 
 def _authorizer(allowed_actions: frozenset[int], reads: _Reads | None = None) -> Any:
@@ -202,7 +208,7 @@ def _connect(limits: SandboxLimits) -> SandboxConnection:
     connection.execute("PRAGMA temp_store = MEMORY")  # a sort or a temp table never spills to a file
     connection.execute(f"PRAGMA max_page_count = {limits.max_database_pages}")
     connection.execute("PRAGMA cache_size = -2048")  # KiB
-    clock = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True)
+    clock = connection.clock = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True)
     for name in TIME_FUNCTIONS:
         connection.create_function(name, -1, _time_function(name, clock), deterministic=True)
     for name in REFUSED_FUNCTIONS:
@@ -237,7 +243,7 @@ def build_database(script: str, limits: SandboxLimits = DEFAULT_LIMITS) -> Sandb
         connection.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, limits.max_statement_chars)
     except (sqlite3.Error, MemoryError, OverflowError, ValueError) as exc:
         connection.close()
-        why = budget.reason or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        why = budget.reason or (str(exc).splitlines() or [type(exc).__name__])[0]
         raise DataError(
             f"sql answer: the database script does not build a database within the sandbox's limits ({why}); "
             "use only CREATE TABLE, CREATE INDEX and INSERT of small tables"
