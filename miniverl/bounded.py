@@ -33,7 +33,7 @@ PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset in Parquet (compressed; what it
 TEXT_DATASET_MAX_BYTES = 256 * MIB  # a prompts dataset in JSON Lines or CSV (read whole)
 DATASET_DECODED_MAX_BYTES = 256 * MIB  # the decoded strings of a prompts dataset, whatever its format
 FIELD_MAX_CHARS = 1_000_000  # one field of a dataset row (a prompt, an answer...), in every format
-DATASET_MAX_ROWS = 1_000_000  # rows of a prompts dataset, in every format
+DATASET_MAX_ROWS = 500_000  # rows of a prompts dataset, in every format (about 650 MB once loaded)
 DATASET_ROW_OVERHEAD = 512  # bytes a decoded row costs beyond its strings (Python objects), counted in the budget
 WEIGHTS_MAX_BYTES = 64 * GIB  # a safetensors file (an adapter's, a cached model's): only devices and FIFOs are kept out
 

@@ -18,7 +18,7 @@ from miniverl import __version__
 from miniverl.errors import MiniverlError, UsageError
 
 #: Upper bounds on count arguments: far above any real use, low enough that a typo fails at once, not after hours.
-MAX_SAMPLE_ROWS = 1_000_000
+MAX_SAMPLE_ROWS = 500_000  # a dataset miniverl can load (bounded.DATASET_MAX_ROWS)
 MAX_EVAL_SAMPLES = 10_000
 MAX_THREADS = 1024
 

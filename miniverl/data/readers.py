@@ -94,7 +94,7 @@ def _check_rows(rows: int, source: str) -> None:
     if rows > bounded.DATASET_MAX_ROWS:
         raise DataError(
             f"{source}: {rows:,} rows, over the limit of {bounded.DATASET_MAX_ROWS:,} for a prompts dataset; "
-            "split it into smaller files"
+            "keep a sample of at most that many rows"
         )
 
 

@@ -118,7 +118,9 @@ def test_max_new_tokens_bounded(cli: Callable[..., CliResult], workdir: Path, ti
     over = cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=512", "--out", "p.json")
     assert_one_line(over, 2, "exceeds the limit of 511 for this student: its context is 512 tokens")
     assert not (workdir / "p.json").exists()
-    assert cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=511", "--out", "p.json", "--quiet").code == 0
+    no_room = cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=511", "--out", "p.json")  # the prompts need room
+    assert_one_line(no_room, 2, "tokens; the student's context of 512 less rollout.max_new_tokens 511 leaves 1")
+    assert cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=400", "--out", "p.json", "--quiet").code == 0
 
 
 @pytest.mark.parametrize(
