@@ -381,11 +381,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def writable_out(args: argparse.Namespace) -> None:
-    """A command's ``--out DIR`` is, or can be made, a directory (checked before any work, writing nothing)."""
+def writable_out(args: argparse.Namespace, files: Sequence[str] = ()) -> None:
+    """A command's ``--out DIR`` is, or can be made, a directory, and each of the ``files`` it will write there is
+    absent or a regular file (checked before any work, writing nothing)."""
     from miniverl.artifacts.rundir import check_writable_dir
+    from miniverl.outputs import check_file_target
 
     check_writable_dir(Path(args.out), option="--out")
+    for name in files:
+        check_file_target(Path(args.out) / name, what="--out")
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -401,7 +405,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from miniverl import progress
     from miniverl.bench.cli import run_bench_command
 
-    writable_out(args)
+    writable_out(args, ("bench.json", "bench.md", "pareto.svg", "profiler.json"))
     with progress.active(_reporter(args)):
         report = run_bench_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
@@ -412,7 +416,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     from miniverl import progress
     from miniverl.bench.cli import run_rollout_bench_command
 
-    writable_out(args)
+    writable_out(args, ("rollout.json", "rollout.md", "rollout.svg", "rollout-profiler.json", "rollout.partial.json"))
     with progress.active(_reporter(args)):
         report = run_rollout_bench_command(args)
     _emit(args, report, report["message"])
@@ -424,7 +428,7 @@ def cmd_bench_grpo(args: argparse.Namespace) -> int:
     from miniverl.bench.grpo import options_from_args, run_grpo_bench
     from miniverl.bench.grpo_render import render_grpo_markdown
 
-    writable_out(args)
+    writable_out(args, ("grpo.json", "grpo.md", "grpo.svg", "grpo.partial.json"))
     with progress.active(_reporter(args)):
         report = run_grpo_bench(options_from_args(args), args.out)
     _emit(args, report, render_grpo_markdown(report) + f"\nwrote grpo.json, grpo.md, grpo.svg to {args.out}")

@@ -178,3 +178,12 @@ def copy_file(source: Path, path: str | os.PathLike[str], *, what: str = "output
     import shutil
 
     write_file(path, lambda tmp: shutil.copyfile(source, tmp), what=what)
+
+
+def write_files(files: Mapping[Path, bytes | Fill], *, what: str = "output") -> None:
+    """Write several files of one output: every target is checked (:func:`check_file_target`) before the first
+    is written, so a refusal leaves none of them half-done; each is then written by :func:`write_file`."""
+    for path in files:
+        check_file_target(path, what=what)
+    for path, content in files.items():
+        write_file(path, content, what=what)

@@ -26,9 +26,9 @@ from miniverl.artifacts.rundir import (
     require_run_dir,
 )
 from miniverl.artifacts.svg import line_chart, moving_average, smoothing_window
-from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
+from miniverl.outputs import write_files
 
 #: (chart key, title, y-axis unit, where metrics.jsonl holds it: a top-level key or ``algorithm_metrics``' name).
 METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -371,14 +371,15 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
         if place.is_symlink():
             raise UsageError(f"{place} is a symlink; report writes only into real directories (remove the link)")
     check_writable_dir(target, option="--out")
-    chart_files = {}
+    chart_files, outputs = {}, {}
     for index, chart in enumerate(report["charts"], start=1):
         safe = "".join(c if c.isalnum() else "-" for c in chart["key"]).strip("-")
         name = f"charts/{index:02d}-{safe}.svg"
-        atomic_write_text(target / name, chart["svg"] + "\n")
+        outputs[target / name] = (chart["svg"] + "\n").encode("utf-8")
         chart_files[chart["key"]] = name
-    atomic_write_text(target / "report.md", render_markdown(report, chart_files))
-    atomic_write_text(target / "report.html", render_html(report))
+    outputs[target / "report.md"] = render_markdown(report, chart_files).encode("utf-8")
+    outputs[target / "report.html"] = render_html(report).encode("utf-8")
+    write_files(outputs, what="report")  # every target checked before the first is written
     return {
         "html": str(target / "report.html"),
         "markdown": str(target / "report.md"),

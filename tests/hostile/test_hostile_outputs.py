@@ -139,3 +139,26 @@ def test_run_dir_output_that_became_a_fifo_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OutputTargetError, match="is a FIFO"):
         write_trajectories_jsonl(tmp_path / "trajectories.jsonl", [])
     assert stat.S_ISFIFO(os.lstat(tmp_path / "trajectories.jsonl").st_mode)
+
+
+def test_init_checks_every_target_before_writing_any(cli, workdir: Path) -> None:
+    target = workdir / "ex"
+    target.mkdir()
+    os.mkfifo(target / "config.yaml")
+    assert_clean_error(cli("init", str(target), "--force"), 2, "config.yaml: the init path is a FIFO")
+    assert sorted(p.name for p in target.iterdir()) == ["config.yaml"]  # no partial output
+
+
+def test_write_files_checks_every_target_before_writing_any(tmp_path: Path) -> None:
+    from miniverl.outputs import write_files
+
+    os.mkfifo(tmp_path / "c.html")
+    with pytest.raises(OutputTargetError, match=r"c\.html"):
+        write_files({tmp_path / "a.svg": b"a", tmp_path / "b.md": b"b", tmp_path / "c.html": b"c"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.html"]
+
+
+def test_bench_out_files_are_checked_before_the_bench_runs(cli, workdir: Path) -> None:
+    (workdir / "b").mkdir()
+    os.mkfifo(workdir / "b" / "grpo.svg")
+    assert_clean_error(cli("bench", "grpo", "--out", "b"), 2, "grpo.svg: the --out path is a FIFO")
