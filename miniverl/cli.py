@@ -360,6 +360,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from miniverl.artifacts.runlock import run_writer
 
     run_dir = (source / "run.json").is_file()  # a run's checkpoints must not be pruned while evaluated
+    if run_dir:  # where the record goes: checked before the model loads
+        from miniverl.outputs import check_dir_target
+
+        check_dir_target(source / "eval", what="eval record")
     lock = run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext()
     with lock, progress.active(_reporter(args)):
         result = evaluate(

@@ -334,3 +334,9 @@ def test_export_refuses_an_edited_plan(cli, run_copy: Path, tmp_path: Path, reco
     needle = "not under" if recompute else "plan_digest does not verify"
     assert_one_line(cli("export", str(run_copy), "--out", str(tmp_path / "e")), 2, needle)
     assert not (tmp_path / "e").exists()
+
+
+def test_eval_refuses_an_eval_dir_that_is_a_fifo_before_loading(cli, run_copy: Path, trained: Path) -> None:
+    os.mkfifo(run_copy / "eval")
+    result = cli("eval", str(run_copy), "--data", str(trained.parent.parent / "prompts.parquet"), "--samples", "0")
+    assert_one_line(result, 2, "the eval record directory path is a FIFO, not a directory")
