@@ -201,5 +201,5 @@ def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
                 f"{row['advantage']} | {_md_text(row['finish'])} |"
             )
     lines += ["", "## Identities", "", "| | |", "|---|---|"]
-    lines += [f"| {_md_cell(k)} | `{_md_cell(v)}` |" for k, v in _identity_rows(report)]
+    lines += [f"| {_md_text(k)} | {_md_text(v)} |" for k, v in _identity_rows(report)]
     return "\n".join(lines) + "\n"

@@ -167,7 +167,8 @@ def _time_function(name: str, clock: sqlite3.Connection) -> Callable[..., Any]:
             raise NonDeterministicCall(f"{name}() without a time value reads the clock")
         for value in args[position:]:
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-            if isinstance(text, str) and text.strip().lower() in NON_DETERMINISTIC_TIME_ARGS:
+            # SQLite reads the text up to a NUL, case-insensitively: 'NOW\x00x' is 'now' to it
+            if isinstance(text, str) and text.split("\x00", 1)[0].strip().lower() in NON_DETERMINISTIC_TIME_ARGS:
                 raise NonDeterministicCall(f"{name}({text!r}) depends on when or where it runs")
         marks = ", ".join("?" * len(args))
         return clock.execute(f"SELECT {name}({marks})", args).fetchone()[0]
