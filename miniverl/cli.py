@@ -562,7 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sampled responses per prompt (default 4; 0: greedy only)",
     )
-    evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
+    evaluation.add_argument(
+        "--seed", type=_at_least(0, 2**63 - 1), help="sampling seed (default: the config's run.seed)"
+    )
     evaluation.add_argument(
         "--temperature", type=_temperature, help="sampling temperature (default: rollout.temperature)"
     )
