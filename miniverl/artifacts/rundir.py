@@ -195,6 +195,9 @@ def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
                 digest = None  # a plan.json cut short by the kill: it was being copied from this plan
             if digest is not None and digest != plan_digest:
                 raise UsageError(another_plan(str(run_dir), run_dir))
+    for path in run_dir.iterdir():  # every entry is what the run writes there, checked before any is removed
+        if path.name != LOCK_NAME:
+            _own_output(path, directory=path.name in {"trajectories", "checkpoints"})
     clear_run_outputs(run_dir)
 
 

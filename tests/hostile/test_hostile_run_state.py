@@ -91,3 +91,16 @@ def test_rollback_drops_uncommitted_outputs_of_the_right_kind(tmp_path: Path) ->
         "metrics.jsonl",
         "trajectories",
     ]
+
+
+def test_restart_of_an_unstarted_run_refuses_a_fifo_before_removing_anything(tmp_path: Path) -> None:
+    from miniverl.artifacts.rundir import restart_unstarted_run
+
+    run = tmp_path / "run"
+    (run / "trajectories").mkdir(parents=True)
+    (run / "trajectories" / "cycle-000001.jsonl").write_text("uncommitted\n")
+    os.mkfifo(run / "metrics.jsonl")
+    before = _snapshot(tmp_path)
+    with pytest.raises(UsageError, match=r"metrics\.jsonl is a FIFO, not a regular file this run wrote"):
+        restart_unstarted_run(run, "0" * 64)
+    assert _snapshot(tmp_path) == before
