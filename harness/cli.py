@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness.core.errors import HarnessError, UsageError
 from harness.core.proc import REPO_ROOT
+from harness.core.safeio import check_output_dir
 
 DEFAULT_CANDIDATE = REPO_ROOT / "out" / "candidate"
 
@@ -22,6 +23,7 @@ def _build(args: argparse.Namespace) -> int:
         manifest = check_candidate(out)
         print(f"candidate ok: {manifest.wheel.filename} {manifest.sdist.filename} ({manifest.source_commit[:12]})")
         return 0
+    check_output_dir(out, "--out")  # before anything is built: never a file, FIFO, device or symlink
     manifest = build_candidate(Path(args.repo), out, force=args.force)
     print(f"candidate built: {manifest.wheel.filename} {manifest.wheel.sha256}")
     return 0
@@ -31,6 +33,7 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
     from harness.core.profiles import get_profile
     from harness.qualify.smoke import SmokeOptions, run_smoke
 
+    check_output_dir(Path(args.out), "--out")
     opts = SmokeOptions(
         profile=get_profile(args.profile),
         out=Path(args.out),
@@ -141,6 +144,7 @@ def _assets(args: argparse.Namespace) -> int:
     from harness.audit.release_assets import build_release_assets
 
     # The bindings to trust come from this checkout and the profile, never from the records being packed.
+    check_output_dir(Path(args.out), "--out")
     req = checkout_request(args.profile, "full_qualification", assets=False)
     out = build_release_assets(
         Path(args.candidate),

@@ -29,9 +29,15 @@ CONFIG_MAX_BYTES = 4 * MIB  # a config YAML, a native verl YAML, --bindings
 PLAN_MAX_BYTES = 16 * MIB  # plan.json, run.json, checkpoint.json, a bundle's manifest
 MODEL_CONFIG_MAX_BYTES = 4 * MIB  # a model's config.json, adapter_config.json
 METRICS_MAX_BYTES = 1 * GIB  # metrics.jsonl (one line per update)
-PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset
+PARQUET_MAX_BYTES = 4 * GIB  # a prompts dataset in Parquet (compressed; what it decodes to is bounded below)
+TEXT_DATASET_MAX_BYTES = 256 * MIB  # a prompts dataset in JSON Lines or CSV (read whole)
+DATASET_DECODED_MAX_BYTES = 256 * MIB  # the decoded strings of a prompts dataset, whatever its format
+FIELD_MAX_CHARS = 1_000_000  # one field of a dataset row (a prompt, an answer...), in every format
+DATASET_MAX_ROWS = 500_000  # rows of a prompts dataset, in every format (about 650 MB once loaded)
+DATASET_ROW_OVERHEAD = 512  # bytes a decoded row costs beyond its strings (Python objects), counted in the budget
 WEIGHTS_MAX_BYTES = 64 * GIB  # a safetensors file (an adapter's, a cached model's): only devices and FIFOs are kept out
 
+_READ_CHUNK = 1 * MIB
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -99,11 +105,17 @@ def read_bytes(path: Path, *, limit: int, what: str, nofollow: bool = False) -> 
         if nofollow and exc.errno == 40:  # ELOOP: became a symlink after lstat
             raise InputBoundError(f"{path}: {what} must be a regular file; this is a symlink") from None
         raise
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(fd, "rb", buffering=0) as handle:
         st = os.fstat(handle.fileno())
         _refuse_kind(path, st.st_mode, what)
         _refuse_size(path, st.st_size, limit, what)
-        data = handle.read(limit + 1)
+        # the buffer grows with what is there: never ``limit`` bytes reserved up front for a small file
+        data: bytes = handle.read(min(st.st_size, limit) + 1) or b""
+        if st.st_size < len(data) <= limit:  # it grew while being read: go on in chunks, up to the limit
+            grown = bytearray(data)
+            while len(grown) <= limit and (block := handle.read(min(_READ_CHUNK, limit + 1 - len(grown)))):
+                grown += block
+            data = bytes(grown)
     _refuse_size(path, len(data), limit, what)  # a file that grew while being read
     return data
 

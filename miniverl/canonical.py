@@ -48,11 +48,9 @@ def tree_digest(root: Path, names: Iterable[str] | None = None) -> dict[str, str
 
 
 def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    from miniverl.outputs import fsync_dir
+
+    fsync_dir(directory)
 
 
 def umask_mode(*, directory: bool) -> int:
@@ -71,21 +69,11 @@ def temp_dir_beside(target: Path, prefix: str) -> Path:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temp file beside ``path``, fsync, rename into place, fsync the directory."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, umask_mode(directory=False))  # the user's umask, as a plain open() would
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
+    """Write ``data`` through the one output writer (:func:`miniverl.outputs.write_file`): the target is checked
+    with ``lstat`` first (a device, FIFO, socket or directory is refused), then temp file, fsync, rename."""
+    from miniverl.outputs import write_file
+
+    write_file(path, data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

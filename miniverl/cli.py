@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import json
+import math
 import os
 import shlex
 import sys
@@ -17,7 +18,7 @@ from miniverl import __version__
 from miniverl.errors import MiniverlError, UsageError
 
 #: Upper bounds on count arguments: far above any real use, low enough that a typo fails at once, not after hours.
-MAX_SAMPLE_ROWS = 1_000_000
+MAX_SAMPLE_ROWS = 500_000  # a dataset miniverl can load (bounded.DATASET_MAX_ROWS)
 MAX_EVAL_SAMPLES = 10_000
 MAX_THREADS = 1024
 
@@ -36,6 +37,34 @@ def _at_most(limit: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
+
+
+def _at_least(low: int, limit: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, limit]`` (checked at parse time, before any model loads)."""
+    upper = _at_most(limit)
+
+    def parse(text: str) -> int:
+        value = upper(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _temperature(text: str) -> float:
+    """An argparse type: a finite sampling temperature above 0 (at most 100)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value) or not 0.0 < value <= 100.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a temperature; give a finite number above 0 (up to 100)")
+    return value
+
+
+_temperature.__name__ = "float"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,6 +125,8 @@ def cmd_data_sample(args: argparse.Namespace) -> int:
     from miniverl.data import sample_dataset
 
     check_writable_file(Path(args.out), option="--out")
+    if Path(args.out).suffix.lower() != ".parquet":
+        raise UsageError(f"--out {args.out}: data sample writes Parquet; give a file name ending in .parquet")
     result = sample_dataset(args.task, args.rows, args.seed, Path(args.out))
     _emit(args, result, f"wrote {result['rows']} rows to {args.out} (sha256 {result['sha256']})")
     return 0
@@ -107,6 +138,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from miniverl.config.plan import compile_plan
 
     check_writable_file(Path(args.out), option="--out")
+    if Path(args.out).suffix.lower() != ".json":
+        raise UsageError(f"--out {args.out}: a plan is JSON; give a file name ending in .json")
     if args.verl_config:  # direct-config (compiler v4): --set holds runtime bindings only
         from miniverl.handoff.native import import_native
 
@@ -114,6 +147,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UsageError("give either CONFIG.yaml or --verl-config, not both")
         bindings = Path(args.bindings) if args.bindings else None
         plan = import_native(Path(args.verl_config), list(args.set or []), bindings)
+    elif args.bindings:
+        raise UsageError("--bindings applies to --verl-config only; give --verl-config NATIVE.yaml, or drop --bindings")
     elif not args.config:
         raise UsageError("plan needs CONFIG.yaml (or --verl-config NATIVE.yaml)")
     else:
@@ -325,6 +360,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from miniverl.artifacts.runlock import run_writer
 
     run_dir = (source / "run.json").is_file()  # a run's checkpoints must not be pruned while evaluated
+    if run_dir:  # where the record goes: checked before the model loads
+        from miniverl.outputs import check_dir_target
+
+        check_dir_target(source / "eval", what="eval record")
     lock = run_writer(source, what="the eval", optional=True) if run_dir else contextlib.nullcontext()
     with lock, progress.active(_reporter(args)):
         result = evaluate(
@@ -346,11 +385,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def writable_out(args: argparse.Namespace) -> None:
-    """A command's ``--out DIR`` is, or can be made, a directory (checked before any work, writing nothing)."""
+def writable_out(args: argparse.Namespace, files: Sequence[str] = ()) -> None:
+    """A command's ``--out DIR`` is, or can be made, a directory, and each of the ``files`` it will write there is
+    absent or a regular file (checked before any work, writing nothing)."""
     from miniverl.artifacts.rundir import check_writable_dir
+    from miniverl.outputs import check_file_target
 
     check_writable_dir(Path(args.out), option="--out")
+    for name in files:
+        check_file_target(Path(args.out) / name, what="--out")
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -366,7 +409,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from miniverl import progress
     from miniverl.bench.cli import run_bench_command
 
-    writable_out(args)
+    writable_out(args, ("bench.json", "bench.md", "pareto.svg", "profiler.json"))
     with progress.active(_reporter(args)):
         report = run_bench_command(args)
     _emit(args, report, report.get("message", json.dumps(report, sort_keys=True)))
@@ -377,7 +420,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     from miniverl import progress
     from miniverl.bench.cli import run_rollout_bench_command
 
-    writable_out(args)
+    writable_out(args, ("rollout.json", "rollout.md", "rollout.svg", "rollout-profiler.json", "rollout.partial.json"))
     with progress.active(_reporter(args)):
         report = run_rollout_bench_command(args)
     _emit(args, report, report["message"])
@@ -389,7 +432,7 @@ def cmd_bench_grpo(args: argparse.Namespace) -> int:
     from miniverl.bench.grpo import options_from_args, run_grpo_bench
     from miniverl.bench.grpo_render import render_grpo_markdown
 
-    writable_out(args)
+    writable_out(args, ("grpo.json", "grpo.md", "grpo.svg", "grpo.partial.json"))
     with progress.active(_reporter(args)):
         report = run_grpo_bench(options_from_args(args), args.out)
     _emit(args, report, render_grpo_markdown(report) + f"\nwrote grpo.json, grpo.md, grpo.svg to {args.out}")
@@ -519,9 +562,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sampled responses per prompt (default 4; 0: greedy only)",
     )
-    evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
-    evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
-    evaluation.add_argument("--max-new-tokens", type=_at_most(MAX_NEW_TOKENS), help="default: rollout.max_new_tokens")
+    evaluation.add_argument(
+        "--seed", type=_at_least(0, 2**63 - 1), help="sampling seed (default: the config's run.seed)"
+    )
+    evaluation.add_argument(
+        "--temperature", type=_temperature, help="sampling temperature (default: rollout.temperature)"
+    )
+    evaluation.add_argument(
+        "--max-new-tokens", type=_at_least(1, MAX_NEW_TOKENS), help="default: rollout.max_new_tokens"
+    )
     evaluation.add_argument(
         "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
     )

@@ -36,8 +36,10 @@ def output_file(out: str | None) -> Path | None:
     nothing is written."""
     if not out:
         return None
+    from harness.core.safeio import check_output_file
+
     path = Path(out)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise UsageError(
             f"--out {out!r} is a directory; give the file to write, e.g. {path / 'release-verification.json'}",
             check="output",
@@ -47,6 +49,7 @@ def output_file(out: str | None) -> Path | None:
         above = above.parent
     if not above.is_dir():
         raise UsageError(f"--out {out!r}: {str(above)!r} is not a directory", check="output")
+    check_output_file(path, "--out")
     return path
 
 

@@ -154,7 +154,13 @@ def fsync_dir(directory: Path) -> None:
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A temp file beside ``path`` to write; on a clean exit it is fsynced, made 0644, renamed into place and the
-    directory fsynced, so ``path`` holds either its old bytes or all the new ones. On an error it is removed."""
+    directory fsynced, so ``path`` holds either its old bytes or all the new ones. On an error it is removed.
+
+    The one writer of the harness: ``path`` is checked with ``lstat`` first and again before the rename
+    (:func:`~harness.core.safeio.check_output_file`): a device, FIFO, socket or directory is never replaced."""
+    from harness.core.safeio import check_output_file
+
+    check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -163,6 +169,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, 0o644)
+        check_output_file(path)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
@@ -194,9 +201,12 @@ def fsync_tree(root: Path) -> None:
 
 def replace_dir(staging: Path, target: Path) -> None:
     """Move a finished ``staging`` directory onto ``target``; the old one is removed only afterwards."""
+    from harness.core.safeio import check_output_dir
+
     old = None
     if target.is_symlink() or target.is_file():
         raise UsageError(f"{target.name} exists and is not a directory; remove it first", check="output")
+    check_output_dir(target)
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)

@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from harness.core.errors import HarnessError, VerificationError
+from harness.core.errors import HarnessError, UsageError, VerificationError
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -184,3 +184,51 @@ def require_directory(path: Path, what: str, *, check: str, error: type[HarnessE
     st = _lstat(path, what, check, error)
     if not stat.S_ISDIR(st.st_mode):
         raise error(f"{what} is {_kind(st.st_mode)}, not a directory", check=check)
+
+
+def _output_mode(path: Path, what: str, check: str) -> tuple[int | None, bool]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, False
+    except OSError as exc:
+        raise UsageError(
+            f"{what} {path} cannot be examined: {exc.strerror or exc.__class__.__name__}", check=check
+        ) from None
+    if not stat.S_ISLNK(st.st_mode):
+        return st.st_mode, False
+    try:
+        return os.stat(path).st_mode, True
+    except FileNotFoundError:
+        return None, True
+    except OSError as exc:
+        raise UsageError(
+            f"{what} {path}: a symlink that cannot be resolved ({exc.strerror}); remove it", check=check
+        ) from None
+
+
+def check_output_file(path: Path, what: str = "output", *, check: str = "output") -> None:
+    """The one rule for every file the harness writes: ``path`` (``lstat`` first) is absent or a regular file, or
+    a symlink to one (the rename replaces the link, never its target). A device, a FIFO, a socket, a directory or
+    a symlink to any of them is a :class:`UsageError` (exit 2) before anything is written."""
+    mode, link = _output_mode(Path(path), what, check)
+    if mode is None or stat.S_ISREG(mode):
+        return
+    through = "a symlink to " if link else ""
+    raise UsageError(
+        f"{what} {path} is {through}{_kind(mode)}, not a regular file; give the path of a file to write", check=check
+    )
+
+
+def check_output_dir(path: Path, what: str = "output", *, check: str = "output") -> None:
+    """A directory output (built beside and renamed into place): ``path`` is absent or a real directory."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(
+            f"{what} {path} cannot be examined: {exc.strerror or exc.__class__.__name__}", check=check
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what} {path} is {_kind(st.st_mode)}, not a directory; choose another path", check=check)

@@ -18,6 +18,7 @@ from miniverl.artifacts.reload import load_checkpoint_tensors, reload_peft
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
+from miniverl.outputs import check_dir_target, publish_dir
 from miniverl.records import CheckpointFile, ExportManifest, ExportReload
 
 RELOAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -55,6 +56,13 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         raise UsageError(f"{run_dir} has no checkpoint{'' if step is None else f' for step {step}'} to export")
     ckpt_dir = candidates[-1]
     record = verify_checkpoint(ckpt_dir)  # quick, and a refusal here stays the command's one line
+    from miniverl.config.plan import plan_ancestry
+
+    if record.plan_digest not in plan_ancestry(plan, run_dir / "plans"):
+        raise UsageError(
+            f"checkpoint {ckpt_dir.name} was written under plan {record.plan_digest[:16]}, not under "
+            f"{run_dir}/plan.json ({plan.plan_digest[:16]}) or a plan it extends; restore the run's own plan.json"
+        )
     probe = _probe_ids(run_dir)
     tmp = _fresh_staging_dir(out)
     try:
@@ -98,9 +106,10 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         progress.phase("write", "manifest, fsync, rename into place")
         atomic_write_json(tmp / MANIFEST, export_manifest.model_dump(mode="json"), pretty=True)
         fsync_tree(tmp)
+        check_dir_target(out, what="export")
         if out.exists():
             out.rmdir()
-        tmp.rename(out)
+        publish_dir(tmp, out, what="export")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

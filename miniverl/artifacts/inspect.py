@@ -8,11 +8,30 @@ from typing import Any
 from miniverl.artifacts.rundir import read_manifest, read_metrics, read_summary, require_run_dir
 
 
+def _check_derived(run_dir: Path, manifest: Any) -> None:
+    """``run.json``'s algorithm and runtime are what the run's own plan says (an edited one is refused)."""
+    from miniverl.artifacts.rundir import read_plan
+    from miniverl.errors import UsageError
+
+    if not (run_dir / "plan.json").is_file():
+        return
+    config = read_plan(run_dir).config
+    algorithm = (config.get("algorithm") or {}).get("name")
+    runtime = ((config.get("models") or {}).get("runtime")) or manifest.runtime
+    for field, value in (("algorithm", algorithm), ("runtime", runtime)):
+        if value is not None and getattr(manifest, field) != value:
+            raise UsageError(
+                f"{run_dir / 'run.json'}: {field} {getattr(manifest, field)!r} is not the plan's {value!r}; it was "
+                "edited: remove run.json and `miniverl run --resume` rebuilds it"
+            )
+
+
 def inspect_run(run_dir: Path) -> dict[str, Any]:
     from miniverl.training.checkpoint_files import checkpoint_status
 
     require_run_dir(run_dir)
     manifest = read_manifest(run_dir)
+    _check_derived(run_dir, manifest)
     summary = read_summary(run_dir)
     metrics = read_metrics(run_dir)
     checkpoints = checkpoint_status(run_dir / "checkpoints")

@@ -17,11 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.artifacts.report_render import render_html, render_markdown
-from miniverl.artifacts.rundir import read_jsonl_text, read_manifest, read_plan, read_summary, require_run_dir
+from miniverl.artifacts.rundir import (
+    read_jsonl_text,
+    read_manifest,
+    read_metrics,
+    read_plan,
+    read_summary,
+    require_run_dir,
+)
 from miniverl.artifacts.svg import line_chart, moving_average, smoothing_window
-from miniverl.canonical import atomic_write_text
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
+from miniverl.outputs import write_files
 
 #: (chart key, title, y-axis unit, where metrics.jsonl holds it: a top-level key or ``algorithm_metrics``' name).
 METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -56,6 +63,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             raise UsageError(f"{path} line {number} is not a JSON object")
         out.append(value)
     return out
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` checked as ``inspect`` checks it (the metrics schema), and each line's ``step`` its own
+    update number: a hand-edited step ("x", null, 10**60) is one line and exit 2, never plotted."""
+    path = run_dir / "metrics.jsonl"
+    checked = read_metrics(run_dir)
+    for number, line in enumerate(checked, start=1):
+        if line.step != number:
+            raise UsageError(f"{path}: update {number} records step {str(line.step)[:24]}; steps count 1, 2, 3...")
+    return [line.model_dump(mode="json") for line in checked]
 
 
 def _number(value: Any) -> float | None:
@@ -174,7 +192,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     plan = read_plan(run_dir)
     manifest = read_manifest(run_dir)
     summary = read_summary(run_dir)
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = _read_metrics(run_dir)
     evals = read_evals(run_dir)
     for record in evals:
         if record.run_id != manifest.run_id:
@@ -353,14 +371,15 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
         if place.is_symlink():
             raise UsageError(f"{place} is a symlink; report writes only into real directories (remove the link)")
     check_writable_dir(target, option="--out")
-    chart_files = {}
+    chart_files, outputs = {}, {}
     for index, chart in enumerate(report["charts"], start=1):
         safe = "".join(c if c.isalnum() else "-" for c in chart["key"]).strip("-")
         name = f"charts/{index:02d}-{safe}.svg"
-        atomic_write_text(target / name, chart["svg"] + "\n")
+        outputs[target / name] = (chart["svg"] + "\n").encode("utf-8")
         chart_files[chart["key"]] = name
-    atomic_write_text(target / "report.md", render_markdown(report, chart_files))
-    atomic_write_text(target / "report.html", render_html(report))
+    outputs[target / "report.md"] = render_markdown(report, chart_files).encode("utf-8")
+    outputs[target / "report.html"] = render_html(report).encode("utf-8")
+    write_files(outputs, what="report")  # every target checked before the first is written
     return {
         "html": str(target / "report.html"),
         "markdown": str(target / "report.md"),

@@ -2,7 +2,7 @@
 
 The answer comes first (the headline, then the curves and the held-out evaluation), the time next, sample
 trajectories after, identities and hashes last. Every text from the run (prompts, model output, names) is
-escaped: HTML entities in the page, and also in Markdown, whose viewers render raw HTML.
+escaped: HTML entities in the page; in Markdown an inline code span, so no image, link or HTML from data renders.
 """
 
 from __future__ import annotations
@@ -162,8 +162,18 @@ def _md_cell(text: str) -> str:
 
 
 def _md_text(text: str) -> str:
-    """A table cell of untrusted text (model output, prompts): Markdown viewers render raw HTML, so escape it."""
-    return _md_cell(escape(text, quote=False))
+    """Untrusted text (prompts, model output, anything from data) made inert in Markdown: an inline code span,
+    whose content no viewer turns into an image, a link, an autolink or raw HTML. Its fence is one backtick longer
+    than the longest run of backticks inside; newlines become spaces and ``|`` is escaped for the table."""
+    flat = " ".join(text.splitlines()) if text else ""
+    if not flat:
+        return ""
+    longest = run = 0
+    for char in flat:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    return f"{fence} {flat.replace('|', chr(92) + '|')} {fence}"
 
 
 def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
@@ -172,7 +182,7 @@ def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
     lines += ["", f"## Curves ({report['updates']} updates)", ""]
     lines += [f"![{chart['title']}]({chart_files[chart['key']]})" for chart in report["charts"]]
     if report["absent"]:
-        lines += ["", f"Not recorded by this run (absent, not plotted): {', '.join(report['absent'])}."]
+        lines += ["", f"Not recorded by this run (absent, not plotted): {_md_text(', '.join(report['absent']))}."]
     lines += ["", "## Held-out evaluation", ""]
     if not report["evals"]:
         lines.append("No eval in this run yet: `miniverl eval RUN --data HELDOUT.parquet` adds one.")
@@ -191,5 +201,5 @@ def render_markdown(report: dict[str, Any], chart_files: dict[str, str]) -> str:
                 f"{row['advantage']} | {_md_text(row['finish'])} |"
             )
     lines += ["", "## Identities", "", "| | |", "|---|---|"]
-    lines += [f"| {_md_cell(k)} | `{_md_cell(v)}` |" for k, v in _identity_rows(report)]
+    lines += [f"| {_md_text(k)} | {_md_text(v)} |" for k, v in _identity_rows(report)]
     return "\n".join(lines) + "\n"

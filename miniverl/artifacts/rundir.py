@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from miniverl import bounded
 from miniverl.artifacts.runlock import LOCK_NAME
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import UsageError
+from miniverl.outputs import OutputTargetError, check_file_target, kind_of
 from miniverl.records import MetricsLine, PlanRecord, RunManifest, RunSummary
 
 #: Longest run id: it becomes a directory name, and names past 255 bytes fail on most file systems.
@@ -65,16 +67,18 @@ def check_writable_dir(path: Path, *, option: str, shown: Path | None = None) ->
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise UsageError(f"{option} {path}: {probe} is a file, not a directory; choose another {option}")
+        mode = probe.stat().st_mode
+        kind = "a file" if stat.S_ISREG(mode) else kind_of(mode)
+        raise OutputTargetError(f"{option} {path}: {probe} is {kind}, not a directory; choose another {option}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: {probe} is not writable; choose another {option}")
 
 
 def check_writable_file(path: Path, *, option: str) -> None:
-    """``path`` can be written as a file: not a directory, and its directory is (or can be) writable."""
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
+    """``path`` can be written as a file: absent or a regular file (``lstat``: never a device, FIFO, socket or
+    directory, nor a symlink to one), and its directory is (or can be) writable. Nothing is written."""
     check_writable_dir(path.parent, option=option, shown=path)
+    check_file_target(path, what=option)
 
 
 def require_run_dir(run_dir: Path) -> None:
@@ -92,10 +96,20 @@ def read_manifest(run_dir: Path) -> RunManifest:
 
 
 def read_plan(run_dir: Path) -> PlanRecord:
+    """The run's ``plan.json``, schema-checked and its ``plan_digest`` recomputed: an edited plan is refused."""
+    from miniverl.canonical import sha256_json
+
     try:
-        return PlanRecord.model_validate(_read_json(run_dir / "plan.json"))
+        raw = _read_json(run_dir / "plan.json")
+        plan = PlanRecord.model_validate(raw)
     except (ValidationError, FileNotFoundError):
         raise UsageError(f"{run_dir} has no valid plan.json") from None
+    if sha256_json({k: v for k, v in raw.items() if k != "plan_digest"}) != plan.plan_digest:
+        raise UsageError(
+            f"{run_dir / 'plan.json'} was modified after `miniverl plan` (its plan_digest does not verify); "
+            "restore it from the plan the run was started with"
+        )
+    return plan
 
 
 def read_summary(run_dir: Path) -> RunSummary | None:
@@ -181,6 +195,9 @@ def restart_unstarted_run(run_dir: Path, plan_digest: str) -> None:
                 digest = None  # a plan.json cut short by the kill: it was being copied from this plan
             if digest is not None and digest != plan_digest:
                 raise UsageError(another_plan(str(run_dir), run_dir))
+    for path in run_dir.iterdir():  # every entry is what the run writes there, checked before any is removed
+        if path.name != LOCK_NAME:
+            _own_output(path, directory=path.name in {"trajectories", "checkpoints"})
     clear_run_outputs(run_dir)
 
 
@@ -195,36 +212,63 @@ def clear_run_outputs(run_dir: Path) -> None:
             path.unlink()
 
 
+def _own_output(path: Path, *, directory: bool) -> bool:
+    """Whether ``path`` exists as what the run itself writes there (``lstat``: a real directory or a regular file,
+    never a symlink); a :class:`UsageError` naming it when it exists as anything else. Nothing is removed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if (stat.S_ISDIR if directory else stat.S_ISREG)(mode):
+        return True
+    expected = "a directory" if directory else "a regular file"
+    raise UsageError(
+        f"{path} is {kind_of(mode)}, not {expected} this run wrote; remove it and resume (the checkpoint restores it)"
+    )
+
+
 def roll_back_outputs(run_dir: Path, metrics_text: str, trajectories: dict[str, str], checkpoint: str) -> None:
     """Make ``metrics.jsonl`` and ``trajectories/`` exactly what ``checkpoint`` commits (the resume point).
 
     Lines and files of later, uncommitted updates are dropped; a committed trajectory file that is
-    missing or changed is refused, since the checkpoint can no longer vouch for it.
+    missing or changed is refused, since the checkpoint can no longer vouch for it. Everything this would remove
+    or replace is checked first (``lstat``: a regular file or a real directory of the expected kind, never a
+    symlink, a FIFO or a device): anything else is refused before a single file is deleted.
     """
     from miniverl.canonical import atomic_write_text, sha256_file
     from miniverl.errors import CheckpointError
 
     folder = run_dir / "trajectories"
+    extra: list[Path] = []
+    if _own_output(folder, directory=True):
+        for path in sorted(folder.iterdir()):
+            _own_output(path, directory=False)
+            if path.name not in trajectories:
+                extra.append(path)
     for name, digest in sorted(trajectories.items()):
         path = folder / name
         if not path.is_file() or path.is_symlink() or sha256_file(path) != digest:
             raise CheckpointError(f"trajectories/{name} differs from what checkpoint {checkpoint} commits")
-    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if path.name not in trajectories:
-            path.unlink()
     metrics = run_dir / "metrics.jsonl"
-    try:
-        kept: str | None = bounded.read_text(
-            metrics, limit=bounded.METRICS_MAX_BYTES, what="a JSONL log", nofollow=True
-        )
-    except IsADirectoryError:
-        raise UsageError(f"{metrics} is a directory; remove it and resume (the checkpoint restores it)") from None
-    except (FileNotFoundError, bounded.InputBoundError, UnicodeDecodeError):
-        kept = None  # not the committed text, whatever it is: replaced below (a symlink itself, never its target)
+    kept: str | None = None
+    if _own_output(metrics, directory=False):
+        try:
+            kept = bounded.read_text(metrics, limit=bounded.METRICS_MAX_BYTES, what="a JSONL log", nofollow=True)
+        except (bounded.InputBoundError, UnicodeDecodeError):
+            kept = None  # not the committed text, whatever it is: replaced below
+    # temp files of writes a kill cut short (atomic_write_* and write_checkpoint): never published, safe to drop
+    temp_files = sorted(run_dir.glob(".*.tmp"))
+    for path in temp_files:
+        _own_output(path, directory=False)
+    checkpoints = run_dir / "checkpoints"
+    temp_dirs = sorted(checkpoints.glob(".tmp-*")) if _own_output(checkpoints, directory=True) else []
+    for path in temp_dirs:
+        _own_output(path, directory=True)
+    for path in extra:
+        path.unlink()
     if kept != metrics_text:
         atomic_write_text(metrics, metrics_text)
-    # temp files of writes a kill cut short (atomic_write_* and write_checkpoint): never published, safe to drop
-    for path in sorted(run_dir.glob(".*.tmp")):
+    for path in temp_files:
         path.unlink()
-    for path in sorted((run_dir / "checkpoints").glob(".tmp-*")):
+    for path in temp_dirs:
         shutil.rmtree(path)

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,15 @@ def _holder(fd: int) -> str:
     return "another process"
 
 
+def _refuse_non_regular(path: Path, mode: int | None) -> None:
+    """The lock file must be absent or a regular file (never a symlink, directory, FIFO, socket or device)."""
+    if mode is None or stat.S_ISREG(mode):
+        return
+    from miniverl.outputs import kind_of
+
+    raise UsageError(f"{path} is {kind_of(mode)}, not the run's lock file; remove it and retry")
+
+
 def acquire(run_dir: Path, *, what: str) -> bool:
     """Take the run's lock now or raise :class:`RunBusyError` naming the holder; True when newly taken.
 
@@ -63,9 +73,19 @@ def acquire(run_dir: Path, *, what: str) -> bool:
         _held[key][1] += 1
         return False
     path = run_dir / LOCK_NAME
-    if path.is_symlink():
-        raise UsageError(f"{path} is a symlink; remove it")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    _refuse_non_regular(path, os.lstat(path).st_mode if os.path.lexists(path) else None)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # became a symlink, directory or socket
+            _refuse_non_regular(path, os.lstat(path).st_mode)
+        raise
+    try:
+        _refuse_non_regular(path, os.fstat(fd).st_mode)
+    except UsageError:
+        os.close(fd)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -8,7 +8,8 @@ template uses only known placeholders, and GRPO has groups that can give an adva
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from miniverl.config.schema import REWARD_MODEL_TERM, MiniverlConfig, RewardTerm
 from miniverl.data import COLUMNS, PromptRow
@@ -43,6 +44,7 @@ def check_data(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
     - a privileged-context column that is empty in every row is refused.
     """
     _score_empty_responses(config, rows)
+    _check_prompt_tokens(config, rows)
     teacher = config.models.teacher
     if teacher is None or teacher.privileged_context is None:
         return
@@ -52,6 +54,52 @@ def check_data(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
             f"{config.data.path}: column {column!r} is empty in every row, so the privileged-context "
             "teacher would see nothing extra; fill it or pick another models.teacher.privileged_context.column"
         )
+
+
+def _token_counter(model_dir: Any) -> Callable[[str], int] | None:
+    """Counts a text's tokens with the model's ``tokenizer.json`` (the ``tokenizers`` library, no torch), or None
+    where neither is available (a builtin not fetched yet, a GGUF file)."""
+    from pathlib import Path
+
+    path = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    from miniverl import bounded
+
+    bounded.check_regular(path, limit=bounded.PLAN_MAX_BYTES * 4, what="a tokenizer")
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _check_prompt_tokens(config: MiniverlConfig, rows: Sequence[PromptRow]) -> None:
+    """Every prompt fits the student's context with room for ``rollout.max_new_tokens``, counted in tokens.
+
+    A token covers at least one byte, so a prompt of at most that many bytes fits without being tokenized; only
+    longer ones are counted, with the model's own tokenizer where the plan can read it.
+    """
+    from miniverl.models.sources import resolve
+
+    resolved = resolve(config.models.student, fetch=False)
+    context = (resolved.config or {}).get("max_position_embeddings")
+    if not isinstance(context, int) or isinstance(context, bool):
+        return
+    room = context - config.rollout.max_new_tokens
+    longer = [row for row in rows if len(row.prompt.encode("utf-8")) > room]
+    count = _token_counter(resolved.path) if longer else None
+    if count is None:
+        return
+    for row in longer:
+        tokens = count(row.prompt)
+        if tokens > room:
+            raise DataError(
+                f"{config.data.path}: prompt {row.prompt_id!r} is {tokens:,} tokens; the student's context of "
+                f"{context:,} less rollout.max_new_tokens {config.rollout.max_new_tokens:,} leaves {room:,}: "
+                "shorten the prompt or lower rollout.max_new_tokens"
+            )
 
 
 def check_template(template: str, *, where: str) -> None:

@@ -25,9 +25,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+#: A seed fits torch's generator (a 64-bit seed): a larger one would fail only after the model loads.
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 class RunSection(Strict):
     name: str = "miniverl-run"
-    seed: int = 0
+    seed: Seed = 0
     deterministic: bool = False
 
 
@@ -120,7 +124,7 @@ class TinyClassifier(Strict):
     num_hidden_layers: Annotated[int, Field(ge=1)] = 2
     num_attention_heads: Annotated[int, Field(ge=1)] = 4
     intermediate_size: Annotated[int, Field(ge=8)] = 64
-    seed: int = 0
+    seed: Seed = 0
 
 
 class RewardModelSpec(Strict):
@@ -294,7 +298,7 @@ class PpoSection(Strict):
     critic_mini_batches: Annotated[int, Field(ge=1)] | None = None
     critic_learning_rate: Annotated[float, Field(gt=0)] = 1e-4
     critic_max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
-    critic_head_seed: int = 0
+    critic_head_seed: Seed = 0
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     kl_estimator: KlEstimator = "k1"
     kl_mode: KlMode = Field(

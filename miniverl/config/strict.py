@@ -13,6 +13,7 @@ them into the :class:`~miniverl.errors.UsageError` subclass that fits the file.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import yaml
@@ -21,6 +22,10 @@ MAX_INT_DIGITS = 64
 #: Containers nested deeper than this in a JSON or YAML input are refused (real configs nest < 10 deep).
 MAX_DEPTH = 64
 _TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit for any input)"
+#: A YAML document may not expand (aliases counted every time they are used) to more nodes than this.
+MAX_YAML_NODES = 200_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class StrictFormatError(ValueError):
@@ -45,6 +50,27 @@ def nesting_depth(value: Any) -> int:
             return depth
         stack.extend((child, depth) for child in children)
     return deepest
+
+
+def refuse_surrogates(value: Any, *, origin: str = "") -> None:
+    """A :class:`StrictFormatError` when a string (a key or a value) in ``value`` holds a lone UTF-16 surrogate
+    (``\\ud800``...): such a string cannot be written as UTF-8, so it would fail later, far from its source."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                where = f" in {origin}" if origin else ""
+                raise StrictFormatError(
+                    f"a lone surrogate \\u{ord(found.group()):04x}{where} is not a character; "
+                    "write the text as UTF-8 (a pair \\ud83d\\ude00 is fine, half of one is not)"
+                )
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -80,6 +106,8 @@ def loads_json(text: str) -> Any:
         raise StrictFormatError(_TOO_DEEP) from None
     if nesting_depth(value) > MAX_DEPTH:
         raise StrictFormatError(_TOO_DEEP)
+    if _SURROGATE_ESCAPE.search(text):  # only an escape can put a lone surrogate in text decoded as UTF-8
+        refuse_surrogates(value)
     return value
 
 
@@ -120,12 +148,62 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
+def _expanded_nodes(root: yaml.Node) -> int:
+    """How many nodes the document has once every alias is expanded, counted over the composed graph (each
+    node's size is computed once, so a billion-laughs document costs its own size, not its expansion); a
+    :class:`StrictFormatError` past :data:`MAX_YAML_NODES` or for an alias of one of its own ancestors."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[key] = 1
+            continue
+        if children_done:
+            open_nodes.discard(key)
+            total = 1 + sum(sizes[id(child)] for child in children)
+            if total > MAX_YAML_NODES:
+                raise StrictFormatError(
+                    f"the document expands to more than {MAX_YAML_NODES:,} nodes (aliases counted each time they "
+                    "are used); write the values out or make the document smaller"
+                )
+            sizes[key] = total
+            continue
+        if key in open_nodes:
+            raise StrictFormatError("an alias refers to a node that contains it (a recursive anchor)")
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                raise StrictFormatError("an alias refers to a node that contains it (a recursive anchor)")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes[id(root)]
+
+
 def loads_yaml(text: str) -> Any:
-    """Safe-load one YAML document; duplicate keys and deep nesting raise :class:`StrictFormatError`."""
+    """Safe-load one YAML document; duplicate keys, deep nesting, an alias expansion past :data:`MAX_YAML_NODES`
+    and lone surrogates raise :class:`StrictFormatError`."""
+    loader = _UniqueKeyLoader(text)
     try:
-        value = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        node = loader.get_single_node()  # composed, not constructed: aliases are still shared nodes
+        if node is None:
+            return None
+        _expanded_nodes(node)
+        value = loader.construct_document(node)
     except RecursionError:  # PyYAML composes nodes recursively
         raise StrictFormatError(_TOO_DEEP) from None
+    finally:
+        loader.dispose()
     if nesting_depth(value) > MAX_DEPTH:
         raise StrictFormatError(_TOO_DEEP)
+    refuse_surrogates(value)
     return value

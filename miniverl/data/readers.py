@@ -27,6 +27,7 @@ from miniverl.errors import DataError
 FORMATS: dict[str, str] = {".parquet": "parquet", ".jsonl": "jsonl", ".csv": "csv"}
 _STRING_TYPES = (pa.string(), pa.large_string())
 _WHAT = "a prompts dataset"
+_PARQUET_BATCH_ROWS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,34 @@ def parquet_columns(parquet: pq.ParquetFile, source: str) -> list[str]:
     return names
 
 
+def _check_rows(rows: int, source: str) -> None:
+    if rows > bounded.DATASET_MAX_ROWS:
+        raise DataError(
+            f"{source}: {rows:,} rows, over the limit of {bounded.DATASET_MAX_ROWS:,} for a prompts dataset; "
+            "keep a sample of at most that many rows"
+        )
+
+
+def _check_parquet_footer(parquet: pq.ParquetFile, wanted: Sequence[str], source: str) -> None:
+    """Refuse, from the footer alone, a file whose wanted columns claim to decode past the budget."""
+    budget = bounded.DATASET_DECODED_MAX_BYTES
+    metadata = parquet.metadata
+    _check_rows(metadata.num_rows, source)
+    indices = [parquet.schema_arrow.get_field_index(name) for name in wanted]
+    claimed = metadata.num_rows * bounded.DATASET_ROW_OVERHEAD
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        claimed += sum(row_group.column(i).total_uncompressed_size for i in indices)
+    if claimed > budget:
+        raise DataError(
+            f"{source}: its columns decode to {bounded.size_text(claimed)}, over the "
+            f"{bounded.limit_text(budget)} limit for a prompts dataset; split it into smaller files"
+        )
+
+
 def _read_parquet(path: Path, wanted: Sequence[str], source: str) -> RawTable:
+    """The wanted columns, decoded batch by batch under :data:`~miniverl.bounded.DATASET_DECODED_MAX_BYTES`
+    (a small file whose pages or dictionaries expand to gigabytes is refused before it gets there)."""
     parquet = parquet_file(path)
     names = parquet_columns(parquet, source)
     schema = parquet.schema_arrow
@@ -97,17 +125,27 @@ def _read_parquet(path: Path, wanted: Sequence[str], source: str) -> RawTable:
         field = schema.field(name)
         if field.type not in _STRING_TYPES:
             raise DataError(f"{source}: column {name!r} has type {field.type}; expected string")
+    _check_parquet_footer(parquet, wanted, source)
+    budget, decoded = bounded.DATASET_DECODED_MAX_BYTES, 0
+    columns: dict[str, list[Any]] = {name: [] for name in wanted}
     try:
-        table = parquet.read(columns=list(wanted))  # the ignored columns are never read
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=list(wanted), use_threads=False):
+            decoded += batch.nbytes + batch.num_rows * bounded.DATASET_ROW_OVERHEAD
+            if decoded > budget:
+                raise DataError(
+                    f"{source}: its columns decode to more than the {bounded.limit_text(budget)} limit for a "
+                    "prompts dataset; split it into smaller files"
+                )
+            for name in wanted:
+                columns[name].extend(batch.column(name).to_pylist())
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{source}: cannot read the Parquet data ({str(exc).splitlines()[0]})") from None
-    try:
-        columns = {name: table.column(name).to_pylist() for name in wanted}
     except UnicodeDecodeError as exc:
         raise DataError(
             f"{source}: a string column holds bytes that are not UTF-8 ({exc.reason}); re-encode the file as UTF-8"
         ) from None
-    rows = [{name: columns[name][i] for name in wanted} for i in range(table.num_rows)]
+    count = len(columns[wanted[0]]) if wanted else 0
+    rows = [{name: columns[name][i] for name in wanted} for i in range(count)]
     return RawTable(names, rows)
 
 
@@ -115,7 +153,7 @@ def _read_parquet(path: Path, wanted: Sequence[str], source: str) -> RawTable:
 
 
 def _text(path: Path, source: str) -> str:
-    data = bounded.read_bytes(path, limit=bounded.PARQUET_MAX_BYTES, what=_WHAT)
+    data = bounded.read_bytes(path, limit=bounded.TEXT_DATASET_MAX_BYTES, what=_WHAT)
     try:
         return data.decode("utf-8-sig")  # a byte-order mark some editors write is not part of the first column
     except UnicodeDecodeError as exc:
@@ -125,7 +163,11 @@ def _text(path: Path, source: str) -> str:
 def _read_jsonl(path: Path, source: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
     names: dict[str, None] = {}
     records: list[tuple[int, dict[str, Any]]] = []
-    for number, line in enumerate(_text(path, source).splitlines(), start=1):
+    text = _text(path, source)
+    _check_rows(text.count("\n"), source)
+    # lines end at "\n" only (JSON Lines): U+2028, U+0085 and the like are characters inside a string
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -144,6 +186,8 @@ def _read_jsonl(path: Path, source: str) -> tuple[list[str], list[tuple[int, dic
 
 
 def _read_csv(path: Path, source: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+    if csv.field_size_limit() < bounded.FIELD_MAX_CHARS + 1:  # the same field limit as every format (checked below)
+        csv.field_size_limit(bounded.FIELD_MAX_CHARS + 1)
     reader = csv.reader(io.StringIO(_text(path, source), newline=""), strict=True)
     records: list[tuple[int, dict[str, Any]]] = []
     try:
@@ -159,7 +203,14 @@ def _read_csv(path: Path, source: str) -> tuple[list[str], list[tuple[int, dict[
                     f"{source}: line {reader.line_num} has {len(fields)} fields, the header has {len(header)}"
                 )
             records.append((reader.line_num, dict(zip(header, fields, strict=True))))
+            if len(records) > bounded.DATASET_MAX_ROWS:
+                _check_rows(len(records), source)
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise DataError(
+                f"{source}: line {reader.line_num} has a field longer than {bounded.FIELD_MAX_CHARS:,} characters, "
+                "the limit for one field (in every format): shorten it"
+            ) from None
         raise DataError(f"{source}: line {reader.line_num}: {exc}") from None
     return list(header), records
 
@@ -169,7 +220,7 @@ def read_columns(path: Path, choose: Callable[[list[str]], list[str]], source: s
     kind = dataset_format(path)
     if kind == "parquet":
         parquet = parquet_file(path)
-        return _read_parquet(path, choose(parquet_columns(parquet, source)), source)
+        return check_field_lengths(_read_parquet(path, choose(parquet_columns(parquet, source)), source), source)
     names, records = (_read_jsonl if kind == "jsonl" else _read_csv)(path, source)
     wanted = choose(names)
     rows = []
@@ -178,4 +229,18 @@ def read_columns(path: Path, choose: Callable[[list[str]], list[str]], source: s
         if missing:  # only JSON Lines can lack a key another line has
             raise DataError(f"{source}: line {number} has no {', '.join(map(repr, missing))}; every line needs it")
         rows.append({name: record[name] for name in wanted})
-    return RawTable(names, rows)
+    return check_field_lengths(RawTable(names, rows), source)
+
+
+def check_field_lengths(table: RawTable, source: str) -> RawTable:
+    """One field-length limit for every format: a value longer than :data:`~miniverl.bounded.FIELD_MAX_CHARS`
+    characters is a DataError naming its row and column."""
+    limit = bounded.FIELD_MAX_CHARS
+    for number, row in enumerate(table.rows, start=1):
+        for name, value in row.items():
+            if isinstance(value, str) and len(value) > limit:
+                raise DataError(
+                    f"{source}: row {number}, column {name!r} has {len(value):,} characters; the limit for one field "
+                    f"is {limit:,} (in every format): shorten it"
+                )
+    return table

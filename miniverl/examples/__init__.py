@@ -57,6 +57,7 @@ def write_example(name: str, directory: Path, *, force: bool = False) -> dict[st
     from miniverl.artifacts.rundir import check_writable_dir
     from miniverl.canonical import atomic_write_text
     from miniverl.data import write_prompts
+    from miniverl.outputs import check_file_target
 
     if name not in EXAMPLES:
         raise UsageError(f"unknown example {name!r}; examples: {', '.join(sorted(EXAMPLES))}")
@@ -65,6 +66,8 @@ def write_example(name: str, directory: Path, *, force: bool = False) -> dict[st
     in_the_way = [f for f in files if (directory / f).is_dir()]
     if in_the_way:  # --force replaces files, never a directory
         raise UsageError(f"{directory}: {', '.join(in_the_way)} is a directory; give a DIR without it")
+    for f in files:  # a device, FIFO or socket in the way is refused before any file is written
+        check_file_target(directory / f, what="init")
     existing = [f for f in files if (directory / f).exists()]
     if existing and not force:
         raise UsageError(f"{directory} already has {', '.join(existing)}; pick an empty DIR or pass --force")

@@ -158,7 +158,9 @@ def write_random_adapter(
     Returns the sha256 of ``adapter_model.safetensors`` (the pin a config records).
     """
     from peft import LoraConfig
-    from safetensors.torch import save_file
+
+    from miniverl.canonical import atomic_write_text
+    from miniverl.outputs import write_safetensors
 
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
@@ -169,7 +171,7 @@ def write_random_adapter(
             prefix = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = (torch.randn(r, fan_in, generator=gen) * fan_in**-0.5).contiguous()
             tensors[f"{prefix}.lora_B.weight"] = (torch.randn(fan_out, r, generator=gen) * scale).contiguous()
-    save_file(tensors, str(target / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    write_safetensors(target / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
     lora = LoraConfig(
         r=r,
         lora_alpha=alpha,  # type: ignore[arg-type]
@@ -181,8 +183,7 @@ def write_random_adapter(
     cfg["target_modules"] = sorted(cfg["target_modules"])
     cfg["base_model_name_or_path"] = None
     cfg = {k: (v.value if hasattr(v, "value") else v) for k, v in cfg.items()}
-    with open(target / ADAPTER_CONFIG, "w", encoding="utf-8") as handle:
-        json.dump(cfg, handle, sort_keys=True, indent=2, default=sorted)
+    atomic_write_text(target / ADAPTER_CONFIG, json.dumps(cfg, sort_keys=True, indent=2, default=sorted))
     return sha256_file(target / ADAPTER_WEIGHTS)
 
 

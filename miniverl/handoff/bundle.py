@@ -60,6 +60,7 @@ from miniverl.handoff.manifest import (
     file_entries,
 )
 from miniverl.handoff.rules import load_rules, rules_digest
+from miniverl.outputs import copy_file, publish_dir
 from miniverl.records import PlanRecord
 
 NATIVE_DIR = "native"
@@ -136,7 +137,7 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         fsync_tree(tmp)
         if out.exists():
             raise UsageError(f"bundle target {out} appeared while writing; nothing was overwritten")
-        tmp.rename(out)
+        publish_dir(tmp, out, what="bundle")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -258,7 +259,13 @@ def _copy_model(config: MiniverlConfig, target: Path) -> None:
     src = Path(student.path)
     if not (src / "config.json").is_file():
         raise UsageError(f"models.student.path {student.path} is not a Hugging Face model directory (no config.json)")
-    shutil.copytree(src, target, symlinks=False, ignore=shutil.ignore_patterns(".*"))
+    shutil.copytree(
+        src,
+        target,
+        symlinks=False,
+        ignore=shutil.ignore_patterns(".*"),
+        copy_function=lambda source, dest: copy_file(Path(source), dest, what="model copy"),
+    )
 
 
 def _critic_binding(ir: ExperimentIR, written: dict[str, Any]) -> CriticAdapterBinding | None:
@@ -296,7 +303,7 @@ def _write_adapter(
         target = root / ADAPTER_DIR
         target.mkdir()
         for name in ("adapter_model.safetensors", "adapter_config.json"):
-            shutil.copyfile(staging / name, target / name)
+            copy_file(staging / name, target / name, what="adapter copy")
         if critic is not None:
             from miniverl.handoff.critic_adapter import run_critic_tensors, write_critic_adapter
 

@@ -125,7 +125,8 @@ def write_critic_adapter(
     """``root/critic_adapter``: ``adapter_config.json`` (TOKEN_CLS, ``modules_to_save: [score]``) and the
     tensors (the critic's LoRA when given, ``score.weight``/``score.bias`` from ``head``)."""
     import torch
-    from safetensors.torch import save_file
+
+    from miniverl.outputs import write_safetensors
 
     target = root / CRITIC_ADAPTER_DIR
     target.mkdir()
@@ -133,7 +134,7 @@ def write_critic_adapter(
     weight = head["weight"].detach().to("cpu", torch.float32).reshape(1, -1).contiguous()
     bias = head["bias"].detach().to("cpu", torch.float32).reshape(1).contiguous()
     tensors[SCORE_KEYS[0]], tensors[SCORE_KEYS[1]] = weight, bias
-    save_file(dict(sorted(tensors.items())), str(target / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    write_safetensors(target / ADAPTER_WEIGHTS, dict(sorted(tensors.items())), metadata={"format": "pt"})
     text = json.dumps(adapter_config(ir, base_name), indent=2, sort_keys=True) + "\n"
     atomic_write_text(target / ADAPTER_CONFIG, text)
     return {"hidden_size": int(weight.shape[1]), "lora_tensors": len(tensors) - 2}

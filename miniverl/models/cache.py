@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miniverl import bounded
 from miniverl.canonical import atomic_write_json, fsync_tree, tree_digest
+from miniverl.outputs import check_dir_target
 
 RECORD_NAME = "miniverl-model.json"
 DEFAULT_CACHE = Path("~/.cache/miniverl")
@@ -149,6 +150,7 @@ def build_cached_dir(
         atomic_write_json(tmp / RECORD_NAME, record.model_dump(mode="json"), pretty=True)
         _ordinary_permissions(tmp)
         fsync_tree(tmp)
+        check_dir_target(target, what="model cache")
         if target.exists():
             stale = target.parent / f".{target.name}.stale-{uuid.uuid4().hex[:8]}"
             os.replace(target, stale)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from miniverl.canonical import fsync_tree
+from miniverl.outputs import write_safetensors
 from miniverl.runtime.handles import save_peft_adapter
 from miniverl.runtime.loading import inner_causal_lm
 
@@ -61,7 +61,7 @@ def save_critic(peft_model: Any, head: torch.nn.Linear, directory: str | os.Path
         "weight": head.weight.detach().to("cpu").contiguous(),
         "bias": head.bias.detach().to("cpu").contiguous(),
     }
-    save_file(tensors, str(target / VALUE_HEAD), metadata={"format": "pt"})
+    write_safetensors(target / VALUE_HEAD, tensors, metadata={"format": "pt"})
     fsync_tree(target)
 
 

@@ -68,9 +68,12 @@ def save_peft_adapter(peft_model: Any, adapter_name: str, directory: str | os.Pa
     it may be a local path, and manifests identify the base by content digests instead.
     """
     from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
+
+    from miniverl.canonical import atomic_write_text
+    from miniverl.outputs import check_dir_target, publish_dir, write_safetensors
 
     target = Path(directory)
+    check_dir_target(target, what="adapter")
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"adapter export directory {target} exists and is not empty")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,14 +84,12 @@ def save_peft_adapter(peft_model: Any, adapter_name: str, directory: str | os.Pa
     config["inference_mode"] = True
     tmp = temp_dir_beside(target, f".{target.name}.")
     try:
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        with open(tmp / ADAPTER_CONFIG, "w", encoding="utf-8") as handle:
-            json.dump(_jsonable(config), handle, sort_keys=True, indent=2)
-            handle.write("\n")
+        write_safetensors(tmp / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
+        atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(_jsonable(config), sort_keys=True, indent=2) + "\n")
         fsync_tree(tmp)
         if target.exists():
             target.rmdir()
-        os.replace(tmp, target)
+        publish_dir(tmp, target, what="adapter")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -59,7 +59,7 @@ def write_teacher_cache(
     rows_per_shard: int = 256,
 ) -> dict[str, Any]:
     """Write ``targets`` for ``rows``; returns the index. Refuses to overwrite an existing cache."""
-    from safetensors.torch import save_file
+    from miniverl.outputs import publish_dir, write_safetensors
 
     if targets.counts != rows.selected_counts:
         raise ValueError("teacher targets do not match the rows' selected positions")
@@ -81,7 +81,7 @@ def write_teacher_cache(
             lo, hi = offsets[start], offsets[end]
             tensors = {n: getattr(targets, n)[lo:hi].detach().to("cpu").contiguous() for n in names}
             name = f"shard-{number:05d}.safetensors"
-            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            write_safetensors(tmp / name, tensors, metadata={"format": "pt"})
             shards.append({"file": name, "rows": [start, end], "positions": hi - lo, "sha256": sha256_file(tmp / name)})
         index: dict[str, Any] = {
             "format": FORMAT,
@@ -97,12 +97,12 @@ def write_teacher_cache(
         if targets.kind == "hidden":
             assert targets.head is not None
             head = {"head": targets.head.detach().to("cpu").contiguous()}
-            save_file(head, str(tmp / HEAD), metadata={"format": "pt"})
+            write_safetensors(tmp / HEAD, head, metadata={"format": "pt"})
             index["head"] = {"file": HEAD, "sha256": sha256_file(tmp / HEAD)}
         index["index_sha256"] = sha256_json(index)
         atomic_write_json(tmp / INDEX, index)
         fsync_tree(tmp)
-        os.replace(tmp, target)
+        publish_dir(tmp, target, what="teacher cache")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

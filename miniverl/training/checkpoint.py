@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file
 from miniverl.errors import CheckpointError
+from miniverl.outputs import check_dir_target, publish_dir, write_safetensors
 from miniverl.records import CheckpointFile, CheckpointRecord
 from miniverl.training.checkpoint_files import (
     ADAPTER_DIR,
@@ -131,15 +132,17 @@ def write_checkpoint(
     if final.exists():
         raise CheckpointError(f"checkpoint {final.name} already exists")
     tmp = checkpoints_root / f".tmp-{final.name}"
+    check_dir_target(tmp, what="checkpoint temp")  # a leftover of a killed write is a real directory, never a link
+    check_dir_target(final, what="checkpoint")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         params = {k: v.detach().cpu().contiguous() for k, v in student_params.items()}
-        _write(tmp / STUDENT_PARAMS, lambda: save_file(params, tmp / STUDENT_PARAMS))
+        _write(tmp / STUDENT_PARAMS, lambda: write_safetensors(tmp / STUDENT_PARAMS, params))
         opt_tensors, opt_meta = optimizer_to_tensors(optimizer)
-        _write(tmp / OPTIMIZER, lambda: save_file(opt_tensors, tmp / OPTIMIZER))
+        _write(tmp / OPTIMIZER, lambda: write_safetensors(tmp / OPTIMIZER, opt_tensors))
         rng_tensors, rng_json = capture_rng()
-        _write(tmp / RNG, lambda: save_file(rng_tensors, tmp / RNG))
+        _write(tmp / RNG, lambda: write_safetensors(tmp / RNG, rng_tensors))
         atomic_write_json(
             tmp / STATE,
             {
@@ -151,7 +154,7 @@ def write_checkpoint(
         _write(tmp / ADAPTER_DIR, lambda: save_adapter(str(tmp / ADAPTER_DIR)))
         for file_name, tensors in (extra_tensors or {}).items():
             extra = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-            _write(tmp / file_name, lambda: save_file(extra, tmp / file_name))  # noqa: B023 (called at once)
+            _write(tmp / file_name, lambda: write_safetensors(tmp / file_name, extra))  # noqa: B023 (called at once)
         for dir_name, writer in (extra_dirs or {}).items():
             _write(tmp / dir_name, lambda: writer(str(tmp / dir_name)))  # noqa: B023 (called at once)
         files = {
@@ -172,7 +175,7 @@ def write_checkpoint(
         )
         fsync_tree(tmp)
         atomic_write_json(tmp / RECORD, record.model_dump(mode="json"), pretty=True)
-        tmp.rename(final)
+        publish_dir(tmp, final, what="checkpoint")
         fsync_tree(checkpoints_root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

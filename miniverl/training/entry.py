@@ -144,7 +144,8 @@ def _resume(
                 )
             raise UsageError(another_plan(f"checkpoint {found[0].name}", run_dir))
         verify_resume_point(found[0].name, found[1], plan, config)
-        check_run_records(run_dir, plan, plan_path)
+        _verify_checkpoint_config(found[0].name, found[1], plan, run_dir)
+        check_run_records(run_dir, plan, plan_path, config)
     _require_torch()
     with _sigterm_as_interrupt() as stop:
         result = _train(plan, config, plan_path, rows, run_dir, run_id, found, progress, _hooks(hooks, stop), stop)
@@ -184,7 +185,39 @@ def verify_resume_point(name: str, record: Any, plan: PlanRecord, config: Minive
         )
 
 
-def check_run_records(run_dir: Path, plan: PlanRecord, plan_path: Path) -> None:
+def _verify_checkpoint_config(name: str, record: Any, plan: PlanRecord, run_dir: Path) -> None:
+    """The checkpoint's ``config_digest`` is the one of the plan it names (recomputed, never trusted)."""
+    if record.plan_digest == plan.plan_digest:
+        expected = plan.config_digest
+    else:  # an ancestor of an extended plan: its file is kept and verified by plan_ancestry
+        expected = load_plan(run_dir / PLANS_DIR / f"{record.plan_digest}.json", verify_data=False)[0].config_digest
+    if record.config_digest != expected:
+        raise UsageError(
+            f"checkpoint {name} does not match the plan: its config_digest {record.config_digest[:16]} is not its "
+            f"plan's {expected[:16]}; was checkpoint.json edited? Remove that checkpoint to resume from the one before"
+        )
+
+
+def _check_manifest_fields(manifest_path: Path, manifest: Any, root: PlanRecord, config: MiniverlConfig) -> None:
+    """Every field of ``run.json`` that the plan determines is recomputed and compared (``roles`` come from the
+    loaded runtime, ``miniverl_version`` from the writer)."""
+    expected = {
+        "plan_digest": root.plan_digest,
+        "config_digest": root.config_digest,
+        "data_sha256": root.data.sha256,
+        "algorithm": config.algorithm.name,
+        "runtime": config.models.runtime,
+        "models": root.models,
+    }
+    for field, value in expected.items():
+        if getattr(manifest, field) != value:
+            raise UsageError(
+                f"{manifest_path}: {field} is not what the plan gives ({str(value)[:40]!r}); it was edited: "
+                "remove it and resume to have it rebuilt"
+            )
+
+
+def check_run_records(run_dir: Path, plan: PlanRecord, plan_path: Path, config: MiniverlConfig | None = None) -> None:
     """``plan.json`` and ``run.json`` still describe the run being resumed.
 
     A missing ``plan.json`` is restored from ``--plan`` (its digest is proven against the checkpoint by
@@ -224,6 +257,8 @@ def check_run_records(run_dir: Path, plan: PlanRecord, plan_path: Path) -> None:
                 f"{manifest_path} names plan {manifest.plan_digest[:16]} and run {manifest.run_id!r}, "
                 f"not this run; remove it and resume to have it rebuilt"
             )
+        if config is not None:
+            _check_manifest_fields(manifest_path, manifest, _root_plan(plan, run_dir), config)
 
 
 def _root_plan(plan: PlanRecord, run_dir: Path) -> PlanRecord:
@@ -599,7 +634,8 @@ def settle_completed_run(run_dir: Path, plan: PlanRecord, config: MiniverlConfig
     if found is None:  # completed_run checked it: only a concurrent change could get here, and we hold the lock
         raise CheckpointError(f"{run_dir} lost its checkpoints")
     verify_resume_point(found[0].name, found[1], plan, config)
-    check_run_records(run_dir, plan, plan_path)
+    _verify_checkpoint_config(found[0].name, found[1], plan, run_dir)
+    check_run_records(run_dir, plan, plan_path, config)
     removed = prune_checkpoints(run_dir / "checkpoints", config.checkpoint.keep_last)
     if removed:
         progress_log.phase("prune", f"removed {', '.join(removed)} (a kill cut the final prune short)")

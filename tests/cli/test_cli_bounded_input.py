@@ -118,7 +118,9 @@ def test_max_new_tokens_bounded(cli: Callable[..., CliResult], workdir: Path, ti
     over = cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=512", "--out", "p.json")
     assert_one_line(over, 2, "exceeds the limit of 511 for this student: its context is 512 tokens")
     assert not (workdir / "p.json").exists()
-    assert cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=511", "--out", "p.json", "--quiet").code == 0
+    no_room = cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=511", "--out", "p.json")  # the prompts need room
+    assert_one_line(no_room, 2, "tokens; the student's context of 512 less rollout.max_new_tokens 511 leaves 1")
+    assert cli("plan", "c.yaml", "--set", "rollout.max_new_tokens=400", "--out", "p.json", "--quiet").code == 0
 
 
 @pytest.mark.parametrize(
@@ -263,8 +265,7 @@ def test_report_md_escapes_model_output(cli: Callable[..., CliResult], run_copy:
     _rewrite_trajectories(run_copy, lambda record: record.__setitem__("response_text", payload))
     assert cli("report", str(run_copy), "--quiet").code == 0
     markdown = (run_copy / "report" / "report.md").read_text()
-    assert "&lt;img src=x onerror=alert(1)&gt;" in markdown
-    assert "<img" not in markdown
+    assert f"` {payload} `" in markdown  # an inline code span: shown as text, never rendered as HTML
     assert payload not in (run_copy / "report" / "report.html").read_text()
 
 
@@ -278,3 +279,64 @@ def test_export_keeps_a_sibling_it_did_not_create(cli: Callable[..., CliResult],
     assert (mine / "keep.txt").read_text() == "not export's"
     assert (parent / "e" / "adapter_config.json").is_file()
     assert sorted(p.name for p in parent.iterdir()) == [".tmp-export-e", "e", "r"]
+
+
+def _resume(cli: Callable[..., CliResult], run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch) -> CliResult:
+    monkeypatch.chdir(trained.parent.parent)  # where the plan's data path is
+    plan = str(run_copy / "plan.json")
+    return cli("run", "--plan", plan, "--output", str(run_copy.parent), "--run-id", "r", "--resume", "--quiet")
+
+
+def test_resume_recomputes_run_json_fields(cli, run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile class: edited run state. A derivable field of run.json that was edited is refused by inspect and
+    --resume (one line, exit 2), never reported or trusted."""
+    manifest = json.loads((run_copy / "run.json").read_text())
+    assert _resume(cli, run_copy, trained, monkeypatch).code == 0  # the unedited run settles
+    manifest["algorithm"] = "ppo"
+    (run_copy / "run.json").write_text(json.dumps(manifest))
+    assert_one_line(cli("inspect", str(run_copy)), 2, "algorithm 'ppo' is not the plan's 'grpo'")
+    assert_one_line(_resume(cli, run_copy, trained, monkeypatch), 2, "run.json: algorithm is not what the plan gives")
+
+
+def test_resume_recomputes_the_checkpoint_config_digest(
+    cli, run_copy: Path, trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (record_path,) = sorted((run_copy / "checkpoints").glob("step-*/checkpoint.json"))
+    record = json.loads(record_path.read_text())
+    record["config_digest"] = "0" * 64
+    record_path.write_text(json.dumps(record))
+    assert_one_line(_resume(cli, run_copy, trained, monkeypatch), 2, "config_digest 0000000000000000 is not its plan's")
+
+
+@pytest.mark.parametrize("step", ['"x"', "null", "1" + "0" * 60, "2"])
+def test_report_refuses_an_edited_metrics_step(cli, run_copy: Path, step: str) -> None:
+    """Hostile class: edited run state. ``report`` checks metrics.jsonl as ``inspect`` does, step included."""
+    path = run_copy / "metrics.jsonl"
+    line = json.loads(path.read_text().splitlines()[0])
+    path.write_text(json.dumps(line).replace(f'"step": {line["step"]}', f'"step": {step}') + "\n")
+    result = cli("report", str(run_copy))
+    assert_one_line(result, 2, "metrics.jsonl")
+    assert not (run_copy / "report").exists()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_export_refuses_an_edited_plan(cli, run_copy: Path, tmp_path: Path, recompute: bool) -> None:
+    """Hostile class: edited run state. An edited plan.json (LoRA rank) is refused by export in one line, whether
+    or not its plan_digest was recomputed, before any model loads."""
+    from miniverl.canonical import sha256_json
+
+    path = run_copy / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["config"]["models"]["student"]["lora"]["r"] = 2 * plan["config"]["models"]["student"]["lora"]["r"]
+    if recompute:
+        plan["plan_digest"] = sha256_json({k: v for k, v in plan.items() if k != "plan_digest"})
+    path.write_text(json.dumps(plan))
+    needle = "not under" if recompute else "plan_digest does not verify"
+    assert_one_line(cli("export", str(run_copy), "--out", str(tmp_path / "e")), 2, needle)
+    assert not (tmp_path / "e").exists()
+
+
+def test_eval_refuses_an_eval_dir_that_is_a_fifo_before_loading(cli, run_copy: Path, trained: Path) -> None:
+    os.mkfifo(run_copy / "eval")
+    result = cli("eval", str(run_copy), "--data", str(trained.parent.parent / "prompts.parquet"), "--samples", "0")
+    assert_one_line(result, 2, "the eval record directory path is a FIFO, not a directory")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -442,12 +443,17 @@ def test_eval_adapter_json_is_bounded(tmp_path: Path) -> None:
         runner._check_lora(tmp_path, None)  # type: ignore[arg-type]
 
 
-def test_roll_back_replaces_a_fifo_metrics_without_reading_it(tmp_path: Path) -> None:
+def test_roll_back_refuses_a_fifo_metrics_without_reading_or_deleting(tmp_path: Path) -> None:
     from miniverl.artifacts.rundir import roll_back_outputs
+    from miniverl.errors import UsageError
 
     os.mkfifo(tmp_path / "metrics.jsonl")
-    roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    (tmp_path / "trajectories").mkdir()
+    (tmp_path / "trajectories" / "later.jsonl").write_text("uncommitted\n")
+    with pytest.raises(UsageError, match=r"metrics\.jsonl is a FIFO, not a regular file"):
+        roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "metrics.jsonl").st_mode)
+    assert (tmp_path / "trajectories" / "later.jsonl").is_file()  # nothing deleted before the refusal
 
 
 def test_roll_back_refuses_a_directory_as_metrics(tmp_path: Path) -> None:
@@ -455,6 +461,8 @@ def test_roll_back_refuses_a_directory_as_metrics(tmp_path: Path) -> None:
     from miniverl.errors import UsageError
 
     (tmp_path / "metrics.jsonl").mkdir()
-    with pytest.raises(UsageError, match=r"metrics\.jsonl is a directory; remove it and resume"):
+    with pytest.raises(
+        UsageError, match=r"metrics\.jsonl is a directory, not a regular file this run wrote; remove it and resume"
+    ):
         roll_back_outputs(tmp_path, '{"step": 1}\n', {}, "step-000001")
     assert (tmp_path / "metrics.jsonl").is_dir()

@@ -108,7 +108,9 @@ def test_oracle_scores_one_and_the_failed_attempt_zero_on_every_row() -> None:
 
 def test_partial_credit_for_valid_sql_that_answers_something_else() -> None:
     row = ROWS[0]
-    assert _score(row, "SELECT 1 WHERE 0 = 1", valid_sql_credit=0.1) == 0.1
+    table = json.loads(row["answer"])["database"].split("CREATE TABLE ", 1)[1].split(" ", 1)[0].strip("(")
+    assert _score(row, f"SELECT 1 FROM {table} WHERE 0 = 1", valid_sql_credit=0.1) == 0.1
+    assert _score(row, "SELECT 1 WHERE 0 = 1", valid_sql_credit=0.1) == 0.0  # reads none of the task's tables
     assert _score(row, "SELEC nonsense", valid_sql_credit=0.1) == 0.0
     with pytest.raises(UsageError, match="valid_sql_credit"):
         _score(row, "SELECT 1", valid_sql_credit=1.5)
