@@ -14,7 +14,8 @@
 #   start        park the last part, check every part and file by sha256, build the harness site and verl's env,
 #                record the stack where the profile's is not measured, start `harness full` in its own session,
 #                then wait like `wait`
-#   wait         wait (until WAIT_S into the call); the CUDA tests start once the timed bench is done; when the run
+#   wait         wait (until WAIT_S into the call); the CUDA test files and `-m gpu` start once the timed bench is
+#                done; when the run
 #                ends: the auditor, then everything into $OUT/results.tgz
 # Rehearsal on CPU: PROFILE=cpu-reference, T=<scratch>, OUT=<scratch>, python3 on PATH = a stand-in of the image.
 set -euo pipefail
@@ -317,6 +318,14 @@ phase_costs() {
     python3 scripts/device/phase_costs.py > "$RES/phase-costs.json" 2> "$RES/phase-costs.log") || true
 }
 
+# The test files that run on CUDA where it is present (kernels, rollout, GPU training, memory plan, reward-model
+# offload, NF4 adapters, model loading); then every test marked gpu.
+CUDA_TEST_FILES="tests/integration/test_rollout_cuda.py tests/integration/test_gpu_training.py
+  tests/integration/test_policy_digest.py tests/integration/test_memory_plan_training.py
+  tests/integration/test_reward_model_offload_cuda.py tests/unit/test_rollout_kernels.py
+  tests/unit/test_rollout_gemm_kernels.py tests/unit/test_rollout_attention_kernel.py
+  tests/unit/test_adapter_precision.py tests/unit/test_models_loading.py"
+
 alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-clock check) has run
   [ "$PROFILE" != cpu-reference ] && [ ! -e "$RES/gpu-tests.started" ] || return 0
   [ -f "$T/fullwork/full/backend-matrix/rollout-bench.json" ] || return 0
@@ -325,7 +334,8 @@ alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-cloc
   [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$site" \
     "$T"/src/harness/*.whl "$T"/src/candidate/*.whl > /dev/null
   (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$site:$T/checkout MINIVERL_CACHE=$T/miniverl-cache-tests \
-    timeout 900 python3 -m pytest -m gpu -q tests/ -p no:cacheprovider --continue-on-collection-errors \
+    timeout 900 python3 -m pytest -q -p no:cacheprovider -rfEs $CUDA_TEST_FILES > $RES/cuda-tests.log 2>&1; \
+    timeout 600 python3 -m pytest -m gpu -q tests/ -p no:cacheprovider --continue-on-collection-errors \
     > $RES/gpu-tests.log 2>&1; echo \$? > $RES/gpu-tests.rc" &) < /dev/null > /dev/null 2>&1
   echo "CUDA tests started alongside the run, $(( $(date +%s) - $(cat "$RES/started") )) s into it"
 }
@@ -337,7 +347,7 @@ wait_run() {
   alongside
   if [ -e "$RES/gpu-tests.started" ]; then  # the tests' log travels with the results
     while [ ! -f "$RES/gpu-tests.rc" ] && [ -f "$RES/rc" ] && [ $(($(date +%s) - t0)) -lt "$WAIT_S" ]; do sleep 2; done
-    echo "CUDA tests: $( [ -f "$RES/gpu-tests.rc" ] && echo "rc=$(cat "$RES/gpu-tests.rc")" || echo running); $(tail -1 "$RES/gpu-tests.log" 2>/dev/null)"
+    echo "CUDA tests: $( [ -f "$RES/gpu-tests.rc" ] && echo "done" || echo running); files: $(tail -1 "$RES/cuda-tests.log" 2>/dev/null); -m gpu: $(tail -1 "$RES/gpu-tests.log" 2>/dev/null)"
   fi
   grep -v '^\s*$' "$RES/full.log" | tail -25 || true
   if [ ! -f "$RES/rc" ]; then
