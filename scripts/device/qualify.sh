@@ -15,8 +15,7 @@
 #                record the stack where the profile's is not measured, start `harness full` in its own session,
 #                then wait like `wait`
 #   wait         wait (until WAIT_S into the call); the CUDA test files and `-m gpu` start once the timed bench is
-#                done; when the run
-#                ends: the auditor, then everything into $OUT/results.tgz
+#                done; when the run ends: the auditor, then everything into $OUT/results.tgz
 # Rehearsal on CPU: PROFILE=cpu-reference, T=<scratch>, OUT=<scratch>, python3 on PATH = a stand-in of the image.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
