@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,6 +37,17 @@ def _at_most(limit: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least 0.1 and at most a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text} seconds is outside 0.1 .. 86400")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -271,22 +283,55 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _follow(args: argparse.Namespace, snapshot: Callable[[], tuple[dict[str, Any], str, bool]]) -> int:
+    """Emit ``snapshot()`` once, or with ``--follow``/``--watch`` SECONDS again whenever it changes, until the run
+    is no longer running (one JSON object per line with ``--json``)."""
+    interval: float | None = getattr(args, "follow", None)
+    payload, human, running = snapshot()
+    _emit(args, payload, human)
+    shown = human
+    while interval is not None and running:
+        sys.stdout.flush()
+        time.sleep(interval)
+        payload, human, running = snapshot()
+        if human != shown:
+            if not getattr(args, "json", False):
+                sys.stdout.write("\n")
+            _emit(args, payload, human)
+            shown = human
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from miniverl.artifacts.inspect import inspect_run, render_inspection
 
-    report = inspect_run(Path(args.run_dir))
-    _emit(args, report, render_inspection(report))
-    return 0
+    def snapshot() -> tuple[dict[str, Any], str, bool]:
+        report = inspect_run(Path(args.run_dir))
+        return report, render_inspection(report), bool(report["running"])
+
+    return _follow(args, snapshot)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from miniverl.artifacts.report import write_report
-    from miniverl.artifacts.runlock import run_writer
+    from miniverl.artifacts.runlock import run_writer, writer_pid
 
-    with run_writer(Path(args.run_dir), what="the report", optional=True):
-        result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    _emit(args, result, "\n".join([*result["headline"], f"wrote {result['html']} and {result['markdown']}"]))
-    return 0
+    run_dir = Path(args.run_dir)
+
+    def snapshot() -> tuple[dict[str, Any], str, bool]:
+        from miniverl.artifacts.inspect import run_activity
+
+        if (run_dir / "run.json").is_file() and writer_pid(run_dir) is not None and run_activity(run_dir)["running"]:
+            # a running run: a read-only snapshot of its logged cycles, without its lock (the run never writes
+            # RUN/report, so the report's files and the run's do not meet)
+            result = write_report(run_dir, Path(args.out) if args.out else None, live=True)
+        else:
+            with run_writer(run_dir, what="the report", optional=True):
+                result = write_report(run_dir, Path(args.out) if args.out else None)
+        human = "\n".join([*result["headline"], f"wrote {result['html']} and {result['markdown']}"])
+        return result, human, bool(result["running"])
+
+    return _follow(args, snapshot)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -526,12 +571,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
     )
 
-    inspect = add("inspect", cmd_inspect, "summarize a run directory")
+    inspect = add("inspect", cmd_inspect, "summarize a run directory (also while it runs; never takes its lock)")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
+    inspect.add_argument(
+        "--follow",
+        type=_positive_seconds,
+        nargs="?",
+        const=10.0,
+        metavar="SECONDS",
+        help="while the run is running, check every SECONDS (default 10) and print it again when it changed",
+    )
 
-    report = add("report", cmd_report, "write report.html and report.md (SVG plots) for a run")
+    report = add("report", cmd_report, "write report.html and report.md (SVG plots) for a run, also while it runs")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
     report.add_argument("--out", metavar="DIR", help="where to write them (default: RUN_DIR/report)")
+    report.add_argument(
+        "--watch",
+        dest="follow",
+        type=_positive_seconds,
+        nargs="?",
+        const=30.0,
+        metavar="SECONDS",
+        help="while the run is running, rewrite the report every SECONDS (default 30), printed when it changed",
+    )
 
     export = add("export", cmd_export, "export the student adapter (standard PEFT) and verify its reload")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints")

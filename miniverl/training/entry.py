@@ -392,6 +392,7 @@ def _train(
 
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
+    from miniverl.runtime.host_memory import peak_rss_bytes
     from miniverl.training.algorithms.base import resolve_adapter_precision
     from miniverl.training.controller import Controller
     from miniverl.training.memory import plan_memory
@@ -425,6 +426,10 @@ def _train(
         memory_plan = plan_memory(config, runtime, rows, resolve_adapter_precision(config, device))
         if memory_plan is not None:
             progress_log.phase("memory plan", memory_plan.describe())
+        elif not cuda:
+            # On CPU the rollout copy is refolded every cycle anyway (the policy changed): holding it (and its KV
+            # cache) through the update only adds its size to the update's peak RSS, so it is given back.
+            runtime.apply_memory_plan(activation_checkpointing=0, max_tokens=None, release_rollout_engine=True)
         controller = None
         load_peaks = (
             (torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)) if cuda else (0, 0)
@@ -518,6 +523,7 @@ def _train(
             seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
             cuda=teardown,
             torch_threads=torch.get_num_threads(),
+            peak_rss_bytes=peak_rss_bytes(),
             plan_digest=plan.plan_digest,
             model_identities=plan.models,
         )
