@@ -530,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=_at_most(MAX_THREADS),
         metavar="N",
-        help="torch CPU threads (default: half the usable cores, 1..8)",
+        help="torch CPU threads (default: half the usable cores, fewer under load, 1..8; 1 on 2 cores)",
     )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")

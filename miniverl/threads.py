@@ -1,9 +1,12 @@
 """CPU threads for torch: a default that does not oversubscribe a shared machine.
 
 torch's own default (one thread per core) made generation ~10x slower on a busy 2-core machine
-than one thread did. The default here is half the cores this process may use, at least 1 and at
-most 8. ``--threads N`` or ``MINIVERL_THREADS`` choose another; an explicit ``OMP_NUM_THREADS``
-is respected. The number used is recorded in ``summary.json`` (``torch_threads``).
+than one thread did, and on a shared 2-core machine a 3-cycle plan took 264 s with 2 threads and
+121-135 s with 1 (issue 37). The default here is half the cores this process may use
+(``sched_getaffinity``), fewer when the 1-minute load average says others are busy on them (the
+cores left free, rounded down), at least 1 and at most 8: on a machine of 2 cores or fewer, 1.
+``--threads N`` or ``MINIVERL_THREADS`` choose another; an explicit ``OMP_NUM_THREADS`` is
+respected. The number used is recorded in ``summary.json`` (``torch_threads``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,22 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, this one included), or None where there is none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def default_threads() -> int:
-    return max(1, min(MAX_DEFAULT, usable_cores() // 2))
+    """Half the usable cores, no more than the cores the load average leaves free, 1..8."""
+    cores = usable_cores()
+    count = cores // 2
+    load = load_average()
+    if load is not None:
+        count = min(count, int(cores - load))
+    return max(1, min(MAX_DEFAULT, count))
 
 
 def choose_threads(requested: int | None) -> tuple[int, str]:
@@ -38,7 +55,7 @@ def choose_threads(requested: int | None) -> tuple[int, str]:
             if not value.isdigit() or int(value) < 1:
                 raise UsageError(f"{name}={value!r} must be a positive integer")
             return int(value), name
-    return default_threads(), "default (half the usable cores, 1..8)"
+    return default_threads(), "default (half the usable cores, fewer under load, 1..8)"
 
 
 def apply_threads(requested: int | None) -> tuple[int, str]:
