@@ -50,6 +50,19 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _column_mapping(text: str) -> dict[str, str]:
+    """An argparse type: ``field=column,...`` (the fields are checked where the file is read)."""
+    mapping: dict[str, str] = {}
+    for item in text.split(","):
+        field, sep, column = (part.strip() for part in item.partition("="))
+        if not sep or not field or not column:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not FIELD=COLUMN (e.g. prompt=question)")
+        if field in mapping:
+            raise argparse.ArgumentTypeError(f"field {field!r} is mapped twice")
+        mapping[field] = column
+    return mapping
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -381,6 +394,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
+            columns=args.columns,
         )
         if run_dir:
             from miniverl.evaluation.record import keep_in_run
@@ -551,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         required=True,
         metavar="FILE",
-        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns)",
+        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns unless --columns)",
     )
     evaluation.add_argument(
         "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
@@ -563,6 +577,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="sampled responses per prompt (default 4; 0: greedy only)",
+    )
+    evaluation.add_argument(
+        "--columns",
+        type=_column_mapping,
+        metavar="FIELD=COLUMN,...",
+        help="which columns of --data hold the fields, e.g. prompt=question,answer=solution (default: data.columns)",
     )
     evaluation.add_argument("--seed", type=int, help="sampling seed (default: the config's run.seed)")
     evaluation.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
