@@ -88,7 +88,9 @@ def test_diagnose_output_keeps_the_config_check_apart_from_launching(monkeypatch
 
     report = {
         "launch_status": "ready", "blockers": [], "checked": "config valid for verl 0.9.1",
-        "launch_missing": ["a CUDA GPU (torch.cuda.is_available() is false)", "vLLM (verl's rollout engine): not installed"],
+        "launch_missing": [
+            "a CUDA GPU (torch.cuda.is_available() is false)", "vLLM (verl's rollout engine): not installed",
+        ],
         "checks": {"stand_ins": [], "model": {"dtype": "float32"}},
         "quantization": {"kind": "none"},
     }  # fmt: skip
