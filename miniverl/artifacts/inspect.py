@@ -184,6 +184,9 @@ def render_inspection(report: dict[str, Any]) -> str:
     summary = report["summary"]
     if summary is not None:
         lines.append(f"  wall      {summary['wall_seconds']:.1f}s on {summary['device']}")
+        if summary.get("peak_rss_bytes"):
+            peak = summary["peak_rss_bytes"] / 1e9
+            lines.append(f"  memory    peak RSS {peak:.2f} GB (the run process, load included)")
         if summary["cuda"]:
             cuda = summary["cuda"]
             lines.append(

@@ -501,6 +501,7 @@ def _train(
                 teardown_returned_to_baseline=final - baseline <= tolerance,
             )
         metrics = controller.state.metrics
+        peak_rss = peak_rss_bytes()
         cycles_here = len(metrics) - (resumed_from or 0)
         summary = RunSummary(
             run_id=run_id,
@@ -523,7 +524,7 @@ def _train(
             seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
             cuda=teardown,
             torch_threads=torch.get_num_threads(),
-            peak_rss_bytes=peak_rss_bytes(),
+            peak_rss_bytes=peak_rss,
             plan_digest=plan.plan_digest,
             model_identities=plan.models,
         )
@@ -542,7 +543,7 @@ def _train(
         "message": (
             f"run {run_id} completed: {summary.updates} update(s), reward mean "
             f"{summary.reward_mean if summary.reward_mean is not None else float('nan'):.3f}, "
-            f"{wall:.1f}s on {device.type}; outputs in {run_dir}"
+            f"{wall:.1f}s on {device.type}, peak RSS {peak_rss / 1e9:.2f} GB; outputs in {run_dir}"
         ),
     }
 
