@@ -136,8 +136,9 @@ class StudentMemoryPlan:
 @contextmanager
 def rollout_memory_scope(model: Any, device: torch.device, *, release: bool) -> Iterator[None]:
     """Where a rollout runs. With ``release`` (the memory plan's ``release_rollout``) the allocator's cached
-    blocks go back to the driver first, so that the fast engine's copy, cache and graphs are allocated beside
-    what is in use rather than on top of the update's cached activations, and when the block ends the engine
+    blocks go back to the driver first (on CPU, the heap's free pages to the OS), so that the fast engine's copy,
+    cache and graphs are allocated beside what is in use rather than on top of the update's cached activations,
+    and when the block ends the engine
     cached for ``model`` is dropped (:func:`miniverl.rollout.engine.release_engine`); on CPU the heap's freed
     pages then go back to the OS, so the update starts from the weights alone. Without it, nothing."""
     if not release:
@@ -145,6 +146,8 @@ def rollout_memory_scope(model: Any, device: torch.device, *, release: bool) -> 
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    elif device.type == "cpu":
+        trim_host_allocator()  # the update's freed activations: back to the OS before the copy is folded
     try:
         yield
     finally:
