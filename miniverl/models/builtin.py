@@ -101,7 +101,7 @@ SMOLLM2_135M_INSTRUCT = BuiltinPin(
         }
     ),
     hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-    quantization_note="a Q4_1 GGUF (4-bit blocks), dequantized: the released weights rounded to 4 bits",
+    quantization_note="a Q4_1 GGUF (4-bit blocks, each with a scale and a minimum), dequantized to float",
 )
 
 BUILTIN_PINS: Mapping[str, BuiltinPin] = MappingProxyType({SMOLLM2_135M_INSTRUCT.name: SMOLLM2_135M_INSTRUCT})
