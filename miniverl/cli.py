@@ -10,6 +10,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,6 +66,30 @@ def _temperature(text: str) -> float:
 
 
 _temperature.__name__ = "float"
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least 0.1 and at most a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text} seconds is outside 0.1 .. 86400")
+    return value
+
+
+def _column_mapping(text: str) -> dict[str, str]:
+    """An argparse type: ``field=column,...`` (the fields are checked where the file is read)."""
+    mapping: dict[str, str] = {}
+    for item in text.split(","):
+        field, sep, column = (part.strip() for part in item.partition("="))
+        if not sep or not field or not column:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not FIELD=COLUMN (e.g. prompt=question)")
+        if field in mapping:
+            raise argparse.ArgumentTypeError(f"field {field!r} is mapped twice")
+        mapping[field] = column
+    return mapping
 
 
 class _Parser(argparse.ArgumentParser):
@@ -306,22 +331,55 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _follow(args: argparse.Namespace, snapshot: Callable[[], tuple[dict[str, Any], str, bool]]) -> int:
+    """Emit ``snapshot()`` once, or with ``--follow``/``--watch`` SECONDS again whenever it changes, until the run
+    is no longer running (one JSON object per line with ``--json``)."""
+    interval: float | None = getattr(args, "follow", None)
+    payload, human, running = snapshot()
+    _emit(args, payload, human)
+    shown = human
+    while interval is not None and running:
+        sys.stdout.flush()
+        time.sleep(interval)
+        payload, human, running = snapshot()
+        if human != shown:
+            if not getattr(args, "json", False):
+                sys.stdout.write("\n")
+            _emit(args, payload, human)
+            shown = human
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from miniverl.artifacts.inspect import inspect_run, render_inspection
 
-    report = inspect_run(Path(args.run_dir))
-    _emit(args, report, render_inspection(report))
-    return 0
+    def snapshot() -> tuple[dict[str, Any], str, bool]:
+        report = inspect_run(Path(args.run_dir))
+        return report, render_inspection(report), bool(report["running"])
+
+    return _follow(args, snapshot)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from miniverl.artifacts.report import write_report
-    from miniverl.artifacts.runlock import run_writer
+    from miniverl.artifacts.runlock import run_writer, writer_pid
 
-    with run_writer(Path(args.run_dir), what="the report", optional=True):
-        result = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    _emit(args, result, "\n".join([*result["headline"], f"wrote {result['html']} and {result['markdown']}"]))
-    return 0
+    run_dir = Path(args.run_dir)
+
+    def snapshot() -> tuple[dict[str, Any], str, bool]:
+        from miniverl.artifacts.inspect import run_activity
+
+        if (run_dir / "run.json").is_file() and writer_pid(run_dir) is not None and run_activity(run_dir)["running"]:
+            # a running run: a read-only snapshot of its logged cycles, without its lock (the run never writes
+            # RUN/report, so the report's files and the run's do not meet)
+            result = write_report(run_dir, Path(args.out) if args.out else None, live=True)
+        else:
+            with run_writer(run_dir, what="the report", optional=True):
+                result = write_report(run_dir, Path(args.out) if args.out else None)
+        human = "\n".join([*result["headline"], f"wrote {result['html']} and {result['markdown']}"])
+        return result, human, bool(result["running"])
+
+    return _follow(args, snapshot)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -375,6 +433,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
+            columns=args.columns,
         )
         if run_dir:
             from miniverl.evaluation.record import keep_in_run
@@ -528,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=_at_most(MAX_THREADS),
         metavar="N",
-        help="torch CPU threads (default: half the usable cores, 1..8)",
+        help="torch CPU threads (default: half the usable cores, 1..8; 1 on 2 cores)",
     )
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="verify the plan and data; load no weights")
@@ -549,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         required=True,
         metavar="FILE",
-        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns)",
+        help="held-out prompts: .parquet, .jsonl or .csv (read with the run's data.columns unless --columns)",
     )
     evaluation.add_argument(
         "--config", metavar="FILE", help="plan.json or config YAML (rewards, model); required for an adapter directory"
@@ -561,6 +620,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="sampled responses per prompt (default 4; 0: greedy only)",
+    )
+    evaluation.add_argument(
+        "--columns",
+        type=_column_mapping,
+        metavar="FIELD=COLUMN,...",
+        help="which columns of --data hold the fields, e.g. prompt=question,answer=solution (default: data.columns)",
     )
     evaluation.add_argument(
         "--seed", type=_at_least(0, 2**63 - 1), help="sampling seed (default: the config's run.seed)"
@@ -575,12 +640,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=_at_most(MAX_THREADS), metavar="N", help="torch CPU threads (default as for run)"
     )
 
-    inspect = add("inspect", cmd_inspect, "summarize a run directory")
+    inspect = add("inspect", cmd_inspect, "summarize a run directory (also while it runs; never takes its lock)")
     inspect.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
+    inspect.add_argument(
+        "--follow",
+        type=_positive_seconds,
+        nargs="?",
+        const=10.0,
+        metavar="SECONDS",
+        help="while the run is running, check every SECONDS (default 10) and print it again when it changed",
+    )
 
-    report = add("report", cmd_report, "write report.html and report.md (SVG plots) for a run")
+    report = add("report", cmd_report, "write report.html and report.md (SVG plots) for a run, also while it runs")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/first")
     report.add_argument("--out", metavar="DIR", help="where to write them (default: RUN_DIR/report)")
+    report.add_argument(
+        "--watch",
+        dest="follow",
+        type=_positive_seconds,
+        nargs="?",
+        const=30.0,
+        metavar="SECONDS",
+        help="while the run is running, rewrite the report every SECONDS (default 30), printed when it changed",
+    )
 
     export = add("export", cmd_export, "export the student adapter (standard PEFT) and verify its reload")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints")

@@ -244,6 +244,11 @@ class RunSummary(Record):
     seconds_per_cycle: float | None
     cuda: CudaTeardown | None
     torch_threads: int | None = None
+    peak_rss_bytes: int | None = Field(
+        default=None,
+        description="the run process's peak resident set size in bytes (getrusage ru_maxrss), load included; "
+        "the host memory a machine needs for this run (on CUDA, host memory only)",
+    )
     plan_digest: str = SHA256
     model_identities: dict[str, dict[str, Any]]
 

@@ -1,9 +1,13 @@
 """CPU threads for torch: a default that does not oversubscribe a shared machine.
 
 torch's own default (one thread per core) made generation ~10x slower on a busy 2-core machine
-than one thread did. The default here is half the cores this process may use, at least 1 and at
-most 8. ``--threads N`` or ``MINIVERL_THREADS`` choose another; an explicit ``OMP_NUM_THREADS``
-is respected. The number used is recorded in ``summary.json`` (``torch_threads``).
+than one thread did, and on a shared 2-core machine a 3-cycle plan took 264 s with 2 threads and
+121-135 s with 1 (issue 37). The default here is half the cores this process may use
+(``sched_getaffinity``), at least 1 and at most 8: on a machine of 2 cores or fewer, 1. It never follows
+the machine's load: on CPU the thread count can change a run's float sums, and a run, its resume and its
+replay must compute the same numbers wherever and whenever they run.
+``--threads N`` or ``MINIVERL_THREADS`` choose another; an explicit ``OMP_NUM_THREADS`` is
+respected. The number used is recorded in ``summary.json`` (``torch_threads``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ def usable_cores() -> int:
 
 
 def default_threads() -> int:
+    """Half the usable cores, 1..8."""
     return max(1, min(MAX_DEFAULT, usable_cores() // 2))
 
 

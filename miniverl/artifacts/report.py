@@ -18,6 +18,7 @@ from typing import Any
 
 from miniverl.artifacts.report_render import render_html, render_markdown
 from miniverl.artifacts.rundir import (
+    finished_lines,
     read_jsonl_text,
     read_manifest,
     read_metrics,
@@ -47,12 +48,12 @@ SAMPLES_PER_CYCLE = 4
 EVAL_PREFIX = "eval/"
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, *, live: bool = False) -> list[dict[str, Any]]:
     content = read_jsonl_text(path)
     if content is None:
         return []
     out = []
-    for number, text in enumerate(content.splitlines(), start=1):
+    for number, text in enumerate(finished_lines(content, live=live), start=1):
         if not text.strip():
             continue
         try:
@@ -65,11 +66,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def _read_metrics(run_dir: Path, *, live: bool = False) -> list[dict[str, Any]]:
     """``metrics.jsonl`` checked as ``inspect`` checks it (the metrics schema), and each line's ``step`` its own
-    update number: a hand-edited step ("x", null, 10**60) is one line and exit 2, never plotted."""
+    update number: a hand-edited step ("x", null, 10**60) is one line and exit 2, never plotted. ``live``: the run
+    is being written, so a last line without its newline is still in flight, not damage."""
     path = run_dir / "metrics.jsonl"
-    checked = read_metrics(run_dir)
+    checked = read_metrics(run_dir, live=live)
     for number, line in enumerate(checked, start=1):
         if line.step != number:
             raise UsageError(f"{path}: update {number} records step {str(line.step)[:24]}; steps count 1, 2, 3...")
@@ -123,15 +125,21 @@ def _checked_trajectory(record: dict[str, Any], path: Path, number: int) -> dict
     return record
 
 
-def _trajectory_series(run_dir: Path) -> tuple[dict[str, list[tuple[float, float]]], dict[int, list[dict[str, Any]]]]:
-    """Per-cycle series computed from the trajectory files, and the trajectories by cycle."""
+def _trajectory_series(
+    run_dir: Path, *, live_cycles: int | None = None
+) -> tuple[dict[str, list[tuple[float, float]]], dict[int, list[dict[str, Any]]]]:
+    """Per-cycle series computed from the trajectory files, and the trajectories by cycle. ``live_cycles``
+    (a running run): only the cycles its metrics already log, the one being written left out."""
     by_cycle: dict[int, list[dict[str, Any]]] = {}
     for path in sorted((run_dir / "trajectories").glob("cycle-*.jsonl")):
         try:
             cycle = int(path.stem.removeprefix("cycle-"))
         except ValueError:
             continue
-        by_cycle[cycle] = [_checked_trajectory(r, path, n) for n, r in enumerate(_read_jsonl(path), start=1)]
+        if live_cycles is not None and cycle > live_cycles:
+            continue
+        records = _read_jsonl(path, live=live_cycles is not None)
+        by_cycle[cycle] = [_checked_trajectory(r, path, n) for n, r in enumerate(records, start=1)]
     series: dict[str, list[tuple[float, float]]] = {}
     for cycle, records in sorted(by_cycle.items()):
         if not records:
@@ -184,15 +192,16 @@ def _eval_series(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[float, f
     return series
 
 
-def build_report(run_dir: Path) -> dict[str, Any]:
-    """Everything the report shows, as plain data (charts as SVG strings)."""
+def build_report(run_dir: Path, *, live: bool = False) -> dict[str, Any]:
+    """Everything the report shows, as plain data (charts as SVG strings). ``live``: the run is being trained
+    now (read without its lock): a snapshot of the cycles it has logged so far."""
     from miniverl.evaluation.record import read_evals
 
     require_run_dir(run_dir)
     plan = read_plan(run_dir)
     manifest = read_manifest(run_dir)
     summary = read_summary(run_dir)
-    metrics = _read_metrics(run_dir)
+    metrics = _read_metrics(run_dir, live=live)
     evals = read_evals(run_dir)
     for record in evals:
         if record.run_id != manifest.run_id:
@@ -208,7 +217,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
             charts.append(_chart(key, title, {key: points}, unit))
         else:
             absent.append(key)
-    derived, by_cycle = _trajectory_series(run_dir)
+    cycles_logged = max((int(c) for line in metrics if isinstance(c := line.get("cycle"), int)), default=0)
+    derived, by_cycle = _trajectory_series(run_dir, live_cycles=cycles_logged if live else None)
     components = {k.removeprefix("reward component: "): v for k, v in derived.items() if k.startswith("reward comp")}
     if components:
         title = "reward per component (mean over the cycle's trajectories)"
@@ -234,13 +244,18 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     columns = plan.config["data"].get("columns")
     prompts = _prompt_texts(plan.data.path, columns, {r.get("prompt_id") for s in spread.values() for r in s})
     cycle_seconds = [y for _, y in _points(metrics, "cycle_seconds")]
+    status: str = summary.status if summary is not None else "incomplete"
+    if live:
+        status = f"running: update {len(metrics)} of {plan.updates} logged, a snapshot"
     return {
         "run_id": manifest.run_id,
-        "status": summary.status if summary is not None else "incomplete",
+        "status": status,
+        "running": live,
         "algorithm": manifest.algorithm,
         "runtime": manifest.runtime,
         "updates": len(metrics),
-        "headline": _headline(metrics, components, evals),
+        "headline": ([f"running: {len(metrics)} of {plan.updates} updates logged so far"] if live else [])
+        + _headline(metrics, components, evals),
         "time": {
             "cycle_seconds_total": math.fsum(cycle_seconds) if cycle_seconds else None,
             "cycles_timed": len(cycle_seconds),
@@ -360,12 +375,15 @@ def _sample_rows(records: list[dict[str, Any]], prompts: dict[str, str]) -> list
     return out
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
-    """Write ``report.html``, ``report.md`` and ``charts/*.svg`` into ``out`` (default ``RUN/report``)."""
+def write_report(run_dir: Path, out: Path | None = None, *, live: bool = False) -> dict[str, Any]:
+    """Write ``report.html``, ``report.md`` and ``charts/*.svg`` into ``out`` (default ``RUN/report``).
+
+    ``live``: the run is training now; the report is a snapshot of its logged cycles (the run never writes
+    ``RUN/report``, so the two do not meet)."""
     from miniverl.artifacts.rundir import check_writable_dir
 
     target = out if out is not None else run_dir / "report"
-    report = build_report(run_dir)
+    report = build_report(run_dir, live=live)
     # the default target and charts/ are created by report; a symlink there would send the files elsewhere
     for place in ([target] if out is None else []) + [target / "charts"]:
         if place.is_symlink():
@@ -388,4 +406,6 @@ def write_report(run_dir: Path, out: Path | None = None) -> dict[str, Any]:
         "absent": report["absent"],
         "evals": [record["step"] for record in report["evals"]],
         "time": report["time"],
+        "running": live,
+        "updates": report["updates"],
     }

@@ -122,13 +122,22 @@ def read_summary(run_dir: Path) -> RunSummary | None:
         raise UsageError(f"{path} does not match the run summary schema") from None
 
 
-def read_metrics(run_dir: Path) -> list[MetricsLine]:
+def finished_lines(content: str, *, live: bool) -> list[str]:
+    """The lines of a JSONL text; ``live`` (a writer is appending now): an unterminated last line is one
+    still being written, and is left out rather than read half-way."""
+    lines = content.splitlines()
+    if live and lines and not content.endswith("\n"):
+        lines.pop()
+    return lines
+
+
+def read_metrics(run_dir: Path, *, live: bool = False) -> list[MetricsLine]:
     path = run_dir / "metrics.jsonl"
     content = read_jsonl_text(path)
     if content is None:
         return []
     lines = []
-    for number, text in enumerate(content.splitlines(), start=1):
+    for number, text in enumerate(finished_lines(content, live=live), start=1):
         if text.strip():
             try:
                 lines.append(MetricsLine.model_validate(loads_json(text)))

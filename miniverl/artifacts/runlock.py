@@ -63,6 +63,41 @@ def _refuse_non_regular(path: Path, mode: int | None) -> None:
     raise UsageError(f"{path} is {kind_of(mode)}, not the run's lock file; remove it and retry")
 
 
+def _flock_holder_pid(st: os.stat_result) -> int | None:
+    """The pid holding an flock on the file ``st`` describes, from the kernel's lock table (Linux); else None."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            lines = table.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == wanted:
+                return int(fields[4])
+        except ValueError:
+            continue
+    return None
+
+
+def writer_pid(run_dir: Path) -> int | None:
+    """The pid of the process writing ``run_dir`` now (a running ``run``, ``export``, ...), or None.
+
+    Read from the kernel's lock table without opening, creating or locking ``RUN_DIR/.lock``, so a reader
+    (``inspect``, ``report`` of a running run) never competes with the writer for it. Linux only (elsewhere
+    None: the run then reads as not running).
+    """
+    try:
+        st = os.lstat(run_dir / LOCK_NAME)
+    except OSError:
+        return None
+    return _flock_holder_pid(st)
+
+
 def acquire(run_dir: Path, *, what: str) -> bool:
     """Take the run's lock now or raise :class:`RunBusyError` naming the holder; True when newly taken.
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from miniverl import bounded
 from miniverl.config.schema import MiniverlConfig
 from miniverl.config.strict import StrictFormatError, loads_yaml
+from miniverl.config.suggest import suggestion
 from miniverl.errors import ConfigError
 
 
@@ -73,12 +74,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def validation_message(exc: ValidationError) -> str:
+def validation_message(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """The first error as one line; an unknown key of ``model`` (a config) comes with a "did you mean"."""
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "config"
     kind = first["type"]
     if kind == "extra_forbidden":
-        return f"unknown key {where!r}"
+        hint = suggestion(model, first["loc"]) if model is not None else None
+        return f"unknown key {where!r}" + (f"; did you mean {hint}?" if hint else "")
     message = str(first["msg"]).removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{where}: {message}{more}"
@@ -93,7 +96,7 @@ def validate_config(data: dict[str, Any], *, origin: str) -> MiniverlConfig:
     try:
         config = MiniverlConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid config {origin}: {validation_message(exc)}") from None
+        raise ConfigError(f"invalid config {origin}: {validation_message(exc, MiniverlConfig)}") from None
     problem = _bool_as_number(data, config, "") or _non_finite(config.model_dump(mode="python"), "")
     if problem:
         raise ConfigError(f"invalid config {origin}: {problem}")

@@ -75,7 +75,12 @@ def validate_rows(rows: Iterable[PromptRow | Mapping[str, Any]], *, source: str 
             if value is None:
                 raise DataError(f"{source}: row {index} has a null {name!r}; every column must hold a string")
             if not isinstance(value, str):
-                raise DataError(f"{source}: row {index} {name!r} is {type(value).__name__}, expected a string")
+                hint = ""
+                if isinstance(value, bool):
+                    hint = f': quote it ("{name}": "{str(value).lower()}")'
+                elif isinstance(value, int | float):
+                    hint = f': quote it ("{name}": "{value}")'
+                raise DataError(f"{source}: row {index} {name!r} is {type(value).__name__}, expected a string{hint}")
             if name in NON_EMPTY_COLUMNS and not value.strip():
                 raise DataError(
                     f"{source}: row {index} (prompt_id {values['prompt_id']!r}) has an empty {name!r}; "
@@ -158,31 +163,42 @@ def derive_ids(prompts: Sequence[str]) -> list[str]:
     return ids
 
 
-def _sources(columns: Mapping[Any, str] | None) -> dict[str, str]:
+#: Where a column mapping comes from, as messages name it: the option, and how to write one mapping.
+MAPPED_BY: dict[str, tuple[str, str]] = {
+    "config": ("data.columns", "`columns: {prompt: question}`"),
+    "eval": ("--columns", "`--columns prompt=question,answer=solution`"),
+}
+
+
+def _sources(columns: Mapping[Any, str] | None, mapped_by: str = "config") -> dict[str, str]:
     """Dataset field → the file column that holds it."""
     mapping = dict(columns or {})
     unknown = sorted(set(mapping) - set(COLUMNS))
     if unknown:
-        raise DataError(f"data.columns: unknown field {', '.join(unknown)}; fields: {', '.join(COLUMNS)}")
+        option = MAPPED_BY[mapped_by][0]
+        raise DataError(f"{option}: unknown field {', '.join(unknown)}; fields: {', '.join(COLUMNS)}")
     return {name: mapping.get(name, name) for name in COLUMNS}
 
 
-def _chooser(source: str, columns: Mapping[Any, str] | None) -> Callable[[list[str]], list[str]]:
+def _chooser(
+    source: str, columns: Mapping[Any, str] | None, mapped_by: str = "config"
+) -> Callable[[list[str]], list[str]]:
     """From the file's columns, the ones to read (a DataError when a needed one is missing; a notice for extras)."""
-    sources = _sources(columns)
+    sources = _sources(columns, mapped_by)
+    option, example = MAPPED_BY[mapped_by]
 
     def choose(found: list[str]) -> list[str]:
         mapped = {name: column for name, column in sources.items() if name in (columns or {})}
         for name, column in mapped.items():
             if column not in found:
                 raise DataError(
-                    f"{source}: data.columns maps {name} to {column!r}, which is not a column of this file; "
+                    f"{source}: {option} maps {name} to {column!r}, which is not a column of this file; "
                     f"its columns: {', '.join(found)}"
                 )
         if sources["prompt"] not in found:
             raise DataError(
                 f"{source}: no 'prompt' column; its columns: {', '.join(found)} "
-                "(name the prompt column with data.columns, e.g. `columns: {prompt: question}`)"
+                f"(name the prompt column with {option}, e.g. {example})"
             )
         used = [column for column in dict.fromkeys(sources.values()) if column in found]
         extra = tuple(c for c in found if c not in used)
@@ -190,14 +206,16 @@ def _chooser(source: str, columns: Mapping[Any, str] | None) -> Callable[[list[s
             _noticed.add((source, extra))
             sys.stderr.write(
                 f"miniverl: notice: {source}: ignoring column(s) {', '.join(extra)} "
-                f"(miniverl reads {', '.join(COLUMNS)}; map others with data.columns)\n"
+                f"(miniverl reads {', '.join(COLUMNS)}; map others with {option})\n"
             )
         return used
 
     return choose
 
 
-def describe_dataset(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> dict[str, Any]:
+def describe_dataset(
+    path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None, *, mapped_by: str = "config"
+) -> dict[str, Any]:
     """``{"rows", "sha256", "columns"}`` (``columns``: the file's own column names).
 
     A Parquet file is described from its footer alone (no row data read, no torch): it exists, the
@@ -209,33 +227,41 @@ def describe_dataset(path: str | os.PathLike[str], columns: Mapping[Any, str] | 
     if dataset_format(target) == "parquet":
         parquet = parquet_file(target)
         found = parquet_columns(parquet, source)
-        wanted = _chooser(source, columns)(found)
+        wanted = _chooser(source, columns, mapped_by)(found)
         schema = parquet.schema_arrow
         for name in wanted:
             if schema.field(name).type not in _STRING_TYPES:
-                raise DataError(f"{source}: column {name!r} has type {schema.field(name).type}; expected string")
+                raise DataError(
+                    f"{source}: column {name!r} has type {schema.field(name).type}; expected string "
+                    f"(write it as text, e.g. pandas: df[{name!r}] = df[{name!r}].astype(str))"
+                )
         rows = parquet.metadata.num_rows
     else:  # no footer: the whole file is read, so it is checked whole
-        found, loaded = _load(target, source, columns)
+        found, loaded = _load(target, source, columns, mapped_by)
         rows = len(loaded)
     if rows < 1:
         raise DataError(f"{source}: the dataset is empty; it needs at least one row")
     return {"rows": rows, "sha256": sha256_file(path), "columns": found}
 
 
-def load_prompts(path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None) -> list[PromptRow]:
+def load_prompts(
+    path: str | os.PathLike[str], columns: Mapping[Any, str] | None = None, *, mapped_by: str = "config"
+) -> list[PromptRow]:
     """Every row of a prompt dataset, validated; a one-line :class:`DataError` says what is wrong.
 
-    ``columns`` is the config's ``data.columns`` (dataset field → file column).
+    ``columns`` is the config's ``data.columns`` (dataset field → file column); ``mapped_by`` (a key of
+    :data:`MAPPED_BY`) is where the mapping came from, for the messages.
     """
     source = os.fspath(path)
-    return _load(check_file(path), source, columns)[1]
+    return _load(check_file(path), source, columns, mapped_by)[1]
 
 
-def _load(target: Path, source: str, columns: Mapping[Any, str] | None) -> tuple[list[str], list[PromptRow]]:
+def _load(
+    target: Path, source: str, columns: Mapping[Any, str] | None, mapped_by: str = "config"
+) -> tuple[list[str], list[PromptRow]]:
     """The file's column names and its validated rows."""
-    table = read_columns(target, _chooser(source, columns), source)
-    sources = _sources(columns)
+    table = read_columns(target, _chooser(source, columns, mapped_by), source)
+    sources = _sources(columns, mapped_by)
     rows = [{name: raw.get(column, _OPTIONAL.get(name)) for name, column in sources.items()} for raw in table.rows]
     if sources["prompt_id"] not in table.columns and rows:
         prompts = [r["prompt"] if isinstance(r["prompt"], str) else "" for r in rows]  # validate_rows names a bad one

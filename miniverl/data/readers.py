@@ -124,7 +124,10 @@ def _read_parquet(path: Path, wanted: Sequence[str], source: str) -> RawTable:
     for name in wanted:
         field = schema.field(name)
         if field.type not in _STRING_TYPES:
-            raise DataError(f"{source}: column {name!r} has type {field.type}; expected string")
+            raise DataError(
+                f"{source}: column {name!r} has type {field.type}; expected string "
+                f"(write it as text, e.g. pandas: df[{name!r}] = df[{name!r}].astype(str))"
+            )
     _check_parquet_footer(parquet, wanted, source)
     budget, decoded = bounded.DATASET_DECODED_MAX_BYTES, 0
     columns: dict[str, list[Any]] = {name: [] for name in wanted}

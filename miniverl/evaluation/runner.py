@@ -133,15 +133,20 @@ def evaluate(
     seed: int | None = None,
     temperature: float | None = None,
     max_new_tokens: int | None = None,
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``columns`` (``eval --columns``): the eval file's field -> column mapping; default the run's data.columns."""
     from miniverl.data import describe_dataset, load_prompts
 
     if samples < 0:
         raise UsageError(f"--samples {samples}: give 0 (greedy only) or more")
     source = resolve_source(source_path, config_path, step)
     config = source.config
-    described = describe_dataset(data, config.data.columns)  # the run's data.columns name the eval file's too
-    rows = load_prompts(data, config.data.columns)
+    # the run's data.columns name the eval file's columns too, unless --columns names them (the messages name
+    # --columns: the option a user can change for an existing run's eval)
+    mapping = config.data.columns if columns is None else columns
+    described = describe_dataset(data, mapping, mapped_by="eval")
+    rows = load_prompts(data, mapping, mapped_by="eval")
     r = config.rollout
     seed = config.run.seed if seed is None else seed
     greedy = Decoding.greedy_of(r, seed)

@@ -31,8 +31,19 @@ def run_diagnose(args: argparse.Namespace, emit: Emit) -> int:
     from miniverl.handoff.manifest import quantization_note
 
     report = diagnose(Path(args.bundle))
-    lines = [f"launch_status: {report['launch_status']}"]
+    if report["launch_status"] == "ready":
+        # "ready" means verl accepts the config; whether this machine can launch it is said apart
+        lines = [f"{report['checked']}: composed, validate_config passed, reward and dataset checked "
+                 "(launch_status: ready)"]  # fmt: skip
+    else:
+        lines = [f"launch_status: {report['launch_status']}"]
     lines += [f"  blocker {b['code']}: {b['detail']}" for b in report["blockers"]]
+    if report["launch_missing"]:
+        lines.append(
+            "  to launch it (launch.sh), this machine lacks: "
+            + "; ".join(report["launch_missing"])
+            + ". Run launch.sh where they are."
+        )
     if report["checks"].get("stand_ins"):
         lines.append(f"  vLLM stand-ins: {', '.join(report['checks']['stand_ins'])}")
     note = quantization_note(QuantizationIR.model_validate(report["quantization"]), report["checks"]["model"]["dtype"])

@@ -40,8 +40,8 @@ def diagnose(bundle: Path) -> dict[str, Any]:
     manifest = read_manifest(bundle)
     if importlib.util.find_spec("verl") is None:
         raise UsageError(
-            f"verl is not installed in this environment; diagnose needs verl {manifest.verl_version} "
-            "(a separate venv, e.g. `nox -s verl`)"
+            f"verl is not installed in this environment; diagnose needs verl {manifest.verl_version} in a venv "
+            f"of its own (it pins transformers<5.11): {verl_env_hint(manifest.verl_version)}"
         )
     root = bundle.resolve()
     checks: dict[str, Any] = {}
@@ -117,6 +117,10 @@ def diagnose(bundle: Path) -> dict[str, Any]:
     }
     status = "ready" if not blockers else blockers[0]["code"]
     return {
+        "checked": f"config valid for verl {verl_version}"
+        if not blockers
+        else f"config refused by verl {verl_version}",
+        "launch_missing": launch_missing(),
         "bundle": bundle.name,
         "launch_status": status,
         "blockers": blockers,
@@ -438,6 +442,40 @@ def _check_dataset(path: Path) -> dict[str, Any]:
     if "ground_truth" not in [reward_model.field(i).name for i in range(reward_model.num_fields)]:
         raise ValueError("reward_model has no ground_truth")
     return {"rows": pq.read_metadata(path).num_rows, "columns": list(schema.names)}
+
+
+def in_checkout() -> bool:
+    """Whether this miniverl runs from a source checkout (its noxfile beside the package), not an installed wheel."""
+    return (Path(__file__).resolve().parents[2] / "noxfile.py").is_file()
+
+
+def verl_env_hint(version: str) -> str:
+    """Where to get a verl environment: the checkout's nox session, else the commands that make one."""
+    if in_checkout():
+        return "in this checkout, `nox -s verl_env` builds one from known-good/verl-0.9.1-cpu.txt"
+    return (
+        f"`python3 -m venv verl-env && verl-env/bin/pip install 'verl=={version}'`, then install this miniverl's "
+        "release wheel into it (`verl-env/bin/pip install --no-deps ./miniverl-*.whl`) and run "
+        "`verl-env/bin/python -m miniverl diagnose BUNDLE`"
+    )
+
+
+def launch_missing() -> list[str]:
+    """What launching the bundle (``launch.sh``: Ray, vLLM rollouts, a CUDA GPU) needs and this machine lacks.
+
+    Apart from the checks above, which validate the config with verl's own code and need none of them."""
+    missing = []
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            missing.append("a CUDA GPU (torch.cuda.is_available() is false)")
+    except ImportError:
+        missing.append("torch")
+    for module, name in (("vllm", "vLLM (verl's rollout engine)"), ("ray", "Ray")):
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"{name}: not installed")
+    return missing
 
 
 def _one_line(exc: BaseException) -> str:

@@ -65,6 +65,11 @@ class BuiltinPin:
     dtype: str
     config: Mapping[str, Any] = field(default_factory=dict)
     """The architecture fields of the cached ``config.json`` (known before fetching, for plans)."""
+    hub_id: str | None = None
+    """The released model this GGUF was converted from, on the Hugging Face hub: what an exported adapter
+    names as its base, so that ``AutoPeftModelForCausalLM`` finds one anywhere. miniverl itself trains on the
+    GGUF's dequantized weights, which differ from the released ones (the export's model card says so)."""
+    quantization_note: str = ""
 
 
 SMOLLM2_135M_INSTRUCT = BuiltinPin(
@@ -96,6 +101,8 @@ SMOLLM2_135M_INSTRUCT = BuiltinPin(
             "pad_token_id": 0,
         }
     ),
+    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    quantization_note="a Q4_1 GGUF (4-bit blocks, each with a scale and a minimum), dequantized to float",
 )
 
 BUILTIN_PINS: Mapping[str, BuiltinPin] = MappingProxyType({SMOLLM2_135M_INSTRUCT.name: SMOLLM2_135M_INSTRUCT})

@@ -16,6 +16,7 @@ import torch
 from miniverl.canonical import fsync_tree, temp_dir_beside
 from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
 from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
+from miniverl.runtime.host_memory import trim_host_allocator
 from miniverl.runtime.loading import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -136,20 +137,25 @@ class StudentMemoryPlan:
 @contextmanager
 def rollout_memory_scope(model: Any, device: torch.device, *, release: bool) -> Iterator[None]:
     """Where a rollout runs. With ``release`` (the memory plan's ``release_rollout``) the allocator's cached
-    blocks go back to the driver first, so that the fast engine's copy, cache and graphs are allocated beside
-    what is in use rather than on top of the update's cached activations, and when the block ends the engine
-    cached for ``model`` is dropped (:func:`miniverl.rollout.engine.release_engine`). Without it, nothing."""
+    blocks go back to the driver first (on CPU, the heap's free pages to the OS), so that the fast engine's copy,
+    cache and graphs are allocated beside what is in use rather than on top of the update's cached activations,
+    and when the block ends the engine
+    cached for ``model`` is dropped (:func:`miniverl.rollout.engine.release_engine`); on CPU the heap's freed
+    pages then go back to the OS, so the update starts from the weights alone. Without it, nothing."""
     if not release:
         yield
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    elif device.type == "cpu":
+        trim_host_allocator()  # the update's freed activations: back to the OS before the copy is folded
     try:
         yield
     finally:
         from miniverl.rollout.engine import release_engine
 
-        release_engine(model)
+        if release_engine(model) and device.type == "cpu":
+            trim_host_allocator()
 
 
 def release_device_memory(device: torch.device) -> None:

@@ -427,6 +427,7 @@ def _train(
 
     from miniverl.models.loading import resolve_device
     from miniverl.runtime import build_runtime
+    from miniverl.runtime.host_memory import peak_rss_bytes
     from miniverl.training.algorithms.base import resolve_adapter_precision
     from miniverl.training.controller import Controller
     from miniverl.training.memory import plan_memory
@@ -460,6 +461,10 @@ def _train(
         memory_plan = plan_memory(config, runtime, rows, resolve_adapter_precision(config, device))
         if memory_plan is not None:
             progress_log.phase("memory plan", memory_plan.describe())
+        elif not cuda:
+            # On CPU the rollout copy is refolded every cycle anyway (the policy changed): holding it (and its KV
+            # cache) through the update only adds its size to the update's peak RSS, so it is given back.
+            runtime.apply_memory_plan(activation_checkpointing=0, max_tokens=None, release_rollout_engine=True)
         controller = None
         load_peaks = (
             (torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)) if cuda else (0, 0)
@@ -531,6 +536,7 @@ def _train(
                 teardown_returned_to_baseline=final - baseline <= tolerance,
             )
         metrics = controller.state.metrics
+        peak_rss = peak_rss_bytes()
         cycles_here = len(metrics) - (resumed_from or 0)
         summary = RunSummary(
             run_id=run_id,
@@ -553,6 +559,7 @@ def _train(
             seconds_per_cycle=wall / cycles_here if cycles_here > 0 else None,
             cuda=teardown,
             torch_threads=torch.get_num_threads(),
+            peak_rss_bytes=peak_rss,
             plan_digest=plan.plan_digest,
             model_identities=plan.models,
         )
@@ -571,7 +578,7 @@ def _train(
         "message": (
             f"run {run_id} completed: {summary.updates} update(s), reward mean "
             f"{summary.reward_mean if summary.reward_mean is not None else float('nan'):.3f}, "
-            f"{wall:.1f}s on {device.type}; outputs in {run_dir}"
+            f"{wall:.1f}s on {device.type}, peak RSS {peak_rss / 1e9:.2f} GB; outputs in {run_dir}"
         ),
     }
 

@@ -332,3 +332,22 @@ def test_eval_not_kept_when_the_run_cannot_be_written(
     notice = capsys.readouterr().err
     assert notice.startswith("notice: the eval was not kept in ") and "Read-only file system" in notice
     assert notice.count("\n") == 1 and path.read_bytes() == before
+
+
+def test_eval_columns_maps_another_files_names(trained: Path, tmp_path: Path) -> None:
+    """`eval --columns prompt=question,answer=solution` reads a file with other column names (issue #37); without
+    it the error names --columns, the option an existing run's eval can take."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(trained / "heldout.parquet").to_pylist()
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_text("".join(json.dumps({"question": r["prompt"], "solution": r["answer"]}) + "\n" for r in rows))
+    code, _, err = _eval(trained, "runs/r", "--data", str(renamed), "--samples", "0")
+    assert code == 2 and err.count("\n") == 1 and "--columns prompt=question,answer=solution" in err, err
+    code, out, err = _eval(trained, "runs/r", "--data", str(renamed), "--columns", "prompt=question,answer=solution",
+                           "--samples", "0", "--json")  # fmt: skip
+    assert code == 0, err
+    mapped = json.loads(out)["greedy"]
+    code, out, err = _eval(trained, "runs/r", "--data", "heldout.parquet", "--samples", "0", "--json")
+    assert code == 0, err
+    assert mapped == json.loads(out)["greedy"]  # the same prompts and answers: the same figures

@@ -84,6 +84,10 @@ def test_json_run_is_silent_on_stderr(runs: dict[str, Any]) -> None:
     payload = json.loads(runs["opd"]["out"])
     assert payload["torch_threads"] == {"threads": 1, "from": "--threads"}
     assert payload["summary"]["torch_threads"] == 1
+    # the run's own peak RSS (this process's ru_maxrss when the run ended: never above it now)
+    from miniverl.runtime.host_memory import peak_rss_bytes
+
+    assert 50 * 2**20 < payload["summary"]["peak_rss_bytes"] <= peak_rss_bytes()
 
 
 def test_quiet_and_rich_reporters() -> None:
@@ -212,7 +216,7 @@ def test_export_base_reference_for_each_source() -> None:
     rev = "a" * 40
     assert base_reference(ModelSpec(source="hub", model_id="org/m", revision=rev)) == ("org/m", rev)
     builtin = ModelSpec(source="builtin", model_id="smollm2-135m-instruct")
-    assert base_reference(builtin) == ("smollm2-135m-instruct", None)
+    assert base_reference(builtin) == ("HuggingFaceTB/SmolLM2-135M-Instruct", None)  # the released model's hub id
     assert base_reference(ModelSpec(source="local", path="/abs/where/model-dir")) == ("model-dir", None)
 
 
@@ -241,3 +245,17 @@ def test_grpo_logs_entropy_and_response_length(runs: dict[str, Any]) -> None:
         extra = line["algorithm_metrics"]
         assert extra["actor/entropy"] > 0 and extra["actor/pg_loss"] == line["loss"]
         assert extra["response_length/mean"] == line["response_tokens"] / line["trajectories"]
+
+
+def test_export_model_card_says_what_the_builtin_base_was() -> None:
+    """The adapter names the released model (loads anywhere), and its card says training used the GGUF copy."""
+    from miniverl.artifacts.export import model_card
+    from miniverl.config.schema import ModelSpec
+    from miniverl.models.builtin import SMOLLM2_135M_INSTRUCT as pin
+
+    card = model_card(ModelSpec(source="builtin", model_id=pin.name), {"source": "builtin", "gguf_sha256": "x"})
+    assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n")
+    assert "is not the released `HuggingFaceTB/SmolLM2-135M-Instruct` weights" in card
+    assert pin.gguf_sha256 in card and "Q4_1" in card and 'dtype="float32"' in card
+    local = model_card(ModelSpec(source="local", path="/abs/where/model-dir"), {})
+    assert "base_model: model-dir" in local and "/abs" not in local and "not the released" not in local

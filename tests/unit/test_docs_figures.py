@@ -1,0 +1,37 @@
+"""The first-run figures the README and the example config state come from one committed measurement (issue 37)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MEASUREMENT = REPO / "docs" / "measurements" / "2026-12-06-first-run-memory"
+
+
+def _expected() -> dict[str, str]:
+    figures = json.loads((MEASUREMENT / "figures.json").read_text())
+    greedy, sampled = figures["heldout"]["greedy"], figures["heldout"]["sampled"]
+    return {
+        "peak": f"{figures['run']['peak_rss_bytes'] / 1e9:.1f} GB",
+        "run": f"{figures['run']['wall_seconds'] / 60:.0f} minutes",
+        "eval": f"{figures['eval']['wall_seconds'] / 60:.1f} minutes",
+        "greedy": f"{greedy['base']:.3f} to {greedy['trained']:.3f}",
+        "sampled": f"{sampled['base']:.3f} to {sampled['trained']:.3f}",
+    }
+
+
+def test_readme_figures_are_the_measurements() -> None:
+    readme = (REPO / "README.md").read_text()
+    paragraph = readme[readme.index("**What to expect**") :].split("\n\n", 1)[0]
+    expected = _expected()
+    assert f"peak memory {expected['peak']}" in paragraph
+    assert f"`run` {expected['run']}" in paragraph and f"`eval` {expected['eval']}" in paragraph
+    assert f"from\n{expected['greedy']} greedy" in paragraph or f"from {expected['greedy']} greedy" in paragraph
+    assert f"{expected['sampled']} sampled" in paragraph
+
+
+def test_example_config_states_the_measured_peak() -> None:
+    text = (REPO / "miniverl" / "examples" / "grpo" / "config.yaml").read_text()
+    assert f"about {_expected()['peak']} peak RSS on CPU" in text
+    assert (MEASUREMENT / "README.md").is_file() and "docs/measurements/2026-12-06-first-run-memory/" in text
