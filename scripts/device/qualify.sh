@@ -327,11 +327,12 @@ phase_costs() {
 
 # The test files that run on CUDA where it is present (kernels, rollout, GPU training, memory plan, reward-model
 # offload, NF4 adapters, model loading); then every test marked gpu.
-CUDA_TEST_FILES="tests/integration/test_rollout_cuda.py tests/integration/test_gpu_training.py
-  tests/integration/test_policy_digest.py tests/integration/test_memory_plan_training.py
-  tests/integration/test_reward_model_offload_cuda.py tests/unit/test_rollout_kernels.py
-  tests/unit/test_rollout_gemm_kernels.py tests/unit/test_rollout_attention_kernel.py
-  tests/unit/test_adapter_precision.py tests/unit/test_models_loading.py"
+# One line (the continuations join it): it is pasted into a `bash -c` string, where a newline would end the command.
+CUDA_TEST_FILES="tests/integration/test_rollout_cuda.py tests/integration/test_gpu_training.py \
+tests/integration/test_policy_digest.py tests/integration/test_memory_plan_training.py \
+tests/integration/test_reward_model_offload_cuda.py tests/unit/test_rollout_kernels.py \
+tests/unit/test_rollout_gemm_kernels.py tests/unit/test_rollout_attention_kernel.py \
+tests/unit/test_adapter_precision.py tests/unit/test_models_loading.py"
 
 alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-clock check) has run
   [ "$PROFILE" != cpu-reference ] && [ ! -e "$RES/gpu-tests.started" ] || return 0

@@ -98,15 +98,23 @@ def test_other_on_policy_algorithms_carry_the_digests(workdir: Path, tiny_model_
 
 
 def test_a_stale_fold_breaks_the_equality(workdir: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine keeps its first fold forever (a refold bug): the rollout digest then lags the policy."""
+    """The engine keeps its first fold forever (a refold bug): the rollout digest then lags the policy. The first
+    fold is kept here, so the bug survives the engine being released after each rollout (CPU runs, and CUDA runs
+    whose memory plan releases it) and rebuilt for the next."""
     from miniverl.rollout.engine import FastRolloutEngine
 
     real = FastRolloutEngine.sync_policy
+    first: dict[str, Any] = {}
 
     def never_refold(self: FastRolloutEngine, model: Any, version: int, tensors: Any = None) -> str | None:
-        if self.weights is not None:
-            return self.fold_digest
-        return real(self, model, version, tensors)
+        if not first:
+            digest = real(self, model, version, tensors)
+            first.update(weights=self.weights, digest=digest, key=self._fold_key)
+            return digest
+        if self.weights is not first["weights"]:
+            self.weights, self.workspace = first["weights"], None
+        self.fold_digest, self._fold_key = first["digest"], first["key"]
+        return first["digest"]
 
     monkeypatch.setattr(FastRolloutEngine, "sync_policy", never_refold)
     lines = _run(workdir, tiny_model_dir, engine="fast")
