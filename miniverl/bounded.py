@@ -19,6 +19,7 @@ from typing import Any
 
 from miniverl.config.strict import MAX_DEPTH, loads_json, loads_yaml, nesting_depth
 from miniverl.errors import UsageError
+from miniverl.outputs import kind_of
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -61,24 +62,11 @@ def limit_text(limit: int) -> str:
     return f"{limit} bytes"
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _refuse_kind(path: Path, mode: int, what: str) -> None:
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "Is a directory", os.fspath(path))
     if not stat.S_ISREG(mode):
-        raise InputBoundError(f"{path}: {what} must be a regular file; this is {_kind(mode)}")
+        raise InputBoundError(f"{path}: {what} must be a regular file; this is {kind_of(mode)}")
 
 
 def _refuse_size(path: Path, size: int, limit: int, what: str) -> None:
