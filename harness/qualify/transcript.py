@@ -59,6 +59,29 @@ class Interruption:
     appeared_after_seconds: float | None
 
 
+@dataclass(frozen=True)
+class Captured:
+    code: int
+    out: bytes
+    err: bytes
+    seconds: float
+    timed_out: bool
+
+
+def run_captured(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> Captured:
+    """Run ``argv`` to the end with its output captured: exit 124 when it outran ``timeout``, 127 when it could not
+    start (the reason as its stderr)."""
+    start = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, timeout=timeout, check=False)
+        return Captured(done.returncode, done.stdout, done.stderr, time.monotonic() - start, False)
+    except subprocess.TimeoutExpired as exc:
+        return Captured(124, exc.stdout or b"", exc.stderr or b"", time.monotonic() - start, True)
+    except OSError as exc:
+        why = f"cannot execute {Path(argv[0]).name}: {exc.strerror}".encode()
+        return Captured(127, b"", why, time.monotonic() - start, False)
+
+
 @dataclass
 class CliDriver:
     """Runs ``<venv>/bin/miniverl`` from ``work`` with a clean environment; argv recorded redacted."""
@@ -84,19 +107,8 @@ class CliDriver:
         exe = self.venv / "bin" / "miniverl"
         env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
         with self.slot(step):
-            start = time.monotonic()
-            timed_out = False
-            try:
-                done = subprocess.run(
-                    [str(exe), *args], cwd=self.work, env=env, capture_output=True, timeout=timeout, check=False
-                )
-                code, out, err = done.returncode, done.stdout, done.stderr
-            except subprocess.TimeoutExpired as exc:
-                timed_out, code = True, 124
-                out, err = exc.stdout or b"", exc.stderr or b""
-            except OSError as exc:
-                code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
-        return self._record(step, args, code, out, err, time.monotonic() - start, timed_out)
+            ran = run_captured([str(exe), *args], cwd=self.work, env=env, timeout=timeout)
+        return self._record(step, args, ran.code, ran.out, ran.err, ran.seconds, ran.timed_out)
 
     def interrupt(
         self,

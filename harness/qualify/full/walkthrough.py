@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 import shutil
 import stat
-import subprocess
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from harness.install import verl_env
 from harness.qualify.full import runs, statehash
 from harness.qualify.full.base import Context, Scale
 from harness.qualify.full.reading import count, finite, read_json, read_jsonl
-from harness.qualify.transcript import CliResult
+from harness.qualify.transcript import CliResult, run_captured
 
 WORKLOADS = HARNESS_DIR / "workloads"
 EVIDENCE = "evidence"  # the folder under ctx.work that holds the files ``run`` returns
@@ -105,23 +103,8 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
     (``ctx.verl_overlay``) comes first on PYTHONPATH, so the miniverl it runs is the candidate's."""
     env = clean_env({**ctx.cli.extra_env, **verl_env.child_env(ctx.verl_overlay)}, path_prefix=python.parent)
     with ctx.cli.slot(step):
-        start = time.monotonic()
-        timed_out = False
-        try:
-            done = subprocess.run(
-                [str(python), "-m", "miniverl", *args],
-                cwd=ctx.work,
-                env=env,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-            code, out, err = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            timed_out, code = True, 124
-            out, err = exc.stdout or b"", exc.stderr or b""
-        except OSError as exc:
-            code, out, err = 127, b"", f"cannot execute {python.name}: {exc.strerror}".encode()
+        ran = run_captured([str(python), "-m", "miniverl", *args], cwd=ctx.work, env=env, timeout=timeout)
+    code, out, err, timed_out = ran.code, ran.out, ran.err, ran.timed_out
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
     interpreter = verl_label(ctx, python)
     installed = ctx.verl_installed.model_copy(update={"executable": interpreter}) if ctx.verl_installed else None
@@ -129,7 +112,7 @@ def run_module(ctx: Context, step: str, python: Path, args: list[str], *, timeou
         step=step,
         argv=[interpreter, "-m", "miniverl", *ctx.cli.redact.argv(args)],
         exit_code=code,
-        duration_seconds=round(time.monotonic() - start, 3),
+        duration_seconds=round(ran.seconds, 3),
         timed_out=timed_out,
         stdout_bytes=len(out),
         stdout_sha256=sha256_bytes(out),
