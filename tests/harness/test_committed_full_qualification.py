@@ -18,17 +18,24 @@ import pytest
 from harness.core.profiles import PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = sorted(p.parent for p in (REPO / "docs" / "measurements").glob("*-full/qualification.tar.xz"))
+MEASUREMENTS = REPO / "docs" / "measurements"
+# What each committed run must be, stated here and never read from the folder being verified: its profile (hence
+# the GPU and the trusted stack, the checkout's known-good/) and the commit its candidate was built from.
+EXPECTED = {"2026-12-06-h100-cu130-full": ("h100-cu130", "248d856091c0c38c3cc0e11b2c6f94233beb71c3")}
+COMMITTED = sorted(p.parent.name for p in MEASUREMENTS.glob("*-full/qualification.tar.xz"))
 
 
-def test_a_gpu_full_qualification_is_committed() -> None:
-    assert {(run / "profile.txt").read_text().strip() for run in COMMITTED} & {"h100-cu130", "h200-cu130"}
+def test_every_committed_run_is_expected_and_one_is_on_a_gpu() -> None:
+    assert sorted(EXPECTED) == COMMITTED
+    assert {profile for profile, _ in EXPECTED.values()} & {"h100-cu130", "h200-cu130"}
 
 
-@pytest.mark.parametrize("run", COMMITTED, ids=[p.name for p in COMMITTED])
-def test_the_auditor_rederives_the_committed_run(run: Path, tmp_path: Path) -> None:
-    profile = PROFILES[(run / "profile.txt").read_text().strip()]
-    known_good = run / "known-good" / f"{profile.known_good}.json"
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_auditor_rederives_the_committed_run(name: str, tmp_path: Path) -> None:
+    run = MEASUREMENTS / name
+    profile_name, commit = EXPECTED[name]
+    profile = PROFILES[profile_name]
+    known_good = REPO / "known-good" / f"{profile.known_good}.json"
     with tarfile.open(run / "qualification.tar.xz") as packed:
         packed.extractall(tmp_path, filter="data")
     qualification = tmp_path / "qual" / "qualification.json"
@@ -40,7 +47,7 @@ def test_the_auditor_rederives_the_committed_run(run: Path, tmp_path: Path) -> N
             "--candidate-dir", str(run / "candidate"),
             "--candidate-manifest", str(run / "candidate" / "candidate-manifest.json"),
             "--qualification", str(qualification),
-            "--commit", (run / "commit.txt").read_text().strip(),
+            "--commit", commit,
             "--known-good-sha256", hashlib.sha256(known_good.read_bytes()).hexdigest(),
             "--known-good", str(known_good),
             "--required-gpu-name", str(profile.required_gpu_name),
