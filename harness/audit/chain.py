@@ -523,8 +523,14 @@ def _record_against_output(q: Qualification, seen: InstallFacts, smi: GpuFacts |
     tree, env = q.execution.worktree, q.environment
     pairs: dict[str, tuple[object, object]] = {
         "execution.worktree": (
-            (tree.commit, tree.changed_paths) if tree.state != "unknown" else None,
-            (seen.head, seen.changed_paths) if seen.head is not None else None,
+            (tree.state, tree.commit, tree.changed_paths) if tree.state != "unknown" else None,
+            (
+                "clean" if seen.head == q.candidate.source_commit and seen.changed_paths == 0 else "dirty",
+                seen.head,
+                seen.changed_paths,
+            )
+            if seen.head is not None
+            else None,
         ),
         "execution.system_site_packages": (q.execution.system_site_packages, seen.system_site_packages),
         "environment.packages": (
