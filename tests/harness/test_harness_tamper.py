@@ -785,7 +785,7 @@ def test_authority_comes_from_the_harness_not_the_record(
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
     qual = relabel_for_profile(
         full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
     )
@@ -831,7 +831,7 @@ def test_the_cuda_smoke_checks_are_rejudged_from_the_evidence(
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
     qual = relabel_for_profile(
         full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
     )
