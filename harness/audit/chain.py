@@ -15,7 +15,6 @@ from typing import Literal
 
 from harness.build.candidate import check_candidate, normalize
 from harness.build.known_good import read_known_good
-from harness.build.stacks import stack_mismatches
 from harness.core import policy, registry
 from harness.core.errors import HarnessError, VerificationError
 from harness.core.jsonio import sha256_bytes
@@ -27,6 +26,7 @@ from harness.core.records import (
     Artifact,
     CandidateManifest,
     GithubActionsBinding,
+    GpuFacts,
     KnownGoodDescriptor,
     Profile,
     Qualification,
@@ -47,6 +47,7 @@ from harness.evidence.archive import ARCHIVE_MEMBERS
 from harness.qualify.binding import transcript_bound
 from harness.qualify.full.catalog import evidence_role, implemented
 from harness.qualify.full.scales import SCALES
+from harness.qualify.install_judge import InstallBasis, InstallFacts, captured_gpu, judge_install
 from harness.qualify.qualification import EVIDENCE_PATHS, SMOKE_EVIDENCE_PATHS
 from harness.qualify.smoke_judge import SmokeBasis, evidence_checks, judge_smoke
 
@@ -296,9 +297,12 @@ class Auditor:
         """Every check of the release smoke re-derived from its bound evidence and compared with both records.
 
         The CLI, origin and binding checks come from :func:`harness.qualify.smoke_judge.judge_smoke` over the evidence
-        files; evidence_portable/evidence_bounded are recomputed over those files; stack_matches_known_good from
-        the recorded installed closure against the known-good pins; clean_worktree from the recorded worktree at
-        the candidate's commit. The CUDA byte counts the record keeps must equal those in the run's summary.
+        files (the GPU name from the captured ``nvidia-smi`` output); evidence_portable/evidence_bounded are
+        recomputed over those files; the install phase (clean_worktree, wheel_sha256_before_install, install,
+        fresh_venv, pip_check, stack_matches_known_good, python_version) from the commands' captured output by
+        :func:`harness.qualify.install_judge.judge_install`, against the candidate and the known-good descriptor.
+        The record's own worktree, packages, Python, GPU and venv fields must say what that output says, and the
+        CUDA byte counts the record keeps must equal those in the run's summary.
         """
         q, m, profile, locate = self._q(), self._m(), self._profile(), self._locate()
         by_role = {a.role: a for a in q.artifacts}
@@ -308,19 +312,27 @@ class Auditor:
             if art is not None:
                 evidence[role] = locate(art)
                 _verify_file(evidence[role], art)
-        gpu = q.environment.gpu.name if q.environment.gpu else None
-        verdict = judge_smoke(evidence, SmokeBasis(profile, m.version, m.wheel.sha256, gpu))
+        smi = captured_gpu(evidence)
+        verdict = judge_smoke(evidence, SmokeBasis(profile, m.version, m.wheel.sha256, smi.name if smi else None))
         judged = dict(verdict.checks)
         judged.update(evidence_checks(list(evidence.values())))
-        if self.descriptor is not None:
-            pins = {normalize(k): v for k, v in self.descriptor.packages.items()}
-            stack = stack_mismatches(pins, q.environment.packages)
-            judged["stack_matches_known_good"] = (not stack, "; ".join(stack[:3]) or "recorded closure within pins")
-        tree = q.execution.worktree
-        judged["clean_worktree"] = (
-            tree.state == "clean" and tree.commit == q.candidate.source_commit,
-            f"the qualification ran from a {tree.state} checkout at {str(tree.commit)[:12]}",
+        descriptor = self.descriptor
+        install = judge_install(
+            evidence,
+            InstallBasis(
+                commit=q.candidate.source_commit,
+                version=m.version,
+                wheel_filename=m.wheel.filename,
+                wheel_sha256=m.wheel.sha256,
+                extras=tuple(profile.install_extras),
+                pins={normalize(k): v for k, v in descriptor.packages.items()} if descriptor else {},
+                python_pin=descriptor.python if descriptor else None,
+            ),
         )
+        judged.update(install.checks)
+        if descriptor is None:  # known_good_sha256 failed already: there are no pins to judge the stack by
+            judged.pop("stack_matches_known_good")
+        mismatch = _record_against_output(q, install.facts, smi)
         smoke = self._smoke_record()
         why = {n: detail for n, (_, detail) in judged.items()} | dict(verdict.not_applicable)
         failing: set[str] = set()
@@ -333,6 +345,8 @@ class Auditor:
             if key.startswith("cuda_") and (q.metrics.get(key) != value or smoke.metrics.get(key) != value):
                 failing.add(key)
                 why[key] = f"recorded {q.metrics.get(key)!r} and {smoke.metrics.get(key)!r}, the evidence {value!r}"
+        failing |= set(mismatch)
+        why |= mismatch
         names = sorted(failing)
         require(
             not names,
@@ -502,6 +516,35 @@ def verify_chain(req: AuditRequest, locate: Callable[[Artifact], Path] | None = 
     validate_request(req)
     a = Auditor(replace(req, assets_dir=None), locate=locate)
     return a.verification(chain_checks(a))
+
+
+def _record_against_output(q: Qualification, seen: InstallFacts, smi: GpuFacts | None) -> dict[str, str]:
+    """Each field of the record that says otherwise than the captured output -> both values."""
+    tree, env = q.execution.worktree, q.environment
+    pairs: dict[str, tuple[object, object]] = {
+        "execution.worktree": (
+            (tree.state, tree.commit, tree.changed_paths) if tree.state != "unknown" else None,
+            (
+                "clean" if seen.head == q.candidate.source_commit and seen.changed_paths == 0 else "dirty",
+                seen.head,
+                seen.changed_paths,
+            )
+            if seen.head is not None
+            else None,
+        ),
+        "execution.system_site_packages": (q.execution.system_site_packages, seen.system_site_packages),
+        "environment.packages": (
+            {normalize(k): v for k, v in env.packages.items()},
+            seen.packages,
+        ),
+        "environment.python": (env.python, seen.python),
+        "environment.gpu": (env.gpu, smi),
+    }
+    return {
+        name: f"the record says {str(said)[:80]}, the captured output {str(printed)[:80]}"
+        for name, (said, printed) in pairs.items()
+        if said != printed
+    }
 
 
 def require(condition: bool, check: str, message: str) -> None:

@@ -104,23 +104,45 @@ def installed_closure(python: Path, extras: list[str], cwd: Path) -> tuple[dict[
     return dict(data["packages"]), list(data["missing"]), str(data["python"])
 
 
-def gpu_facts() -> GpuFacts | None:
-    """GPU name, count, memory and driver from ``nvidia-smi`` (no torch); None without a GPU."""
+NVIDIA_SMI_QUERY = ("--query-gpu=name,driver_version,memory.total", "--format=csv")
+NVIDIA_SMI_HEADER = "name, driver_version, memory.total [MiB]"
+
+
+def nvidia_smi() -> str | None:
+    """What ``nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv`` printed (no torch); None where
+    the machine has no ``nvidia-smi`` or it failed."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    done = run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"], timeout=60)
-    rows = [[c.strip() for c in ln.split(",")] for ln in done.stdout.decode().splitlines() if ln.strip()]
-    if done.returncode != 0 or not rows or len(rows[0]) != 3:
-        return None
+    done = run([exe, *NVIDIA_SMI_QUERY], timeout=60)
+    return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else None
+
+
+def parse_nvidia_smi_csv(text: str) -> GpuFacts:
+    """GPU name, count, memory and driver from ``nvidia-smi``'s CSV with its header; ValueError on anything else."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0] != NVIDIA_SMI_HEADER:
+        raise ValueError(f"not nvidia-smi's CSV: the header is not {NVIDIA_SMI_HEADER!r}")
+    rows = [[c.strip() for c in ln.split(",")] for ln in lines[1:]]
+    if not rows or any(len(r) != 3 or not r[0] or not r[2].endswith(" MiB") for r in rows):
+        raise ValueError("nvidia-smi's CSV has no row of name, driver_version, memory.total [MiB]")
     names = {r[0] for r in rows}
-    memory = int(float(rows[0][1])) * (1 << 20) if rows[0][1].replace(".", "").isdigit() else None
+    mib = rows[0][2].removesuffix(" MiB")
     return GpuFacts(
         name=rows[0][0] if len(names) == 1 else " + ".join(sorted(names)),
         count=len(rows),
-        total_memory_bytes=memory,
-        driver=rows[0][2] or None,
+        total_memory_bytes=int(mib) * (1 << 20) if mib.isdigit() else None,
+        driver=rows[0][1] or None,
     )
+
+
+def gpu_facts(raw: str | None = None) -> GpuFacts | None:
+    """The GPU ``nvidia-smi`` names (``raw``: its captured output; else it is run now); None without a GPU."""
+    text = nvidia_smi() if raw is None else raw
+    try:
+        return parse_nvidia_smi_csv(text) if text else None
+    except ValueError:
+        return None
 
 
 def write_known_good(

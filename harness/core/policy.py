@@ -58,6 +58,16 @@ SMOKE_EVIDENCE_ROLES = (
     "grpo_summary",
     "cli_outputs",
     "origin",
+    # the install phase's raw output (harness.qualify.install_judge); nvidia-smi's only where the machine has one
+    "git_head",
+    "git_status",
+    "wheel_sha256",
+    "pip_report",
+    "pyvenv_cfg",
+    "venv_before_install",
+    "pip_inspect",
+    "pip_check",
+    "python_version",
 )
 
 

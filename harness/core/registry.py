@@ -17,6 +17,7 @@ SMOKE_CHECKS = [
     "install",
     "pip_check",
     "stack_matches_known_good",
+    "python_version",
     "origin_installed_version",
     "origin_import_under_venv",
     "origin_not_checkout",

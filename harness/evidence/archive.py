@@ -41,6 +41,16 @@ SMOKE_ARCHIVE_MEMBERS = {
     "grpo_metrics": "release-smoke/grpo/metrics.jsonl",
     "cli_outputs": "release-smoke/cli-outputs.json",
     "origin": "release-smoke/install/origin.json",
+    "git_head": "release-smoke/install/git-rev-parse-head.txt",
+    "git_status": "release-smoke/install/git-status-porcelain.txt",
+    "wheel_sha256": "release-smoke/install/wheel-sha256.txt",
+    "pip_report": "release-smoke/install/pip-install-report.json",
+    "pyvenv_cfg": "release-smoke/install/pyvenv.cfg",
+    "venv_before_install": "release-smoke/install/pip-freeze-before-install.txt",
+    "pip_inspect": "release-smoke/install/pip-inspect.json",
+    "pip_check": "release-smoke/install/pip-check.txt",
+    "python_version": "release-smoke/install/python-version.txt",
+    "nvidia_smi": "release-smoke/install/nvidia-smi.csv",
 }
 # ... and each full workload's evidence and subordinate record (declared by the workloads, harness/full).
 ARCHIVE_MEMBERS = {**SMOKE_ARCHIVE_MEMBERS, **archive_members()}

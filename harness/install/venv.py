@@ -6,7 +6,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.build.candidate import normalize
 from harness.core.errors import InstallError, UsageError
 from harness.core.jsonio import sha256_file
 from harness.core.proc import REPO_ROOT, Redactor, clean_env, last_line, run
@@ -110,14 +109,30 @@ def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str
 
 
 def install_candidate(
-    python: Path, wheel: Path, expected_sha256: str, options: InstallOptions, *, work: Path, redact: Redactor
+    python: Path,
+    wheel: Path,
+    expected_sha256: str,
+    options: InstallOptions,
+    *,
+    work: Path,
+    redact: Redactor,
+    captured: CapturedInstall | None = None,
 ) -> list[str]:
-    """Verify the wheel's sha256, then ``pip install`` it (never editable); returns the redacted argv."""
-    if wheel.is_symlink() or sha256_file(wheel) != expected_sha256:
+    """Verify the wheel's sha256, then ``pip install`` it (never editable); returns the redacted argv.
+
+    With ``captured``, the sha256 taken right before pip ran is kept (``<sha256>  <file>``, as sha256sum prints
+    it) and pip writes its own ``--report`` of what it installed, from which file, with which hash.
+    """
+    digest = None if wheel.is_symlink() else sha256_file(wheel)
+    if captured is not None and digest is not None:
+        captured.wheel_sha256.write_text(f"{digest}  {wheel.name}\n", encoding="utf-8")
+    if digest != expected_sha256:
         raise InstallError(
             f"{wheel.name}: sha256 differs from the candidate manifest", check="wheel_sha256_before_install"
         )
     argv = install_argv(python, wheel, options)
+    if captured is not None:
+        argv[-1:-1] = ["--report", captured.pip_report]
     if "-e" in argv or "--editable" in argv:  # defensive: the harness never installs editable
         raise InstallError("editable installs are refused", check="install")
     done = run(argv, cwd=work, env=clean_env({"PIP_NO_INPUT": "1"}), timeout=1800)
@@ -126,19 +141,25 @@ def install_candidate(
     return redact.argv(argv)
 
 
-def pip_check(python: Path, work: Path, redact: Redactor, closure: set[str]) -> tuple[bool, str]:
-    """``pip check``, limited to miniverl and its installed closure (a venv over system site-packages
-    also sees the machine's unrelated packages, whose problems are not the candidate's)."""
-    done = run([python, "-m", "pip", "check"], cwd=work, env=clean_env(), timeout=300)
-    lines = [ln for ln in done.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
-    relevant = [ln for ln in lines if normalize(ln.split()[0]) in closure | {"miniverl"}]
-    if done.returncode == 0:
-        return True, "pip check: no broken requirements"
-    if not lines:
-        return False, f"pip check failed: {redact.text(last_line(done.stderr))}"
-    if relevant:
-        return False, redact.text("; ".join(relevant[:5]))
-    return True, f"no broken requirements in miniverl's closure ({len(lines)} outside it ignored)"
+@dataclass(frozen=True)
+class CapturedInstall:
+    """Where :func:`install_candidate` keeps the wheel's pre-install sha256 and pip's installation report."""
+
+    wheel_sha256: Path
+    pip_report: Path
+
+
+def pip_output(python: Path, work: Path, *args: str) -> str:
+    """What ``python -m pip <args>`` printed on stdout (its exit status is in what it prints: ``pip check`` says
+    "No broken requirements found." or lists them; an empty output means it could not run)."""
+    done = run([python, "-m", "pip", "--disable-pip-version-check", *args], cwd=work, env=clean_env(), timeout=300)
+    return done.stdout.decode("utf-8", "replace")
+
+
+def interpreter_version(python: Path, work: Path) -> str:
+    """What ``python -c 'import sys; print(sys.version)'`` printed in the venv."""
+    done = run([python, "-c", "import sys; print(sys.version)"], cwd=work, env=clean_env(), timeout=60)
+    return done.stdout.decode("utf-8", "replace")
 
 
 def model_wheel(offline_wheels: Path | None) -> Path | None:

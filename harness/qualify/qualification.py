@@ -34,6 +34,7 @@ from harness.core.records import (
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.catalog import evidence_role, qualification_paths
 from harness.qualify.full.runner import Outcome
+from harness.qualify.install_judge import INSTALL_FILES
 from harness.qualify.smoke_judge import evidence_checks, portable
 from harness.qualify.steps import StepFacts
 
@@ -58,6 +59,7 @@ SMOKE_EVIDENCE_PATHS = {
     "grpo_metrics": "evidence/grpo/metrics.jsonl",
     "cli_outputs": "evidence/cli-outputs.json",
     "origin": "evidence/install/origin.json",
+    **{role: f"evidence/install/{name}" for role, name in INSTALL_FILES.items()},
 }
 EVIDENCE_PATHS = {**SMOKE_EVIDENCE_PATHS, **qualification_paths()}
 PRINCIPAL_ROLES = {p.filename: p.artifact_role for p in policy.PRINCIPALS}

@@ -17,22 +17,33 @@ from harness.build.stacks import (
     gpu_facts,
     installed_closure,
     load_known_good,
+    nvidia_smi,
     stack_mismatches,
 )
 from harness.core import registry
 from harness.core.errors import HarnessError, UsageError
 from harness.core.jsonio import canonical_bytes, sha256_file
-from harness.core.proc import REPO_ROOT, Redactor, git, utc_now
+from harness.core.proc import REPO_ROOT, Redactor, clean_env, run, utc_now
 from harness.core.profiles import profile_sha256
 from harness.core.recordio import record_bytes
 from harness.core.records import CandidateManifest, Profile, Worktree
 from harness.install.origin import installed_from, origin_facts, probe_origin
-from harness.install.venv import InstallOptions, fresh_venv, install_candidate, model_wheel, pip_check, venv_python
+from harness.install.venv import (
+    CapturedInstall,
+    InstallOptions,
+    fresh_venv,
+    install_candidate,
+    interpreter_version,
+    model_wheel,
+    pip_output,
+    venv_python,
+)
 from harness.install.verl_env import prepare as prepare_verl
 from harness.install.verl_env import require_verl
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
+from harness.qualify.install_judge import INSTALL_FILES, InstallBasis, judge_install
 from harness.qualify.qualification import QualificationInputs, write_qualification
 from harness.qualify.smoke_judge import SmokeBasis, SmokeVerdict, judge_smoke
 from harness.qualify.steps import StepFacts, run_cli_steps
@@ -59,13 +70,32 @@ class SmokeOptions:
     verl_python: Path | None = None
 
 
-def worktree(repo: Path, commit: str) -> Worktree:
+@dataclass(frozen=True)
+class GitOutput:
+    """What ``git rev-parse HEAD`` and ``git status --porcelain`` printed in the checkout (None: git failed)."""
+
+    head: str | None
+    status: str | None
+
+
+def git_output(repo: Path) -> GitOutput:
+    def out(*args: str) -> str | None:
+        try:
+            done = run(["git", "-C", repo, *args], env=clean_env({"GIT_TERMINAL_PROMPT": "0"}))
+        except FileNotFoundError:
+            return None
+        return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else None
+
+    return GitOutput(head=out("rev-parse", "HEAD"), status=out("status", "--porcelain"))
+
+
+def worktree(repo: Path, commit: str, captured: GitOutput | None = None) -> Worktree:
     """Clean only if the checkout running the harness is at the candidate's commit with no changes."""
-    try:
-        head = git(repo, "rev-parse", "HEAD")
-        changed = len([ln for ln in git(repo, "status", "--porcelain").splitlines() if ln.strip()])
-    except HarnessError:
+    got = captured or git_output(repo)
+    if got.head is None or got.status is None:
         return Worktree(state="unknown", commit=None, changed_paths=0)
+    head = got.head.strip()
+    changed = len([ln for ln in got.status.splitlines() if ln.strip()])
     return Worktree(state="clean" if changed == 0 and head == commit else "dirty", commit=head, changed_paths=changed)
 
 
@@ -89,12 +119,8 @@ def run_smoke(opts: SmokeOptions) -> int:
     book.record("candidate_validated", True, "exact file set, regular files, SHA256SUMS, hashes, manifest schema")
     descriptor, kg_sha = load_known_good(profile, opts.known_good_dir)
     book.record("known_good_integrity", True, f"{descriptor.name} ({descriptor.status}) matches its constraints file")
-    tree = worktree(opts.repo, manifest.source_commit)
-    book.record(
-        "clean_worktree",
-        tree.state == "clean",
-        f"checkout is {tree.state} ({tree.changed_paths} changed paths); a dirty-tree rehearsal cannot qualify",
-    )
+    git_said = git_output(opts.repo)
+    tree = worktree(opts.repo, manifest.source_commit, git_said)
 
     work = opts.work or Path(tempfile.mkdtemp(prefix="miniverl-qual-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -126,34 +152,58 @@ def run_smoke(opts: SmokeOptions) -> int:
     install_argv: list[str] = []
     origin_facts_: dict[str, str | int | bool | None] = {}
     python_version = platform.python_version()
-    smi = gpu_facts()
+    smi_said = nvidia_smi()
+    smi = gpu_facts(smi_said or "")
     env = {"MINIVERL_CACHE": str(opts.model_cache)} if opts.model_cache else {}
+    captured = work / "install"
+    captured.mkdir(exist_ok=True)
+
+    def keep(role: str, text: str | None) -> None:
+        """The raw output of one install-phase command, redacted of local paths, as evidence (None: not run)."""
+        if text is not None:
+            path = captured / INSTALL_FILES[role]
+            path.write_text(redact.text(text), encoding="utf-8")
+            facts.evidence[role] = path
+
+    keep("git_head", git_said.head)
+    keep("git_status", git_said.status)
+    keep("nvidia_smi", smi_said)
+    install_basis = InstallBasis(
+        commit=manifest.source_commit,
+        version=manifest.version,
+        wheel_filename=manifest.wheel.filename,
+        wheel_sha256=manifest.wheel.sha256,
+        extras=tuple(profile.install_extras),
+        pins=read_pins(txt),
+        python_pin=descriptor.python,
+    )
     try:
         venv = work / "venv"
         _progress("creating a fresh venv")
         python = fresh_venv(venv, install, work=work)
-        book.record(
-            "fresh_venv",
-            True,
-            "venv deleted and recreated" + (" over system site-packages" if opts.system_site_packages else ""),
-        )
+        keep("pyvenv_cfg", (venv / "pyvenv.cfg").read_text(encoding="utf-8"))
+        keep("venv_before_install", pip_output(python, work, "freeze", "--all", "--local"))
         _progress("installing the candidate wheel")
         install_argv = install_candidate(
-            python, candidate_dir / manifest.wheel.filename, manifest.wheel.sha256, install, work=work, redact=redact
+            python,
+            candidate_dir / manifest.wheel.filename,
+            manifest.wheel.sha256,
+            install,
+            work=work,
+            redact=redact,
+            captured=CapturedInstall(
+                wheel_sha256=captured / INSTALL_FILES["wheel_sha256"], pip_report=work / "pip-report.json"
+            ),
         )
-        book.record("wheel_sha256_before_install", True, "wheel sha256 equals the manifest before pip ran")
-        book.record("install", True, "pip install of the wheel (not editable) with the known-good constraints")
+        facts.evidence["wheel_sha256"] = captured / INSTALL_FILES["wheel_sha256"]
+        keep("pip_report", (work / "pip-report.json").read_text(encoding="utf-8"))
+        keep("pip_inspect", _without_descriptions(pip_output(python, work, "inspect")))
+        keep("pip_check", pip_output(python, work, "check"))
+        keep("python_version", interpreter_version(python, work))
         packages, missing, python_version = installed_closure(python, profile.install_extras, work)
-        ok, detail = pip_check(python, work, redact, set(packages))
-        book.record("pip_check", ok, detail)
         mismatches = stack_mismatches(read_pins(txt), packages) + [
             f"{m} is required but not installed" for m in missing
         ]
-        book.record(
-            "stack_matches_known_good",
-            not mismatches,
-            "installed closure equals the known-good pins" if not mismatches else "; ".join(mismatches[:5]),
-        )
         origin_cwd = work / "origin"
         origin_cwd.mkdir()
         origin = probe_origin(venv, origin_cwd, redact)
@@ -177,6 +227,10 @@ def run_smoke(opts: SmokeOptions) -> int:
             False,
             redact.text(str(exc)),
         )
+    judged = judge_install(facts.evidence, install_basis)
+    for name in ("clean_worktree", *(n for n in judged.checks if n != "clean_worktree")):
+        if name == "clean_worktree" or "pip_check" in facts.evidence:  # else the install failed before pip check
+            _record_verdict(book, SmokeVerdict(checks={name: judged.checks[name]}))
     verdict = SmokeVerdict()
     if "origin" in facts.evidence:
         verdict = judge_smoke(
@@ -283,6 +337,20 @@ def _full_workloads(
         )
     )
     return outcomes, absent, None
+
+
+def _without_descriptions(inspect: str) -> str:
+    """``pip inspect``'s output without each package's long description (its README: megabytes over a machine's
+    site-packages, of text that judges nothing and may quote paths such as ``~/.cache``); all else as printed."""
+    import json
+
+    try:
+        doc = json.loads(inspect)
+        for item in doc.get("installed", []):
+            item.get("metadata", {}).pop("description", None)
+    except (ValueError, AttributeError, TypeError):
+        return inspect  # not pip inspect's JSON: kept as printed, and the judge refuses it
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
 def _progress(message: str) -> None:

@@ -4,7 +4,9 @@ The harness calls it on the files the steps produced, and the auditor calls it a
 qualification binds, so a record whose checks say ``passed`` while its evidence does not support them is refused.
 What the judge knows besides the evidence comes from the caller, never from the evidence: the profile (device,
 thresholds, required GPU), the candidate's version and wheel sha256 (from the verified candidate manifest), and
-the GPU ``nvidia-smi`` named (a fact of the qualification record, compared with the profile by the auditor).
+the GPU that the captured ``nvidia-smi`` output names (``evidence/install/nvidia-smi.csv``, parsed by
+:func:`harness.qualify.install_judge.captured_gpu`; None where none is bound). The install phase's checks are
+:mod:`harness.qualify.install_judge`'s.
 """
 
 from __future__ import annotations

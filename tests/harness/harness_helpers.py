@@ -309,8 +309,19 @@ def relabel_for_profile(
         u = json.loads(summary.read_bytes())
         u["cuda"] = dict(CUDA_FIGURES)
         summary.write_bytes(canonical_bytes(u) + b"\n")
+        # what nvidia-smi prints on that GPU (the record's environment.gpu above: one card, 16 GiB, driver 580)
+        smi = dest / "evidence" / "install" / "nvidia-smi.csv"
+        smi.write_text(f"name, driver_version, memory.total [MiB]\n{profile.required_gpu_name}, 580, 16384 MiB\n")
+        for doc in (value, record):
+            doc["artifacts"] = sorted(
+                [
+                    *(a for a in doc["artifacts"] if a["role"] != "nvidia_smi"),
+                    {"path": "evidence/install/nvidia-smi.csv", "role": "nvidia_smi", "bytes": 0, "sha256": "0" * 64},
+                ],
+                key=lambda a: a["path"],
+            )
         for art in [*value["artifacts"], *record["artifacts"]]:
-            if art["path"] in {"evidence/doctor.json", "evidence/run/summary.json"}:
+            if art["path"] in {"evidence/doctor.json", "evidence/run/summary.json", "evidence/install/nvidia-smi.csv"}:
                 path = dest / art["path"]
                 art.update(bytes=path.stat().st_size, sha256=sha256_file(path))
     smoke.write_bytes(canonical_bytes(record) + b"\n")

@@ -3,8 +3,9 @@
 Each case edits one evidence file of a real (stand-in CLI) smoke, then re-binds its bytes and sha256 in
 qualification.json and in the smoke record, as a forger would: every hash then matches, the records still say
 ``passed``, and only re-judging the evidence can notice. The auditor must refuse with ``[smoke_rejudged]`` naming
-the check. The install-phase checks are re-derived from the record's own facts (clean_worktree,
-stack_matches_known_good) or by the auditor's own candidate and known-good checks (tested in the tamper suite).
+the check. The install-phase checks are re-derived from the commands' captured output (``evidence/install/``), and the
+record's own worktree, packages, Python, venv and GPU fields must say what that output says (judge-level cases for
+every file: test_harness_install_judge.py).
 """
 
 from __future__ import annotations
@@ -59,6 +60,28 @@ def _qual(edit: Edit) -> Callable[[Path], None]:
     return _json("qualification.json", edit)
 
 
+def _text(name: str, text: str) -> Callable[[Path], None]:
+    def apply(q: Path) -> None:
+        (q / "evidence" / "install" / name).write_text(text, encoding="utf-8")
+
+    return apply
+
+
+def _install_copy(q: Path, source: str, target: str) -> None:
+    """Another command's output in ``target``'s place."""
+    install = q / "evidence" / "install"
+    (install / target).write_bytes((install / source).read_bytes())
+
+
+def _bind_new(q: Path, role: str, rel: str, data: bytes) -> None:
+    """A new evidence file, bound in qualification.json and the smoke record (re-hashed by the case's rebind)."""
+    from harness.core.registry import SMOKE_RECORD
+
+    (q / rel).write_bytes(data)
+    for name in ("qualification.json", SMOKE_RECORD):
+        _json(name, lambda r: r["artifacts"].append({"path": rel, "role": role, "bytes": 0, "sha256": ZEROS}))(q)
+
+
 ZEROS = "0" * 64
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "spliced_wheel": (_first_invocation(lambda i: i["installed"].update(wheel_sha256=ZEROS)), "candidate_bound"),
@@ -100,8 +123,59 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
         "grpo_cycle",
     ),
     "local_path": (_outputs(lambda o: o.update(note="/home/someone/run")), "evidence_portable"),
-    "dirty_tree": (_qual(lambda q: q["execution"]["worktree"].update(state="dirty")), "clean_worktree"),
-    "unpinned_package": (_qual(lambda q: q["environment"]["packages"].update(extra="1.0")), "stack_matches_known_good"),
+    # the install phase, from the commands' captured output (harness/qualify/install_judge.py)
+    "dirty_porcelain": (_text("git-status-porcelain.txt", " M miniverl/cli.py\n"), "clean_worktree"),
+    "other_head": (_text("git-rev-parse-head.txt", "f" * 40 + "\n"), "clean_worktree"),
+    "wheel_hash": (
+        _text("wheel-sha256.txt", f"{ZEROS}  miniverl-0.0.1-py3-none-any.whl\n"),
+        "wheel_sha256_before_install",
+    ),
+    "not_fresh": (_text("pip-freeze-before-install.txt", "pip==23.2.1\ntorch==2.13.0\n"), "fresh_venv"),
+    "broken_requirement": (
+        _text("pip-check.txt", "miniverl 0.0.1 requires pyyaml, which is not installed.\n"),
+        "pip_check",
+    ),
+    "unpinned_dependency": (
+        _json(
+            "evidence/install/pip-inspect.json",
+            lambda d: (
+                d["installed"].append({"metadata": {"name": "PyYAML", "version": "6.0.4"}}),
+                next(i for i in d["installed"] if i["metadata"]["name"] == "miniverl")["metadata"].update(
+                    requires_dist=["pyyaml>=6"]
+                ),
+            ),
+        ),
+        "stack_matches_known_good",
+    ),
+    "other_python": (
+        _text("python-version.txt", "3.12.13 (main, Jan  1 2026, 00:00:00) [GCC 13.2.0]\n"),
+        "python_version",
+    ),
+    "swapped_pip_check": (lambda q: _install_copy(q, "python-version.txt", "pip-check.txt"), "pip_check"),
+    "swapped_git_status": (
+        lambda q: _install_copy(q, "wheel-sha256.txt", "git-status-porcelain.txt"),
+        "clean_worktree",
+    ),
+    # the record's own fields must say what the captured output says (a record of another run does not)
+    "record_dirty_tree": (_qual(lambda q: q["execution"]["worktree"].update(state="dirty")), "execution.worktree"),
+    "record_unpinned_package": (
+        _qual(lambda q: q["environment"]["packages"].update(extra="1.0")),
+        "environment.packages",
+    ),
+    "record_python": (_qual(lambda q: q["environment"].update(python="3.12.13")), "environment.python"),
+    "record_site_packages": (
+        _qual(lambda q: q["execution"].update(system_site_packages=True)),
+        "execution.system_site_packages",
+    ),
+    "nvidia_smi_the_record_lacks": (
+        lambda q: _bind_new(
+            q,
+            "nvidia_smi",
+            "evidence/install/nvidia-smi.csv",
+            b"name, driver_version, memory.total [MiB]\nNVIDIA H200, 580.159.04, 143771 MiB\n",
+        ),
+        "environment.gpu",
+    ),
 }
 
 

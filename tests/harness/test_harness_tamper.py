@@ -447,6 +447,9 @@ CHAIN_CASES: dict[str, tuple[Callable[[Chain], None], str]] = {
     "evidence_path_moved": (_qual(_artifact("doctor", path="evidence/other.json")), "evidence_roles"),
     "evidence_required_dropped": (_qual(_drop_artifact("run_summary")), "evidence_roles"),
     "evidence_weights_dropped": (_qual(_drop_artifact("adapter_weights")), "evidence_roles"),
+    "evidence_git_status_dropped": (_qual(_drop_artifact("git_status")), "evidence_roles"),
+    "evidence_pip_inspect_dropped": (_qual(_drop_artifact("pip_inspect")), "evidence_roles"),
+    "evidence_python_version_dropped": (_qual(_drop_artifact("python_version")), "evidence_roles"),
     # -- the principal smoke record ---------------------------------------------------------------------------
     "principal_renamed": (_smoke_record(_set(["name"], "pg-k1")), "principal_records"),
     "principal_level": (_smoke_record(_set(["level"], "full_qualification")), "principal_records"),
@@ -782,7 +785,7 @@ def test_authority_comes_from_the_harness_not_the_record(
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
     qual = relabel_for_profile(
         full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
     )
@@ -828,7 +831,7 @@ def test_the_cuda_smoke_checks_are_rejudged_from_the_evidence(
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.12", platform_name="linux", notes="t")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
     qual = relabel_for_profile(
         full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
     )
