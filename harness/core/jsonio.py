@@ -23,7 +23,7 @@ _ABSOLUTE = re.compile(
     r"""(?x)
     (?:^|[\s"'=(:,])(?:/(?:home|root|Users|tmp|var|private|opt|usr|mnt|srv|etc|work|data|scratch|runner|github)(?:/|$))
     | ^/[^\s]*
-    | ^~
+    | ^~(?:[\w.-]*)(?:/|$)
     | (?:^|[\s"'=(])[A-Za-z]:[\\/]
     | ^\\\\
     """
@@ -31,7 +31,8 @@ _ABSOLUTE = re.compile(
 
 
 def looks_like_local_path(text: str) -> bool:
-    """True for strings such as ``/home/x``, ``~/.cache``, ``C:\\Users``, ``\\\\server\\share``."""
+    """True for strings such as ``/home/x``, ``~/.cache``, ``~alice/x``, ``C:\\Users``, ``\\\\server\\share``; not
+    for a version specifier such as ``~=3.9`` (pip inspect's ``requires_python``)."""
     return bool(_ABSOLUTE.search(text))
 
 
