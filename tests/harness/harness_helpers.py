@@ -365,7 +365,7 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
                 copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy
         if spec.name == "backend-matrix":
-            _cuda_backend_matrix_stand_ins(evidence, scratch, profile)
+            _cuda_backend_matrix_stand_ins(evidence)
         wheel = value["candidate"]["wheel"]["sha256"]
         outcome = judged(workload, evidence, profile, SCALES[profile.name], wheel_sha256=wheel)
         result, artifacts = write_workload(
@@ -384,12 +384,11 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
     value["workloads"] = [results[w["name"]] for w in value["workloads"]]
 
 
-def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path], scratch: Path, profile: Any) -> None:
+def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path]) -> None:
     """Test stand-ins for what the H200 evidence lacks: interleaved pairs in its bench (it predates them; each pair
     repeats the H200 cells' own median timings). Nothing stands in for vLLM: no vLLM run exists (issue #32), so
     ``vllm_boundary`` stays not_applicable, and on the release card, whose policy requires it, the backend matrix
     fails (see :func:`policy_without_vllm_boundary` for the tests that need the rest of the path to authorize)."""
-    del scratch, profile
     from harness.qualify.full.backend_matrix import load_preregistration
 
     bench = json.loads(evidence["rollout_bench"].read_bytes())
