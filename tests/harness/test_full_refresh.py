@@ -348,28 +348,40 @@ def _digests_name_other_states(lines: list[dict[str, Any]]) -> None:
     lines[5]["policy_digest_before"] = lines[5]["policy_digest_rollout"] = again
 
 
-HASH_BAD: dict[str, Callable[[dict[str, Path]], None]] = {
-    "no state hashes": _drop("refresh_fast_state_hashes"),
-    "a kept checkpoint.json missing": _drop("refresh_hf_checkpoint_4"),
-    "a checkpoint the harness could not hash": _refused,
-    "a swapped cycle in the hashes": _swap_hash_labels,
-    "swapped kept checkpoints": _swap_kept_checkpoints,
-    "an edited adapter hash": _edit_adapter_hash,
-    "an unchanged update, consistently stated": _unchanged_update_everywhere,
-    "update 1 left lora_B at its zero init": _lora_b_still_zero,
-    "another run's hashes and checkpoints": _another_runs_hashes,
-    "another run's hashes": _another_runs_hashes_only,
-    "product digests naming other states": _edit_lines("refresh_fast_metrics", _digests_name_other_states),
-    "hashes not a harness record": _edit_json("refresh_hf_state_hashes", lambda d: d.update(kind="miniverl.x")),
+# case -> (edit, what the failure must name)
+HASH_BAD: dict[str, tuple[Callable[[dict[str, Path]], None], str]] = {
+    "no state hashes": (_drop("refresh_fast_state_hashes"), "engine fast: state-hashes.json missing"),
+    "a kept checkpoint.json missing": (
+        _drop("refresh_hf_checkpoint_4"),
+        "engine hf update 4: the harness hashed step 4",
+    ),
+    "a checkpoint the harness could not hash": (_refused, "engine hf update 2: the harness could not hash"),
+    "a swapped cycle in the hashes": (_swap_hash_labels, "engine fast update 3: the harness hashed step 4"),
+    "swapped kept checkpoints": (_swap_kept_checkpoints, "engine hf update 6: the harness hashed step 6"),
+    "an edited adapter hash": (_edit_adapter_hash, "engine hf update 5: checkpoint refresh_hf_checkpoint_5: the kept"),
+    "an unchanged update, consistently stated": (_unchanged_update_everywhere, "update 5: the harness's sha256 of"),
+    "update 1 left lora_B at its zero init": (_lora_b_still_zero, "engine hf update 1: checkpoint refresh_hf_"),
+    "another run's hashes and checkpoints": (_another_runs_hashes, "NOT the ones the checkpoint commits"),
+    "another run's hashes": (_another_runs_hashes_only, "is NOT the one the harness hashed"),
+    "product digests naming other states": (
+        _edit_lines("refresh_fast_metrics", _digests_name_other_states),
+        "engine fast steps 3 and 5: the product's policy digests and the harness's adapter sha256",
+    ),
+    "hashes not a harness record": (
+        _edit_json("refresh_hf_state_hashes", lambda d: d.update(kind="miniverl.x")),
+        "engine hf: state-hashes.json missing or not a harness state-hashes record",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HASH_BAD))
 def test_the_refresh_chain_is_judged_from_the_harness_hashes(case: str, tmp_path: Path) -> None:
+    corrupt, named = HASH_BAD[case]
     evidence = _evidence(tmp_path)
-    HASH_BAD[case](evidence)
+    corrupt(evidence)
     judgement = _judge(evidence)
     assert _failed(judgement) == ["policy_refreshes"], judgement.checks
+    assert named in judgement.checks["policy_refreshes"][1], judgement.checks["policy_refreshes"][1]
 
 
 def test_the_kept_hashes_are_the_harness_s_own_of_every_update() -> None:
