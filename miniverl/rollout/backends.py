@@ -20,6 +20,14 @@ unmodified distribution. Foreign log-probs without the recompute refuse the upda
 refuses it here with one line naming the reason: vllm is not installed, or it is installed but this
 version has no vllm generation path yet. The harness records that as ``not_run``, never as passed.
 
+The evidence a vllm generation path must write (issue #32; the harness's ``vllm_boundary`` judges nothing
+else, ``harness/qualify/full/refresh.py`` ``VLLM_TRAJECTORY_FIELDS``): the plan keeps
+``rollout.backend: vllm``; each metrics line sets ``rollout_backend`` to ``"vllm"``,
+``actor/old_logp_recomputed`` to 1.0 and ``actor/old_logp_max_abs_diff`` to the cycle's maximum of
+``|sampled_logprobs - old_logprobs|``; each trajectory record carries ``rollout_backend: "vllm"``,
+``rollout_backend_version`` (``vllm.__version__``), ``sampled_logprobs`` (vLLM's, one per response token)
+and ``old_logprobs`` (the trainer's recomputed ones, one per response token).
+
 Torch-free at import (``plan`` imports this module); :meth:`InProcessBackend.generate` imports the
 generator lazily.
 """

@@ -9,6 +9,7 @@ exactly the check it belongs to fail; hostile files never make it raise.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.core import policy
+from harness.core.jsonio import sha256_file
 from harness.core.profiles import PROFILES
 from harness.qualify.full import backend_matrix, refresh
 from harness.qualify.full.base import Context, Judgement, WorkloadFailure
@@ -224,13 +226,27 @@ BAD: dict[str, tuple[str, Callable[[dict[str, Path]], None]]] = {
 }
 
 
+# An edited or missing trajectory file is also no longer what the kept checkpoints commit (policy_refreshes).
+TRAJECTORY_EDITS = {
+    "a duplicated trajectory",
+    "a missing trajectory",
+    "a mixed policy_version",
+    "a group mixing prompts",
+    "a group split in two",
+    "group ids reused across cycles",
+    "a missing sample index",
+    "a cycle's trajectories missing",
+}
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_one_bad_value_fails_exactly_its_check(case: str, tmp_path: Path) -> None:
     check, corrupt = BAD[case]
     evidence = _evidence(tmp_path)
     corrupt(evidence)
     judgement = _judge(evidence)
-    assert _failed(judgement) == [check], judgement.checks
+    expected = sorted({check, "policy_refreshes"} if case in TRAJECTORY_EDITS else {check})
+    assert _failed(judgement) == expected, judgement.checks
     assert _decided(judgement) == set(CHECKS) and check not in judgement.inapplicable  # a failure: never n/a
 
 
@@ -245,25 +261,299 @@ def test_a_failure_names_the_engine_and_step(tmp_path: Path) -> None:
     assert not ok and "engine hf cycle 4" in detail and "policy_version" in detail
 
 
-def _vllm_ran(evidence: dict[str, Path], recomputed: float) -> None:
-    _edit_json("refresh_vllm_plan", lambda d: d.update(exit_code=0, stderr_last_line=""))(evidence)
-    lines = _lines(evidence["refresh_fast_metrics"])
-    for line in lines:
-        line["algorithm_metrics"][refresh.OLD_LOGP_RECOMPUTED] = recomputed
-    path = evidence["refresh_vllm_plan"].parent / "metrics.jsonl"
-    _write_lines(path, lines)
-    evidence["refresh_vllm_metrics"] = path
+# -- policy_refreshes from the harness's own hashes of every update's checkpoint ----------------------------------
+ADAPTER = refresh.ADAPTER
 
 
-def test_where_vllm_ran_old_logp_must_have_been_recomputed(tmp_path: Path) -> None:
+def _hashes(ev: dict[str, Path], engine: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(ev[f"refresh_{engine}_state_hashes"].read_text())
+    return doc
+
+
+def _write_hashes(ev: dict[str, Path], engine: str, doc: dict[str, Any]) -> None:
+    ev[f"refresh_{engine}_state_hashes"].write_text(json.dumps(doc))
+
+
+def _swap_hash_labels(ev: dict[str, Path]) -> None:
+    """Updates 3 and 4 hashed under each other's label (a swapped cycle)."""
+    doc = _hashes(ev, "fast")
+    cps = doc["checkpoints"]
+    a, b = "refresh_fast_checkpoint_3", "refresh_fast_checkpoint_4"
+    cps[a], cps[b] = cps[b], cps[a]
+    _write_hashes(ev, "fast", doc)
+
+
+def _swap_kept_checkpoints(ev: dict[str, Path]) -> None:
+    a, b = ev["refresh_hf_checkpoint_6"], ev["refresh_hf_checkpoint_7"]
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def _edit_adapter_hash(ev: dict[str, Path]) -> None:
+    doc = _hashes(ev, "hf")
+    doc["checkpoints"]["refresh_hf_checkpoint_5"]["files"][ADAPTER]["sha256"] = "ab" * 32
+    _write_hashes(ev, "hf", doc)
+
+
+def _unchanged_update_everywhere(ev: dict[str, Path]) -> None:
+    """Update 5's adapter stated, in the harness's hashes and in the kept checkpoint.json (whose sha256 the hashes
+    re-bind), as update 4's: everything agrees, but by the harness's own hashes the update changed nothing."""
+    doc = _hashes(ev, "fast")
+    cps = doc["checkpoints"]
+    same = cps["refresh_fast_checkpoint_4"]["files"][ADAPTER]
+    cps["refresh_fast_checkpoint_5"]["files"][ADAPTER] = dict(same)
+    listing = json.loads(ev["refresh_fast_checkpoint_5"].read_text())
+    listing["files"][ADAPTER] = dict(same)
+    ev["refresh_fast_checkpoint_5"].write_text(json.dumps(listing))
+    cps["refresh_fast_checkpoint_5"]["checkpoint_json_sha256"] = sha256_file(ev["refresh_fast_checkpoint_5"])
+    _write_hashes(ev, "fast", doc)
+
+
+def _lora_b_still_zero(ev: dict[str, Path]) -> None:
+    doc = _hashes(ev, "hf")
+    table = doc["checkpoints"]["refresh_hf_checkpoint_1"]["tensors"][ADAPTER]
+    for digest in table.values():
+        digest["sha256"] = hashlib.sha256(bytes(digest["bytes"])).hexdigest()
+    _write_hashes(ev, "hf", doc)
+
+
+def _another_runs_hashes(ev: dict[str, Path]) -> None:
+    """The hf run's hashes and checkpoints (relabelled) passed off as the fast run's."""
+    doc = _hashes(ev, "hf")
+    doc["checkpoints"] = {k.replace("_hf_", "_fast_"): v for k, v in doc["checkpoints"].items()}
+    _write_hashes(ev, "fast", doc)
+    for cycle in range(1, 9):
+        ev[f"refresh_fast_checkpoint_{cycle}"].write_bytes(ev[f"refresh_hf_checkpoint_{cycle}"].read_bytes())
+
+
+def _another_runs_hashes_only(ev: dict[str, Path]) -> None:
+    doc = _hashes(ev, "hf")
+    doc["checkpoints"] = {k.replace("_hf_", "_fast_"): v for k, v in doc["checkpoints"].items()}
+    _write_hashes(ev, "fast", doc)
+
+
+def _refused(ev: dict[str, Path]) -> None:
+    doc = _hashes(ev, "hf")
+    doc["checkpoints"].pop("refresh_hf_checkpoint_2")
+    doc["refused"]["refresh_hf_checkpoint_2"] = "adapter/adapter_model.safetensors is a symlink"
+    _write_hashes(ev, "hf", doc)
+
+
+def _digests_name_other_states(lines: list[dict[str, Any]]) -> None:
+    """The product says update 5 left the weights update 3 left (its chain still links), the harness's hashes
+    say otherwise."""
+    again = lines[2]["policy_digest_after"]
+    lines[4]["policy_digest_after"] = again
+    lines[5]["policy_digest_before"] = lines[5]["policy_digest_rollout"] = again
+
+
+# case -> (edit, what the failure must name)
+HASH_BAD: dict[str, tuple[Callable[[dict[str, Path]], None], str]] = {
+    "no state hashes": (_drop("refresh_fast_state_hashes"), "engine fast: state-hashes.json missing"),
+    "a kept checkpoint.json missing": (
+        _drop("refresh_hf_checkpoint_4"),
+        "engine hf update 4: the harness hashed step 4",
+    ),
+    "a checkpoint the harness could not hash": (_refused, "engine hf update 2: the harness could not hash"),
+    "a swapped cycle in the hashes": (_swap_hash_labels, "engine fast update 3: the harness hashed step 4"),
+    "swapped kept checkpoints": (_swap_kept_checkpoints, "engine hf update 6: the harness hashed step 6"),
+    "an edited adapter hash": (_edit_adapter_hash, "engine hf update 5: checkpoint refresh_hf_checkpoint_5: the kept"),
+    "an unchanged update, consistently stated": (_unchanged_update_everywhere, "update 5: the harness's sha256 of"),
+    "update 1 left lora_B at its zero init": (_lora_b_still_zero, "engine hf update 1: checkpoint refresh_hf_"),
+    "another run's hashes and checkpoints": (_another_runs_hashes, "NOT the ones the checkpoint commits"),
+    "another run's hashes": (_another_runs_hashes_only, "is NOT the one the harness hashed"),
+    "product digests naming other states": (
+        _edit_lines("refresh_fast_metrics", _digests_name_other_states),
+        "engine fast steps 3 and 5: the product's policy digests and the harness's adapter sha256",
+    ),
+    "hashes not a harness record": (
+        _edit_json("refresh_hf_state_hashes", lambda d: d.update(kind="miniverl.x")),
+        "engine hf: state-hashes.json missing or not a harness state-hashes record",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HASH_BAD))
+def test_the_refresh_chain_is_judged_from_the_harness_hashes(case: str, tmp_path: Path) -> None:
+    corrupt, named = HASH_BAD[case]
     evidence = _evidence(tmp_path)
-    _vllm_ran(evidence, 1.0)
+    corrupt(evidence)
     judgement = _judge(evidence)
-    assert _failed(judgement) == [] and judgement.metrics["vllm_backend"] == "passed"
-    evidence = _evidence(tmp_path / "no-recompute")
-    _vllm_ran(evidence, 0.0)
+    assert _failed(judgement) == ["policy_refreshes"], judgement.checks
+    assert named in judgement.checks["policy_refreshes"][1], judgement.checks["policy_refreshes"][1]
+
+
+def test_the_kept_hashes_are_the_harness_s_own_of_every_update() -> None:
+    """Each engine's state-hashes.json holds one checkpoint per update, of that step, whose kept checkpoint.json is
+    the one hashed; update 1 with its adapter's lora_B digests (only those: all the judge reads)."""
+    for engine in refresh.ENGINES:
+        doc = json.loads((FIXTURES / refresh.REFRESH_EVIDENCE[f"refresh_{engine}_state_hashes"]).read_text())
+        assert doc["refused"] == {}
+        cps = doc["checkpoints"]
+        assert sorted(cps) == sorted(f"refresh_{engine}_checkpoint_{k}" for k in range(1, 9))
+        for k in range(1, 9):
+            kept = FIXTURES / refresh.REFRESH_EVIDENCE[f"refresh_{engine}_checkpoint_{k}"]
+            assert cps[f"refresh_{engine}_checkpoint_{k}"]["step"] == k
+            assert cps[f"refresh_{engine}_checkpoint_{k}"]["checkpoint_json_sha256"] == sha256_file(kept)
+        names = list(cps[f"refresh_{engine}_checkpoint_1"]["tensors"][ADAPTER])
+        assert names and all("lora_B" in n for n in names)
+        assert all(not cps[f"refresh_{engine}_checkpoint_{k}"]["tensors"] for k in range(2, 9))
+
+
+# -- vllm_boundary: judged only on evidence of a real vLLM run ----------------------------------------------------
+def _accepted(ev: dict[str, Path]) -> None:
+    """The plan probe as `miniverl plan` would leave it where vllm is installed: exit 0, one plan written."""
+    _edit_json(
+        "refresh_vllm_plan", lambda d: d.update(exit_code=0, stderr_last_line="", stderr_lines=0, plan_written=True)
+    )(ev)
+
+
+def _vllm_contract_run(ev: dict[str, Path], version: str = "0.11.0") -> None:
+    """A vLLM run in the shape of the evidence contract (:data:`refresh.VLLM_TRAJECTORY_FIELDS`), built here from
+    the fast engine's cycle 1: no vLLM backend exists yet (issue #32), so nothing has produced such a run. It
+    shows the judge accepts the contract and lets each test below break one part of it. It never reaches a chain
+    that authorizes (harness_helpers builds none from it)."""
+    _accepted(ev)
+    folder = ev["refresh_vllm_plan"].parent
+    (folder / "trajectories").mkdir(exist_ok=True)
+    plan = json.loads(ev["refresh_fast_plan"].read_text())
+    plan["config"]["rollout"].update(backend="vllm", engine="auto")
+    summary = json.loads(ev["refresh_fast_summary"].read_text())
+    summary["updates"] = refresh.VLLM_CYCLES
+    records = _lines(ev["refresh_fast_trajectories_1"])
+    largest = 0.0
+    for number, record in enumerate(records):
+        record.update(rollout_backend="vllm", rollout_backend_version=version)
+        record["old_logprobs"] = list(record["sampled_logprobs"])
+        # a foreign sampler's log-prob of one token differs from the trainer's recomputed one
+        record["sampled_logprobs"][number % len(record["sampled_logprobs"])] += 0.01 * (number + 1)
+        pairs = zip(record["sampled_logprobs"], record["old_logprobs"], strict=True)
+        largest = max(largest, *(abs(a - b) for a, b in pairs))
+    line = _lines(ev["refresh_fast_metrics"])[0]
+    line["rollout_backend"] = "vllm"
+    line["algorithm_metrics"][refresh.OLD_LOGP_MAX_ABS_DIFF] = largest
+    files = {
+        "refresh_vllm_run_plan": (folder / "plan.json", [plan]),
+        "refresh_vllm_summary": (folder / "summary.json", [summary]),
+        "refresh_vllm_metrics": (folder / "metrics.jsonl", [line]),
+        "refresh_vllm_trajectories_1": (folder / "trajectories" / "cycle-000001.jsonl", records),
+    }
+    for role, (path, docs) in files.items():
+        _write_lines(path, docs)
+        ev[role] = path
+
+
+def test_a_run_meeting_the_vllm_contract_passes_the_boundary(tmp_path: Path) -> None:
+    evidence = _evidence(tmp_path)
+    _vllm_contract_run(evidence)
+    judgement = _judge(evidence)
+    assert _failed(judgement) == [] and "vllm_boundary" in judgement.checks, judgement.checks
+    assert judgement.metrics["vllm_backend"] == "passed" and judgement.metrics["vllm_version"] == "0.11.0"
+    assert set(refresh.VLLM_TRAJECTORY_FIELDS) <= set(_lines(evidence["refresh_vllm_trajectories_1"])[0])
+
+
+def test_old_logp_recomputed_alone_never_passes_the_vllm_boundary(tmp_path: Path) -> None:
+    """The fast engine's real metrics (every line says actor/old_logp_recomputed 1.0, as every in-process GRPO line
+    does) passed off as the vLLM run's, behind an accepted plan: refused, not passed."""
+    evidence = _evidence(tmp_path)
+    fast = _lines(evidence["refresh_fast_metrics"])
+    assert all(m["algorithm_metrics"][refresh.OLD_LOGP_RECOMPUTED] == 1.0 for m in fast)
+    _accepted(evidence)
+    folder = evidence["refresh_vllm_plan"].parent
+    for role, source, name in (
+        ("refresh_vllm_metrics", "refresh_fast_metrics", "metrics.jsonl"),
+        ("refresh_vllm_run_plan", "refresh_fast_plan", "plan.json"),
+        ("refresh_vllm_summary", "refresh_fast_summary", "summary.json"),
+    ):
+        (folder / name).write_bytes(evidence[source].read_bytes())
+        evidence[role] = folder / name
     judgement = _judge(evidence)
     assert _failed(judgement) == ["vllm_boundary"] and judgement.metrics["vllm_backend"] == "failed"
+
+
+def _vllm_records(edit: Callable[[list[dict[str, Any]]], None]) -> Callable[[dict[str, Path]], None]:
+    return _edit_lines("refresh_vllm_trajectories_1", edit)
+
+
+def _each(key: str, value: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def edit(lines: list[dict[str, Any]]) -> None:
+        for line in lines:
+            line[key] = value
+
+    return edit
+
+
+def _trainer_logprobs(lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        line["sampled_logprobs"] = list(line["old_logprobs"])
+
+
+def _drop_key(key: str) -> Callable[[list[dict[str, Any]]], None]:
+    def edit(lines: list[dict[str, Any]]) -> None:
+        lines[3].pop(key)
+
+    return edit
+
+
+def _another_engines_metrics(ev: dict[str, Path]) -> None:
+    ev["refresh_vllm_metrics"].write_text(ev["refresh_fast_metrics"].read_text().splitlines()[0] + "\n")
+
+
+def _metrics_set(key: str, value: Any) -> Callable[[dict[str, Path]], None]:
+    def apply(ev: dict[str, Path]) -> None:
+        lines = _lines(ev["refresh_vllm_metrics"])
+        lines[0]["algorithm_metrics"][key] = value
+        _write_lines(ev["refresh_vllm_metrics"], lines)
+
+    return apply
+
+
+VLLM_BAD: dict[str, Callable[[dict[str, Path]], None]] = {
+    "missing trajectories": _drop("refresh_vllm_trajectories_1"),
+    "empty trajectories": lambda ev: ev["refresh_vllm_trajectories_1"].write_text(""),
+    "backend field fast": _vllm_records(_each("rollout_backend", "fast")),
+    "backend field hf": _vllm_records(_each("rollout_backend", "hf")),
+    "one trajectory from another backend": _vllm_records(_set("rollout_backend", "hf", 5)),
+    "version missing": _vllm_records(_drop_key("rollout_backend_version")),
+    "version not a version": _vllm_records(_each("rollout_backend_version", "unknown")),
+    "two vllm versions": _vllm_records(_set("rollout_backend_version", "0.10.2", 2)),
+    "log-probs equal to the trainer's": _vllm_records(_trainer_logprobs),
+    "no trainer log-probs": _vllm_records(_drop_key("old_logprobs")),
+    "a token's log-prob missing": _vllm_records(lambda lines: lines[1]["sampled_logprobs"].pop()),
+    "metrics from another engine's run": _another_engines_metrics,
+    "old_logp not recomputed": _metrics_set(refresh.OLD_LOGP_RECOMPUTED, 0.0),
+    "a stated difference the trajectories do not show": _metrics_set(refresh.OLD_LOGP_MAX_ABS_DIFF, 0.5),
+    "no stated difference": _metrics_set(refresh.OLD_LOGP_MAX_ABS_DIFF, None),
+    "metrics counting other trajectories": _edit_lines("refresh_vllm_metrics", _set("trajectories", 16, 0)),
+    "no metrics": _drop("refresh_vllm_metrics"),
+    "the run failed": _edit_json("refresh_vllm_summary", lambda d: d.update(status="failed")),
+    "no summary": _drop("refresh_vllm_summary"),
+    "the kept plan names backend hf": _edit_json(
+        "refresh_vllm_run_plan", lambda d: d["config"]["rollout"].update(backend="hf")
+    ),
+    "no kept plan": _drop("refresh_vllm_run_plan"),
+    "a plan accepted but not written": _edit_json("refresh_vllm_plan", lambda d: d.update(plan_written=False)),
+    "the accepted plan timed out": _edit_json("refresh_vllm_plan", lambda d: d.update(timed_out=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VLLM_BAD))
+def test_each_way_the_vllm_evidence_can_be_wrong_fails_the_boundary(case: str, tmp_path: Path) -> None:
+    evidence = _evidence(tmp_path)
+    _vllm_contract_run(evidence)
+    VLLM_BAD[case](evidence)
+    judgement = _judge(evidence)
+    assert _failed(judgement) == ["vllm_boundary"], judgement.checks
+    assert "vllm_boundary" not in judgement.inapplicable and judgement.metrics["vllm_backend"] == "failed"
+
+
+def test_a_plan_accepted_without_a_run_fails_the_boundary(tmp_path: Path) -> None:
+    """exit 0 and a plan written, but nothing of a run kept (it crashed before writing, or never ran)."""
+    evidence = _evidence(tmp_path)
+    _accepted(evidence)
+    judgement = _judge(evidence)
+    assert _failed(judgement) == ["vllm_boundary"] and "vllm_boundary" not in judgement.inapplicable
 
 
 def _hostile_files() -> dict[str, Callable[[Path], None]]:
@@ -289,6 +579,8 @@ def _hostile_files() -> dict[str, Callable[[Path], None]]:
 
 HOSTILE_TARGETS = {
     "refresh_fast_summary": "policy_refreshes",
+    "refresh_fast_state_hashes": "policy_refreshes",
+    "refresh_hf_checkpoint_3": "policy_refreshes",
     "refresh_hf_metrics": "policy_refreshes",
     "refresh_fast_plan": "policy_refreshes",
     "refresh_hf_trajectories_7": "grouped_trajectory_identity",
@@ -350,7 +642,7 @@ def test_the_evidence_layout_is_explicit_and_under_the_workloads_folder() -> Non
     fixture_files = {p.relative_to(FIXTURES).as_posix() for p in (FIXTURES / ROOT).rglob("*") if p.is_file()}
     assert fixture_files and fixture_files <= set(members)
     total = sum((FIXTURES / m).stat().st_size for m in fixture_files)
-    assert total < 300_000
+    assert total < 360_000  # 8 updates x 2 engines of trajectories, checkpoint.json files and harness hashes
 
 
 def test_the_policy_requires_the_vllm_boundary_only_on_the_release_card() -> None:

@@ -771,17 +771,21 @@ def test_authority_comes_from_the_harness_not_the_record(
     full_chain: tuple[Path, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     profile: str,
     reason: str,
 ) -> None:
     """A consistent, passed full qualification on a CUDA profile: the H200 one never authorizes (policy in
     code), and neither does the release card's one without a gpu.yml build; the record's own claim of
-    authority is ignored."""
-    from harness_helpers import relabel_for_profile
+    authority is ignored. No vLLM run exists (issue #32): the release card's chain is judged and audited under
+    the test-only policy_without_vllm_boundary (the real policy refuses it: test_release_gate)."""
+    from harness_helpers import relabel_for_profile, without_vllm_boundary
 
     from harness.build.stacks import describe_existing
     from harness.core.profiles import PROFILES
 
+    if profile == "rtx4080-wsl2-cu130":
+        without_vllm_boundary(monkeypatch)  # the test-only policy variant, for this test only
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")

@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 from gate_world import REPO, RUN_ID, WORKFLOW_PATH, Servers, World, unzip, zip_dir, zip_members
-from harness_helpers import REPO_ROOT, fabricate_full, git, make_repo, relabel_for_profile, run_smoke_into
+from harness_helpers import (
+    REPO_ROOT,
+    fabricate_full,
+    git,
+    make_repo,
+    policy_without_vllm_boundary,
+    relabel_for_profile,
+    run_smoke_into,
+)
 
 TOKEN = "ghs_gateTestToken0123456789abcdefXYZ"
 CANDIDATE = "candidate-distributions"
@@ -43,7 +51,8 @@ class Chain:
     candidate_zip: bytes
     smoke_zip: bytes
     full_zip: bytes
-    authorizing_zip: bytes
+    authorizing_zip: bytes  # judged under the test-only policy_without_vllm_boundary: authorizes only under it
+    release_card_zip: bytes  # the same run judged under the real policy: vllm_boundary not applicable, required
     relabelled_zip: bytes  # only the records say RTX 4080; the smoke's evidence is the CPU run's
 
 
@@ -76,10 +85,14 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         assert run_smoke_into(smoke, candidate, repo, kg) == 0
     full = fabricate_full(smoke, base / "full")
     # Only the release card's profile may authorize; the fixture relabels the CPU run as one (no harness code does),
-    # its records and (for the authorizing one) the smoke evidence the auditor re-judges.
+    # its records and (for the authorizing one) the smoke evidence the auditor re-judges. No vLLM run exists, so the
+    # real policy never authorizes it (release_card); the authorizing chain is judged under the test-only
+    # policy_without_vllm_boundary, and only an auditor running under that variant authorizes it.
     card = ("rtx4080-wsl2-cu130", kg / "rtx4080-wsl2-cu130.json")
-    authorizing = relabel_for_profile(full, base / "authorizing", *card, smoke_evidence=True)
-    relabelled = relabel_for_profile(full, base / "relabelled", *card)
+    release_card = relabel_for_profile(full, base / "release-card", *card, smoke_evidence=True)
+    with policy_without_vllm_boundary():
+        authorizing = relabel_for_profile(full, base / "authorizing", *card, smoke_evidence=True)
+        relabelled = relabel_for_profile(full, base / "relabelled", *card)
     return Chain(
         sha=git(repo, "rev-parse", "HEAD"),
         candidate=candidate,
@@ -89,6 +102,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         smoke_zip=zip_dir(smoke),
         full_zip=zip_dir(full),
         authorizing_zip=zip_dir(authorizing),
+        release_card_zip=zip_dir(release_card),
         relabelled_zip=zip_dir(relabelled),
     )
 
@@ -709,29 +723,72 @@ def test_sdist_without_its_known_good_stack_is_refused(
     assert "known-good/cpu-reference.json" in r.err
 
 
-def test_a_relabelled_stand_in_record_cannot_authorize(world: World, chain: Chain, tmp_path: Path) -> None:
+def test_a_relabelled_stand_in_record_cannot_authorize(
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The records of a CPU run relabelled as an RTX 4080 one claim every CUDA check passed; the auditor re-judges
     the smoke from its evidence (doctor names no GPU, the summary holds no CUDA bytes) and refuses it."""
     world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
     world.artifact(RUN_ID, FULL, chain.relabelled_zip)
-    r = gate_subprocess(
-        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
-    )
+    with policy_without_vllm_boundary():  # as the authorizing chain: only the smoke's evidence differs from it
+        r = gate_inproc(
+            world,
+            tmp_path / "out",
+            capsys,
+            monkeypatch,
+            "--level",
+            "full_qualification",
+            "--required-gpu-name",
+            "NVIDIA GeForce RTX 4080",
+        )
     assert r.rc == 1 and "[smoke_rejudged]" in r.err, r.err
     assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
     assert not (r.dir / "dist").exists()
 
 
+def test_without_a_vllm_run_the_release_card_never_authorizes(world: World, chain: Chain, tmp_path: Path) -> None:
+    """The release card's policy requires vllm_boundary, and no vLLM run exists (issue #32): a full qualification
+    whose every other check passes, with the boundary honestly not applicable, is refused by the real gate."""
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.release_card_zip)
+    r = gate_subprocess(
+        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
+    )
+    assert r.rc == 1 and "[qualification_status]" in r.err and "backend-matrix is failed" in r.err, r.err
+    assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
+    assert not (r.dir / "dist").exists()
+    # ... because the release card requires the vLLM boundary, which nothing measured
+    qualification = json.loads(dict(unzip(chain.release_card_zip))["qualification.json"])
+    (reason,) = qualification["reasons"]  # the one thing between this chain and an authorized release
+    assert reason.startswith("required check vllm_boundary is not applicable") and "vllm is not installed" in reason
+    # the chain judged under the test-only variant is refused by the real policy too
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
+    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    r = gate_subprocess(
+        world, tmp_path / "out2", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
+    )
+    assert r.rc == 1 and "vllm_boundary" in r.err and r.gate["release_authorized"] is False, r.err
+
+
 def test_an_authorizing_full_qualification_is_released_without_dry_run(
-    world: World, chain: Chain, tmp_path: Path
+    world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Under the test-only policy_without_vllm_boundary (in this process), the rest of the authorization path."""
     from harness.evidence.layout import TOP_LEVEL
 
     world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
     world.artifact(RUN_ID, FULL, chain.authorizing_zip)
-    r = gate_subprocess(
-        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
-    )
+    with policy_without_vllm_boundary():
+        r = gate_inproc(
+            world,
+            tmp_path / "out",
+            capsys,
+            monkeypatch,
+            "--level",
+            "full_qualification",
+            "--required-gpu-name",
+            "NVIDIA GeForce RTX 4080",
+        )
     assert r.rc == 0, r.err
     assert r.gate["status"] == "passed" and r.gate["release_authorized"] is True
     assert r.gate["authorization_reasons"] == []

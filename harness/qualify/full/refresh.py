@@ -1,4 +1,4 @@
-"""Policy refreshes, grouped trajectory identity and the vLLM fail-closed boundary (issue #11, v0.11).
+"""Policy refreshes, grouped trajectory identity and the vLLM boundary (issue #11, v0.11; re-derived in issue #31).
 
 Part of the backend-matrix workload (:mod:`harness.qualify.full.backend_matrix` calls :func:`run_refreshes` from its
 ``run`` and :func:`judge_refreshes` from its ``judge``, and merges :data:`REFRESH_EVIDENCE` into its evidence).
@@ -7,23 +7,43 @@ Part of the backend-matrix workload (:mod:`harness.qualify.full.backend_matrix` 
 ``hf``) one GRPO run of ``scale.policy_refreshes`` cycles at the fixed :data:`REFRESH_SIZES` (the refresh proves
 that rollout and trained weights agree after every update, which the batch size does not change; a small fixed
 size keeps it cheap on every profile), with the scale's device and quantization, keeping its plan, summary,
-metrics and per-cycle trajectories; then ``miniverl plan`` with ``rollout.backend=vllm``, whose result (exit code,
-last stderr line, whether a plan was written) it saves. ``judge_refreshes`` decides, from those files only:
+metrics, per-cycle trajectories and each update's ``checkpoint.json`` (``refresh-grpo.yaml`` checkpoints every
+update and keeps all 8). While the work dir exists the harness hashes every file each checkpoint lists into the
+engine's ``state-hashes.json`` (:mod:`harness.qualify.full.statehash`; for update 1 also the adapter's lora_B
+tensors). Then ``miniverl plan`` with ``rollout.backend=vllm``, whose result (exit code, last stderr line, whether
+a plan was written) it saves; where the plan is accepted it runs it for :data:`VLLM_CYCLES` cycle and keeps its
+plan, summary, metrics and trajectories. ``judge_refreshes`` decides, from those files only:
 
-* ``policy_refreshes``: per engine, one metrics line per update with ``rollout_backend`` the engine asked for and,
-  for every update k, ``policy_digest_rollout[k] == policy_digest_before[k]`` (the rollout used the weights being
-  trained), ``policy_digest_before[k] == policy_digest_after[k-1]`` (nothing changed them between updates) and
-  ``policy_digest_after[k] != policy_digest_before[k]`` (the update changed them);
+* ``policy_refreshes``: per engine, one metrics line per update with ``rollout_backend`` the engine asked for;
+  from the harness's own hashes, the checkpoint of every update k (its ``step`` k, read by the harness), whose
+  kept ``checkpoint.json`` is the one the harness hashed, states exactly the harness's digests and commits exactly
+  the kept trajectories of cycles 1..k (so hashes or checkpoints of another run or engine fail); update 1 moved a
+  lora_B tensor off its all-zero init and every later update changed the harness's sha256 of
+  ``adapter_model.safetensors``. The product's digests must name the harness's states one to one
+  (``policy_digest_after[j] == policy_digest_after[k]`` exactly where the harness's adapter hashes are equal, and
+  ``policy_digest_before[1]`` none of them), and chain: ``policy_digest_rollout[k] == policy_digest_before[k] ==
+  policy_digest_after[k-1]``. So the weights the harness hashed after update k are the ones rollout k+1 says it
+  sampled with; what a rollout used inside the process is the one fact only the product can report.
 * ``grouped_trajectory_identity``: per engine and cycle, ``prompts_per_cycle`` groups of ``samples_per_prompt``
   trajectories; a group's trajectories share ``group_id``, ``prompt_id``, prompt tokens and ``policy_version``
   (the updates before the cycle, as its metrics line says); sample indices 0..n-1 once each; group ids distinct
   across every group of the run;
-* ``vllm_boundary``: where the plan was accepted, the vllm run's metrics must show ``old_logp`` recomputed by the
-  trainer on every update. Where vllm is absent, ``plan`` must refuse ``rollout.backend: vllm`` with exactly one
-  stderr line naming that vllm is not installed, and write no plan; that refusal is kept as evidence, but it measures
-  nothing about vLLM's policy-gradient boundary, so the check is ``not_applicable`` with the reason (never
-  "passed"; the policy fails the level where it requires the check). Any other outcome (a traceback, a timeout,
-  a plan written, another reason) fails it: a crash is not a boundary.
+* ``vllm_boundary``: judged only on evidence of a real vLLM run. Where the plan was accepted, the run must meet
+  the vLLM evidence contract (:data:`VLLM_TRAJECTORY_FIELDS`, which the product's vLLM rollout path must write,
+  issue #32): the plan it ran names ``rollout.backend: vllm``; the run completed its GRPO updates; every metrics
+  line says ``rollout_backend`` ``vllm`` and ``actor/old_logp_recomputed`` 1.0; every trajectory carries
+  ``rollout_backend`` ``vllm``, the engine's own ``rollout_backend_version`` (``vllm.__version__``, one version
+  for the run), and per response token both the sampler's ``sampled_logprobs`` and the trainer's recomputed
+  ``old_logprobs``. The judge compares them itself: they must differ somewhere by more than
+  :data:`VLLM_MIN_LOGP_DIFFERENCE` (equal log-probs are the trainer's own, not a foreign engine's), and each
+  metrics line's ``actor/old_logp_max_abs_diff`` must be the judge's own maximum over that cycle's tokens
+  (within :data:`VLLM_DIFF_AGREEMENT`), which binds the metrics to those trajectories. ``old_logp_recomputed``
+  alone never passes it: every in-process line carries it. Where vllm is absent, ``plan`` must refuse
+  ``rollout.backend: vllm`` with exactly one stderr line naming that vllm is not installed, and write no plan;
+  that refusal is kept as evidence, but it measures nothing about vLLM's policy-gradient boundary, so the check
+  is ``not_applicable`` with the reason (never "passed"; the policy fails the level where it requires the
+  check). Any other outcome (a traceback, a timeout, a plan written without a run, another reason) fails it: a
+  crash is not a boundary.
 
 Torch-free and miniverl-free, like all of the harness.
 """
@@ -37,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.proc import HARNESS_DIR
-from harness.core.records import Profile
+from harness.core.records import CheckpointHashes, Profile
+from harness.qualify.full import runs, statehash
 from harness.qualify.full.base import Context, Judgement, Scale, WorkloadFailure
 from harness.qualify.full.reading import count, finite, read_json, read_jsonl
 from harness.qualify.transcript import CliDriver, CliResult
@@ -49,18 +70,41 @@ ENGINES = ("fast", "hf")
 MAX_REFRESHES = 8
 ROOT = "v011/backend-matrix/refresh"
 RUN_OUTPUT = "refresh-runs"
+ADAPTER = runs.ADAPTER
 
 #: the one line ``miniverl plan`` must refuse ``rollout.backend: vllm`` with where vllm is absent
 VLLM_REFUSAL_PREFIX = "miniverl: error: rollout.backend vllm: "
 VLLM_ABSENT_REASON = "vllm is not installed"
 #: the algorithm_metrics key a policy-gradient update sets to 1.0 when the trainer recomputed old_logp
 OLD_LOGP_RECOMPUTED = "actor/old_logp_recomputed"
+#: the algorithm_metrics key a vLLM run reports: max |sampled_logprobs - old_logprobs| over the cycle's tokens
+OLD_LOGP_MAX_ABS_DIFF = "actor/old_logp_max_abs_diff"
+#: the GRPO cycles of the vLLM run (where vllm is installed and the plan accepted)
+VLLM_CYCLES = 1
+VLLM_BACKEND = "vllm"
+#: what every trajectory of a vLLM run must carry (the contract issue #32's vLLM rollout path must meet)
+VLLM_TRAJECTORY_FIELDS = {
+    "rollout_backend": "the literal 'vllm': the engine that sampled it",
+    "rollout_backend_version": "vllm.__version__ of the engine that sampled it (one version for the run)",
+    "sampled_logprobs": "the sampler's log-prob of each response token, as vLLM returned it",
+    "old_logprobs": "the trainer's recomputed log-prob of each response token under the rollout's weights",
+}
+#: a foreign engine's log-probs differ from the trainer's somewhere by more than this (equal ones are the trainer's)
+VLLM_MIN_LOGP_DIFFERENCE = 1e-6
+#: the metrics line's max |sampled - old| must be the judge's own, within this
+VLLM_DIFF_AGREEMENT = 1e-6
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)+[0-9A-Za-z.+-]*")
 
 
 def _trajectory_role(engine: str, cycle: int) -> str:
     return f"refresh_{engine}_trajectories_{cycle}"
+
+
+def _checkpoint_role(engine: str, cycle: int) -> str:
+    """The evidence role of update ``cycle``'s kept checkpoint.json, and its label in the engine's state hashes."""
+    return f"refresh_{engine}_checkpoint_{cycle}"
 
 
 def _evidence() -> dict[str, str]:
@@ -69,10 +113,16 @@ def _evidence() -> dict[str, str]:
         members[f"refresh_{engine}_plan"] = f"{ROOT}/{engine}/plan.json"
         members[f"refresh_{engine}_summary"] = f"{ROOT}/{engine}/summary.json"
         members[f"refresh_{engine}_metrics"] = f"{ROOT}/{engine}/metrics.jsonl"
+        members[f"refresh_{engine}_state_hashes"] = f"{ROOT}/{engine}/state-hashes.json"
         for cycle in range(1, MAX_REFRESHES + 1):
             members[_trajectory_role(engine, cycle)] = f"{ROOT}/{engine}/trajectories/cycle-{cycle:06d}.jsonl"
+            members[_checkpoint_role(engine, cycle)] = f"{ROOT}/{engine}/checkpoints/checkpoint-{cycle}.json"
     members["refresh_vllm_plan"] = f"{ROOT}/vllm/plan-result.json"
+    members["refresh_vllm_run_plan"] = f"{ROOT}/vllm/plan.json"
+    members["refresh_vllm_summary"] = f"{ROOT}/vllm/summary.json"
     members["refresh_vllm_metrics"] = f"{ROOT}/vllm/metrics.jsonl"
+    for cycle in range(1, VLLM_CYCLES + 1):
+        members[_trajectory_role(VLLM_BACKEND, cycle)] = f"{ROOT}/vllm/trajectories/cycle-{cycle:06d}.jsonl"
     return members
 
 
@@ -117,6 +167,32 @@ def _keep(found: dict[str, Path], role: str, path: Path) -> None:
         found[role] = path
 
 
+def _lora_b_only(taken: statehash.Taken | None) -> statehash.Taken | None:
+    """Update 1's hashes with only the adapter's lora_B tensor digests (all the judge reads of them: whether
+    update 1 moved one off its all-zero init; the full table would be 80 kB per engine)."""
+    if not isinstance(taken, CheckpointHashes):
+        return taken
+    tables = {f: {n: t for n, t in table.items() if "lora_B" in n} for f, table in taken.tensors.items()}
+    return taken.model_copy(update={"tensors": tables})
+
+
+def _hash_checkpoints(ctx: Context, engine: str, run_dir: Path, cycles: int) -> Path:
+    """The harness's own sha256 of every update's checkpoint, taken now (the work dir goes after the run)."""
+    taken: dict[str, statehash.Taken | None] = {}
+    for cycle in range(1, cycles + 1):
+        directory = runs.checkpoint_json(run_dir, cycle).parent
+        hashed = statehash.take(directory, tensors=cycle == 1)
+        taken[_checkpoint_role(engine, cycle)] = _lora_b_only(hashed) if cycle == 1 else hashed
+    return statehash.write_taken(ctx.work / f"refresh-{engine}-state-hashes.json", taken)
+
+
+def _keep_run(found: dict[str, Path], prefix: str, run_dir: Path, cycles: int) -> None:
+    _keep(found, f"refresh_{prefix}_summary", run_dir / "summary.json")
+    _keep(found, f"refresh_{prefix}_metrics", run_dir / "metrics.jsonl")
+    for cycle in range(1, cycles + 1):
+        _keep(found, _trajectory_role(prefix, cycle), run_dir / "trajectories" / f"cycle-{cycle:06d}.jsonl")
+
+
 def run_refreshes(ctx: Context) -> dict[str, Path]:
     """The refresh runs per engine and the vllm plan probe; returns the evidence files they produced."""
     cycles = ctx.scale.policy_refreshes
@@ -130,13 +206,13 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
             continue
         _keep(found, f"refresh_{engine}_plan", ctx.work / plan)
         run_dir = _run(ctx, f"refresh_{engine}_run", plan, f"refresh-{engine}")
-        _keep(found, f"refresh_{engine}_summary", run_dir / "summary.json")
-        _keep(found, f"refresh_{engine}_metrics", run_dir / "metrics.jsonl")
+        _keep_run(found, engine, run_dir, cycles)
         for cycle in range(1, cycles + 1):
-            _keep(found, _trajectory_role(engine, cycle), run_dir / "trajectories" / f"cycle-{cycle:06d}.jsonl")
+            _keep(found, _checkpoint_role(engine, cycle), runs.checkpoint_json(run_dir, cycle))
+        found[f"refresh_{engine}_state_hashes"] = _hash_checkpoints(ctx, engine, run_dir, cycles)
     # the vLLM boundary: the plan must refuse where vllm is absent (and is run where it was accepted)
     plan = "plan-refresh-vllm.json"
-    result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], 1)
+    result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], VLLM_CYCLES)
     inv = result.invocation
     stderr = result.stderr.decode("utf-8", errors="replace")
     probe = {
@@ -153,8 +229,8 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
     probe_path.write_text(json.dumps(probe, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     found["refresh_vllm_plan"] = probe_path
     if result.ok:
-        run_dir = _run(ctx, "refresh_vllm_run", plan, "refresh-vllm")
-        _keep(found, "refresh_vllm_metrics", run_dir / "metrics.jsonl")
+        _keep(found, "refresh_vllm_run_plan", ctx.work / plan)
+        _keep_run(found, VLLM_BACKEND, _run(ctx, "refresh_vllm_run", plan, "refresh-vllm"), VLLM_CYCLES)
     return found
 
 
@@ -164,25 +240,97 @@ def _digest(line: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and _DIGEST.fullmatch(value) else None
 
 
+def _completed_grpo(summary: dict[str, Any] | None, updates: int) -> str | None:
+    """Why ``summary`` is not a completed GRPO run of ``updates`` updates (None: it is)."""
+    if summary is None:
+        return "no readable summary.json (the run failed or did not run)"
+    if summary.get("status") != "completed" or summary.get("algorithm") != "grpo":
+        return f"run status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}"
+    if count(summary.get("updates")) != updates:
+        return f"{summary.get('updates')!r} updates, {updates} asked for"
+    return None
+
+
+def _rollout_config(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    config = plan.get("config") if plan is not None else None
+    rollout = config.get("rollout") if isinstance(config, dict) else None
+    return rollout if isinstance(rollout, dict) else None
+
+
+def _product_chain(where: str, lines: list[dict[str, Any]], engine: str) -> tuple[list[str], str | None]:
+    """The product's digests after each update, provided they chain (else why not)."""
+    afters: list[str] = []
+    previous_after: str | None = None
+    for k, line in enumerate(lines, start=1):
+        at = f"{where} step {k}"
+        if count(line.get("step")) != k or count(line.get("policy_version")) != k - 1:
+            return afters, f"{at}: line says step {line.get('step')!r}, policy_version {line.get('policy_version')!r}"
+        if line.get("rollout_backend") != engine:
+            return afters, f"{at}: rollout_backend {line.get('rollout_backend')!r}, asked for {engine!r}"
+        rollout_d, before, after = (_digest(line, f"policy_digest_{s}") for s in ("rollout", "before", "after"))
+        if rollout_d is None or before is None or after is None:
+            return afters, f"{at}: a policy digest is missing or not sha256 hex"
+        if rollout_d != before:
+            return afters, f"{at}: policy_digest_rollout {rollout_d[:12]} != policy_digest_before {before[:12]}"
+        if previous_after is not None and before != previous_after:
+            return afters, f"{at}: policy_digest_before {before[:12]} != step {k - 1}'s after {previous_after[:12]}"
+        previous_after = after
+        afters.append(after)
+    return afters, None
+
+
+def _harness_states(where: str, engine: str, evidence: dict[str, Path], cycles: int) -> tuple[list[str], str | None]:
+    """The harness's sha256 of the adapter after each update, provided every update's checkpoint was hashed by
+    the harness as that update's, its kept checkpoint.json states the harness's digests and commits the kept
+    trajectories, and every update changed the adapter (else why not)."""
+    hashes = statehash.read_state_hashes(evidence.get(f"refresh_{engine}_state_hashes"))
+    if hashes is None:
+        return [], f"{where}: state-hashes.json missing or not a harness state-hashes record"
+    adapters: list[str] = []
+    for k in range(1, cycles + 1):
+        at, role = f"{where} update {k}", _checkpoint_role(engine, k)
+        found, why = statehash.checkpoint(hashes, role)
+        if found is None:
+            return adapters, f"{at}: {why}"
+        listed = read_json(evidence.get(role)) or {}
+        if found.step != k or count(listed.get("step")) != k:
+            return adapters, f"{at}: the harness hashed step {found.step}, the kept checkpoint.json says " + (
+                f"{listed.get('step')!r} (a swapped or misplaced checkpoint)"
+            )
+        agrees, why = statehash.product_agrees(hashes, role, evidence.get(role))
+        if not agrees:
+            return adapters, f"{at}: {why}"
+        committed, why = runs.trajectories_committed(
+            evidence, role, [_trajectory_role(engine, c) for c in range(1, k + 1)]
+        )
+        if not committed:
+            return adapters, f"{at}: {why} (hashes of another run or engine)"
+        adapter = found.files.get(ADAPTER)
+        if adapter is None:
+            return adapters, f"{at}: the harness hashed no {ADAPTER}"
+        if adapters and adapter.sha256 == adapters[-1]:
+            return adapters, f"{at}: the harness's sha256 of the adapter did not change (the update changed nothing)"
+        adapters.append(adapter.sha256)
+    moved, why = statehash.adapter_moved(hashes, None, _checkpoint_role(engine, 1), ADAPTER)
+    return adapters, None if moved else f"{where} update 1: {why}"
+
+
 def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple[bool, str]:
     """One engine's refresh chain: (passed, detail naming the engine and the first bad step)."""
     where = f"engine {engine}"
     cycles = scale.policy_refreshes
     summary = read_json(evidence.get(f"refresh_{engine}_summary"))
-    if summary is None:
-        return False, f"{where}: no readable summary.json (the run failed or did not run)"
-    if summary.get("status") != "completed" or summary.get("algorithm") != "grpo":
-        return False, f"{where}: run status {summary.get('status')!r}, algorithm {summary.get('algorithm')!r}"
-    if count(summary.get("updates")) != cycles:
-        return False, f"{where}: {summary.get('updates')!r} updates, the scale asks for {cycles}"
+    why = _completed_grpo(summary, cycles)
+    if why is not None:
+        return False, f"{where}: {why}"
     plan = read_json(evidence.get(f"refresh_{engine}_plan"))
-    config = plan.get("config") if plan is not None else None
-    rollout = config.get("rollout") if isinstance(config, dict) else None
-    if not isinstance(rollout, dict) or rollout.get("engine") != engine or rollout.get("backend") != "hf":
+    rollout = _rollout_config(plan)
+    if rollout is None or rollout.get("engine") != engine or rollout.get("backend") != "hf":
         return False, f"{where}: the plan does not ask for rollout.backend hf with rollout.engine {engine}"
     other = [f"{k} {rollout.get(k)!r} (declared {v})" for k, v in REFRESH_SIZES.items() if count(rollout.get(k)) != v]
     if other:
         return False, f"{where}: the plan's rollout sizes are not the declared refresh sizes: {', '.join(other)}"
+    config = plan.get("config") if plan is not None else None
     models = config.get("models") if isinstance(config, dict) else None
     student = models.get("student") if isinstance(models, dict) else None
     quantization = student.get("quantization") if isinstance(student, dict) else None
@@ -193,24 +341,27 @@ def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple
         return False, f"{where}: metrics.jsonl missing or not strict JSON lines"
     if len(lines) != cycles:
         return False, f"{where}: {len(lines)} metrics lines for {cycles} updates"
-    previous_after: str | None = None
-    for k, line in enumerate(lines, start=1):
-        at = f"{where} step {k}"
-        if count(line.get("step")) != k or count(line.get("policy_version")) != k - 1:
-            return False, f"{at}: line says step {line.get('step')!r}, policy_version {line.get('policy_version')!r}"
-        if line.get("rollout_backend") != engine:
-            return False, f"{at}: rollout_backend {line.get('rollout_backend')!r}, asked for {engine!r}"
-        rollout_d, before, after = (_digest(line, f"policy_digest_{s}") for s in ("rollout", "before", "after"))
-        if rollout_d is None or before is None or after is None:
-            return False, f"{at}: a policy digest is missing or not sha256 hex"
-        if rollout_d != before:
-            return False, f"{at}: policy_digest_rollout {rollout_d[:12]} != policy_digest_before {before[:12]}"
-        if previous_after is not None and before != previous_after:
-            return False, f"{at}: policy_digest_before {before[:12]} != step {k - 1}'s after {previous_after[:12]}"
-        if after == before:
-            return False, f"{at}: policy_digest_after == policy_digest_before (the update did not change the weights)"
-        previous_after = after
-    return True, f"{where}: {cycles} updates, every rollout used the trained weights and every update changed them"
+    afters, why = _product_chain(where, lines, engine)
+    if why is not None:
+        return False, why
+    adapters, why = _harness_states(where, engine, evidence, cycles)
+    if why is not None:
+        return False, why
+    initial = _digest(lines[0], "policy_digest_before")
+    for j in range(cycles):
+        if afters[j] == initial:
+            return False, f"{where} step {j + 1}: policy_digest_after equals the initial weights' digest"
+        for k in range(j + 1, cycles):
+            if (afters[j] == afters[k]) != (adapters[j] == adapters[k]):
+                return False, (
+                    f"{where} steps {j + 1} and {k + 1}: the product's policy digests and the harness's adapter "
+                    "sha256 do not name the same weights"
+                )
+    return True, (
+        f"{where}: {cycles} updates; by the harness's own hashes every update changed the adapter, each kept "
+        "checkpoint commits this run's trajectories, and the product's digests name those states one to one and "
+        "chain (every rollout used the weights the previous update left)"
+    )
 
 
 def _trajectory_fields(record: dict[str, Any]) -> tuple[str, str, int, int, tuple[int, ...]] | None:
@@ -268,6 +419,81 @@ def _groups_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple[bo
     )
 
 
+def _logprobs(record: dict[str, Any], key: str, tokens: int) -> list[float] | None:
+    values = record.get(key)
+    if not isinstance(values, list) or len(values) != tokens:
+        return None
+    out = [finite(v) for v in values]
+    return None if any(v is None for v in out) else [v for v in out if v is not None]
+
+
+def _vllm_cycle(cycle: int, line: dict[str, Any], records: list[dict[str, Any]] | None) -> tuple[str | None, str]:
+    """Why one vLLM cycle's trajectories and metrics line do not meet the contract (None: they do), and the
+    engine's version."""
+    at = f"vllm cycle {cycle}"
+    if not records:
+        return f"{at}: trajectories missing, empty or not strict JSON lines", ""
+    if count(line.get("trajectories")) != len(records):
+        return f"{at}: the metrics line counts {line.get('trajectories')!r} trajectories, {len(records)} kept", ""
+    versions: set[str] = set()
+    largest = 0.0
+    for number, record in enumerate(records, start=1):
+        here = f"{at} trajectory {number}"
+        if record.get("rollout_backend") != VLLM_BACKEND:
+            return f"{here}: rollout_backend {str(record.get('rollout_backend'))[:40]!r}, not {VLLM_BACKEND!r}", ""
+        version = record.get("rollout_backend_version")
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            return f"{here}: no rollout_backend_version (vllm.__version__)", ""
+        versions.add(version)
+        tokens = record.get("response_token_ids")
+        if not isinstance(tokens, list) or not tokens:
+            return f"{here}: no response tokens", ""
+        sampled = _logprobs(record, "sampled_logprobs", len(tokens))
+        old = _logprobs(record, "old_logprobs", len(tokens))
+        if sampled is None or old is None:
+            return f"{here}: sampled_logprobs and old_logprobs must be one finite value per response token", ""
+        largest = max([largest, *(abs(s - o) for s, o in zip(sampled, old, strict=True))])
+    if len(versions) != 1:
+        return f"{at}: trajectories name vllm versions {sorted(versions)[:4]}", ""
+    if largest <= VLLM_MIN_LOGP_DIFFERENCE:
+        return (
+            f"{at}: the sampler's log-probs equal the trainer's recomputed ones (max |diff| {largest:.3g}): the "
+            "trainer's own numbers, not a foreign engine's"
+        ), ""
+    metrics = line.get("algorithm_metrics")
+    stated = finite(metrics.get(OLD_LOGP_MAX_ABS_DIFF)) if isinstance(metrics, dict) else None
+    if stated is None or abs(stated - largest) > VLLM_DIFF_AGREEMENT:
+        return f"{at}: {OLD_LOGP_MAX_ABS_DIFF} {stated!r}, the judge's own from the trajectories {largest:.9g}", ""
+    return None, versions.pop()
+
+
+def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any]) -> tuple[str | None, str]:
+    """Why the accepted vLLM plan's run is not evidence of a real vLLM run (None: it is), and vllm's version."""
+    if probe.get("plan_written") is not True:
+        return "plan exited 0 but wrote no plan", ""
+    rollout = _rollout_config(read_json(evidence.get("refresh_vllm_run_plan")))
+    if rollout is None or rollout.get("backend") != VLLM_BACKEND:
+        return "the kept plan does not name rollout.backend vllm", ""
+    why = _completed_grpo(read_json(evidence.get("refresh_vllm_summary")), VLLM_CYCLES)
+    if why is not None:
+        return f"the vllm run: {why}", ""
+    lines = read_jsonl(evidence.get("refresh_vllm_metrics"))
+    if lines is None or len(lines) != VLLM_CYCLES:
+        return f"the vllm run's metrics.jsonl is missing or unreadable or not {VLLM_CYCLES} lines", ""
+    version = ""
+    for cycle, line in enumerate(lines, start=1):
+        at = f"vllm step {cycle}"
+        metrics = line.get("algorithm_metrics")
+        if count(line.get("step")) != cycle or line.get("rollout_backend") != VLLM_BACKEND:
+            return f"{at}: step {line.get('step')!r}, rollout_backend {str(line.get('rollout_backend'))[:40]!r}", ""
+        if not isinstance(metrics, dict) or finite(metrics.get(OLD_LOGP_RECOMPUTED)) != 1.0:
+            return f"{at}: no {OLD_LOGP_RECOMPUTED}=1 (the trainer did not recompute old_logp)", ""
+        why, version = _vllm_cycle(cycle, line, read_jsonl(evidence.get(_trajectory_role(VLLM_BACKEND, cycle))))
+        if why is not None:
+            return why, ""
+    return None, version
+
+
 def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
     probe = read_json(evidence.get("refresh_vllm_plan"))
     if probe is None:
@@ -277,18 +503,18 @@ def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
     code, line = probe.get("exit_code"), probe.get("stderr_last_line")
     line = line if isinstance(line, str) else ""
     if count(code) == 0 and probe.get("timed_out") is False:
-        # vllm was importable and the plan accepted it: the run must show old_logp recomputed by the trainer
-        lines = read_jsonl(evidence.get("refresh_vllm_metrics"))
-        recomputed = bool(lines) and all(
-            isinstance(m := ln.get("algorithm_metrics"), dict) and finite(m.get(OLD_LOGP_RECOMPUTED)) == 1.0
-            for ln in lines or []
-        )
-        judgement.metrics["vllm_backend"] = "passed" if recomputed else "failed"
+        # vllm was importable and the plan accepted it: only the run's own evidence of vLLM can pass the check
+        why, version = _vllm_run(evidence, probe)
+        judgement.metrics["vllm_backend"] = "passed" if why is None else "failed"
+        if why is None:
+            judgement.metrics["vllm_version"] = version
         judgement.check(
             "vllm_boundary",
-            recomputed,
-            f"vllm accepted: {len(lines or [])} metrics lines, "
-            + ("old_logp recomputed by the trainer on every update" if recomputed else f"no {OLD_LOGP_RECOMPUTED}=1"),
+            why is None,
+            f"vllm accepted: {why}"
+            if why is not None
+            else f"vllm {version} sampled every trajectory; the trainer recomputed old_logp on every update and its "
+            "log-probs differ from the sampler's, as the metrics state",
         )
         return
     refused = (
