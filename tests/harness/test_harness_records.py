@@ -37,12 +37,16 @@ def test_nan_is_refused_on_write_and_read(smoke_qual: Path) -> None:
     assert info.value.check == "finite_numbers"
 
 
-@pytest.mark.parametrize("text", ["/home/alice/run", "see /tmp/x", "~/.cache/miniverl", "~alice/x", "~", "C:\\Users\\bob", "/x"])
+@pytest.mark.parametrize(
+    "text", ["/home/alice/run", "see /tmp/x", "~/.cache/miniverl", "~alice/x", "~", "C:\\Users\\bob", "/x"]
+)
 def test_local_paths_are_recognized(text: str) -> None:
     assert looks_like_local_path(text)
 
 
-@pytest.mark.parametrize("text", ["<venv>/bin/miniverl", "evidence/run/plan.json", "owner/repo", "sha256:ab", "~=3.9", "~= 1.2"])
+@pytest.mark.parametrize(
+    "text", ["<venv>/bin/miniverl", "evidence/run/plan.json", "owner/repo", "sha256:ab", "~=3.9", "~= 1.2"]
+)
 def test_portable_strings_pass(text: str) -> None:
     assert not looks_like_local_path(text)
 
