@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import tempfile
@@ -45,11 +46,12 @@ class CliResult:
 
 @dataclass(frozen=True)
 class Interruption:
-    """A CLI child that was started, waited on until a file appeared, then signalled (see ``CliDriver.interrupt``).
+    """A CLI child that was started, waited on until a file appeared (or its stderr printed a line), then signalled
+    (see ``CliDriver.interrupt``).
 
     ``result`` is its recorded invocation (exit code, output hashes); ``signalled`` is True only when the
-    signal was sent while the child still ran, after ``wait_for`` (relative to the work dir) existed,
-    ``appeared_after_seconds`` after the start.
+    signal was sent while the child still ran, after ``wait_for`` (relative to the work dir) existed or a stderr
+    line held ``wait_for_line``, ``appeared_after_seconds`` after the start; ``event`` is that stderr line.
     """
 
     result: CliResult
@@ -57,6 +59,16 @@ class Interruption:
     signal: str
     signalled: bool
     appeared_after_seconds: float | None
+    event: str | None = None
+
+
+def _line_with(data: bytes, marker: str) -> str | None:
+    """The first complete line of ``data`` that holds ``marker`` (decoded), or None."""
+    for line in data.split(b"\n")[:-1]:  # the last piece is not a finished line yet
+        text = line.decode("utf-8", "replace")
+        if marker in text:
+            return text
+    return None
 
 
 @dataclass(frozen=True)
@@ -115,29 +127,42 @@ class CliDriver:
         step: str,
         args: list[str],
         *,
-        wait_for: Path,
+        wait_for: Path | None = None,
+        wait_for_line: str | None = None,
         signum: signal.Signals = signal.SIGTERM,
         timeout: float = 600,
         poll_seconds: float = 0.02,
     ) -> Interruption:
-        """Start ``miniverl ARGS`` as a child, wait until ``wait_for`` (relative to ``work``) exists, send it
-        ``signum`` and wait for it to exit; recorded in the transcript as one invocation like any other.
+        """Start ``miniverl ARGS`` as a child, wait until ``wait_for`` (relative to ``work``) exists, or until a
+        line of its stderr holds ``wait_for_line`` (one of the two), send it ``signum`` and wait for it to exit;
+        recorded in the transcript as one invocation like any other.
 
-        The child is signalled only if the file appeared while it was still running (``signalled``); a child
-        that exits first is recorded as it exited. A child still running after ``timeout`` is killed and
+        The child is signalled only if the file (the line) appeared while it was still running (``signalled``); a
+        child that exits first is recorded as it exited. A child still running after ``timeout`` is killed and
         recorded as timed out (exit 124), as ``__call__`` does.
         """
+        if (wait_for is None) == (wait_for_line is None):
+            raise ValueError("interrupt: give exactly one of wait_for and wait_for_line")
         with self.slot(step):
-            return self._interrupt(step, args, wait_for, signum, timeout, poll_seconds)
+            return self._interrupt(step, args, wait_for, wait_for_line, signum, timeout, poll_seconds)
 
     def _interrupt(
-        self, step: str, args: list[str], wait_for: Path, signum: signal.Signals, timeout: float, poll_seconds: float
+        self,
+        step: str,
+        args: list[str],
+        wait_for: Path | None,
+        wait_for_line: str | None,
+        signum: signal.Signals,
+        timeout: float,
+        poll_seconds: float,
     ) -> Interruption:
         exe = self.venv / "bin" / "miniverl"
         env = clean_env(self.extra_env, path_prefix=self.venv / "bin")
-        target = self.work / wait_for
+        target = self.work / wait_for if wait_for is not None else None
+        waited = wait_for.as_posix() if wait_for is not None else f"stderr line holding {wait_for_line!r}"
         start = time.monotonic()
         appeared: float | None = None
+        event: str | None = None
         signalled = timed_out = False
         with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
             try:
@@ -145,12 +170,14 @@ class CliDriver:
             except OSError as exc:
                 code, out, err = 127, b"", f"cannot execute miniverl: {exc.strerror}".encode()
                 result = self._record(step, args, code, out, err, time.monotonic() - start, False)
-                return Interruption(result, wait_for.as_posix(), signum.name, False, None)
+                return Interruption(result, waited, signum.name, False, None)
             try:
                 while child.poll() is None:
                     if time.monotonic() - start > timeout:
                         break
-                    if target.exists():
+                    if wait_for_line is not None:
+                        event = _line_with(os.pread(err_file.fileno(), 1 << 20, 0), wait_for_line)
+                    if (target is not None and target.exists()) or event is not None:
                         appeared = time.monotonic() - start
                         child.send_signal(signum)
                         signalled = True
@@ -171,7 +198,12 @@ class CliDriver:
             out, err = out_file.read(), err_file.read()
         result = self._record(step, args, code, out, err, time.monotonic() - start, timed_out)
         return Interruption(
-            result, wait_for.as_posix(), signum.name, signalled, round(appeared, 3) if appeared is not None else None
+            result,
+            waited,
+            signum.name,
+            signalled,
+            round(appeared, 3) if appeared is not None else None,
+            self.redact.text(event) if event is not None else None,
         )
 
     def _record(

@@ -18,6 +18,36 @@ from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import DataError
 
 
+class TokenGae(BaseModel):
+    """One trajectory's row of the ``[N, T]`` tensors a PPO update gave :func:`~miniverl.algorithms.gae_advantages`
+    and what it computed from them, so that a reader can recompute GAE without the models.
+
+    ``T`` is the longest response of the update: ``mask`` is 1 on this trajectory's response tokens and 0 on the
+    padding after them. ``rewards`` (the score on the last response token, minus any KL-in-reward penalty) and
+    ``values`` (the critic's :math:`V_{old}`) are the inputs; ``advantages`` and ``returns`` the GAE outputs,
+    unwhitened, in float64; ``whitened_advantages`` what the actor trained on, whitened over the whole update's
+    masked tokens (``None`` with ``whiten_advantages: false``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    mask: list[Literal[0, 1]] = Field(min_length=1)
+    rewards: list[float]
+    values: list[float]
+    advantages: list[float]
+    returns: list[float]
+    whitened_advantages: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _one_value_per_position(self) -> TokenGae:
+        rows = [self.rewards, self.values, self.advantages, self.returns]
+        if self.whitened_advantages is not None:
+            rows.append(self.whitened_advantages)
+        if any(len(row) != len(self.mask) for row in rows):
+            raise ValueError(f"every GAE row must have the mask's {len(self.mask)} positions")
+        return self
+
+
 class TrajectoryRecord(BaseModel):
     """One sampled response: its tokens, sampling log-probs, provenance, and (later) its scores.
 
@@ -41,6 +71,8 @@ class TrajectoryRecord(BaseModel):
     reward: float | None = None
     reward_components: dict[str, float] = Field(default_factory=dict)
     advantage: float | None = None
+    #: PPO only: this trajectory's GAE inputs and outputs (written only when present)
+    gae: TokenGae | None = None
 
     @model_validator(mode="after")
     def _one_logprob_per_token(self) -> TrajectoryRecord:
@@ -51,6 +83,9 @@ class TrajectoryRecord(BaseModel):
             )
         if any(lp > 0.0 for lp in self.sampled_logprobs):
             raise ValueError("sampled_logprobs must be <= 0")
+        n = len(self.response_token_ids)
+        if self.gae is not None and self.gae.mask != [1] * n + [0] * (len(self.gae.mask) - n):
+            raise ValueError(f"gae.mask must select exactly the {n} response tokens, then padding")
         return self
 
     @classmethod
@@ -61,6 +96,7 @@ class TrajectoryRecord(BaseModel):
         reward: float | None = None,
         reward_components: Mapping[str, float] | None = None,
         advantage: float | None = None,
+        gae: TokenGae | None = None,
     ) -> TrajectoryRecord:
         """A record from a rollout ``Trajectory`` (duck-typed: same attribute names)."""
         return cls(
@@ -77,12 +113,17 @@ class TrajectoryRecord(BaseModel):
             reward=reward,
             reward_components=dict(reward_components or {}),
             advantage=advantage,
+            gae=gae,
         )
 
 
 def write_trajectories_jsonl(path: str | os.PathLike[str], records: Iterable[TrajectoryRecord]) -> int:
     """Write one canonical-JSON record per line, atomically; returns the number of records."""
-    lines = [canonical_json(record.model_dump(mode="json")) + "\n" for record in records]
+    # no ``"gae": null`` on the lines of algorithms without GAE: their files keep the bytes they always had
+    lines = [
+        canonical_json(record.model_dump(mode="json", exclude={"gae"} if record.gae is None else None)) + "\n"
+        for record in records
+    ]
     atomic_write_text(path, "".join(lines))
     return len(lines)
 

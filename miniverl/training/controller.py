@@ -31,7 +31,7 @@ from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
 from miniverl.rollout.backends import RolloutBackend, rollout_backend
 from miniverl.rollout.hf import RolloutReport, Trajectory
-from miniverl.rollout.records import TrajectoryRecord, write_trajectories_jsonl
+from miniverl.rollout.records import TokenGae, TrajectoryRecord, write_trajectories_jsonl
 from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
@@ -276,7 +276,7 @@ class Controller:
         self.state.step += 1
         evaluated = self.evaluate(self.runtime, self.reward, self.state.step) if self.evaluate is not None else {}
         self.state.data_cursor += cfg.rollout.prompts_per_cycle
-        self._write_trajectories(trajectories, scores, result.advantages)
+        self._write_trajectories(trajectories, scores, result.advantages, result.gae)
         line = MetricsLine(
             step=self.state.step,
             cycle=self.state.step,
@@ -336,7 +336,11 @@ class Controller:
             )
 
     def _write_trajectories(
-        self, trajectories: list[Trajectory], scores: list[RewardScore], advantages: list[float] | None
+        self,
+        trajectories: list[Trajectory],
+        scores: list[RewardScore],
+        advantages: list[float] | None,
+        gae: list[TokenGae] | None = None,
     ) -> None:
         records = [
             TrajectoryRecord.from_trajectory(
@@ -344,6 +348,7 @@ class Controller:
                 reward=scores[i].total if scores else None,
                 reward_components=scores[i].components if scores else None,
                 advantage=advantages[i] if advantages is not None else None,
+                gae=gae[i] if gae is not None else None,
             )
             for i, traj in enumerate(trajectories)
         ]

@@ -136,6 +136,12 @@ time.sleep(0.2)
 if mode == "write":
     os.makedirs("runs/b/checkpoints/step-000001", exist_ok=True)
     open("runs/b/checkpoints/step-000001/checkpoint.json", "w").write("{{}}")
+if mode == "say":
+    sys.stderr.write("T miniverl: cycle 1/2 actor_pass: 1/1\\nT miniverl: cycle 2/2 actor_")
+    sys.stderr.flush()
+    time.sleep(0.3)  # half a line: never taken for the event
+    sys.stderr.write("pass: 1/1\\n")
+    sys.stderr.flush()
 time.sleep(30)
 sys.exit(0)
 """
@@ -163,6 +169,16 @@ def test_interrupt_signals_the_child_once_the_file_exists_and_records_it(tmp_pat
     assert inv.exit_code == 130 and not inv.timed_out and inv.stderr_last_line == "miniverl: interrupted"
     assert inv.duration_seconds < 20
     assert [i.step for i in cli.transcript().invocations] == ["run_b_interrupted"]
+
+
+def test_interrupt_signals_the_child_once_its_stderr_prints_the_line_and_records_the_line(tmp_path: Path) -> None:
+    cli = _driver(tmp_path)
+    stopped = cli.interrupt("cut", ["say"], wait_for_line=" miniverl: cycle 2/2 actor_pass: ", timeout=20)
+    assert stopped.signalled and stopped.event == "T miniverl: cycle 2/2 actor_pass: 1/1"
+    assert stopped.appeared_after_seconds is not None and stopped.appeared_after_seconds >= 0.5
+    assert stopped.result.invocation.exit_code == 130 and stopped.result.stderr.endswith(b"miniverl: interrupted\n")
+    with pytest.raises(ValueError, match="exactly one"):
+        cli.interrupt("both", ["say"], wait_for=WAIT, wait_for_line="x")
 
 
 def test_interrupt_of_a_child_that_exits_first_records_it_unsignalled(tmp_path: Path) -> None:

@@ -40,6 +40,32 @@ def _final(run_dir: Path) -> dict[str, dict]:
     return {name: load_file(last / name) for name in names}
 
 
+def _assert_gae_recomputes(path: Path) -> None:
+    """Each record's GAE row is what gae_advantages and masked_whiten give for the rows kept beside it (float64,
+    exactly), its reward sits on its last response token, and its advantage is its whitened tokens' mean."""
+    import torch
+
+    from miniverl.algorithms import gae_advantages, masked_whiten
+    from miniverl.rollout.records import read_trajectories_jsonl
+
+    records = read_trajectories_jsonl(path)
+    gae = [r.gae for r in records]
+    assert all(g is not None for g in gae)
+
+    def rows(key: str) -> torch.Tensor:
+        return torch.tensor([getattr(g, key) for g in gae], dtype=torch.float64)
+
+    mask = rows("mask").bool()
+    adv, returns = gae_advantages(rows("rewards"), rows("values"), mask, gamma=1.0, lam=0.95)
+    assert adv.equal(rows("advantages")) and returns.equal(rows("returns"))
+    assert masked_whiten(adv, mask).equal(rows("whitened_advantages"))
+    for record, g in zip(records, gae, strict=True):
+        assert g is not None and g.whitened_advantages is not None
+        n = len(record.response_token_ids)
+        assert g.rewards[n - 1] == record.reward and not any(g.rewards[: n - 1])
+        assert record.advantage == pytest.approx(sum(g.whitened_advantages[:n]) / n, abs=1e-6)
+
+
 def test_ppo_dual_model_trains_actor_and_critic(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:
     _plan(cli, write_config, ppo_config(tiny_model_dir))
     result = cli("run", "--plan", "plan.json", "--run-id", "p", "--json")
@@ -57,6 +83,8 @@ def test_ppo_dual_model_trains_actor_and_critic(cli, write_config, tiny_model_di
                     "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm"):  # fmt: skip
             assert key in m, key
         assert m["actor/entropy"] > 0 and m["critic/vf_loss"] > 0
+    for cycle in (1, 2):
+        _assert_gae_recomputes(run_dir / "trajectories" / f"cycle-{cycle:06d}.jsonl")
     # the critic's LoRA B moved off zero, i.e. the critic adapter itself was trained (not only its head)
     critic = _final(run_dir)["critic_params.safetensors"]
     assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in critic.items())

@@ -1,13 +1,22 @@
 """v0.13 PPO/RM/handoff (issue 11): PPO with a critic and a reward-model role on the embedded SmolLM2, through the
-installed CLI; a tensor-exact resume of actor, critic and optimizers (by the harness's own sha256 of the checkpoint
-files, taken before the work dir goes); a verl 0.9 handoff bundle diagnosed locally. On a CPU profile the reward
-model's offload after each scoring phase measures nothing: ``reward_model_offloaded`` is not applicable there.
+installed CLI; GAE re-derived from the evidence; a real interruption inside the second update's actor pass and a
+tensor-exact resume of actor, critic and optimizers (by the harness's own sha256 of the checkpoint files, taken
+before the work dir goes); a verl 0.9 handoff bundle diagnosed locally. On a CPU profile the reward model's
+offload after each scoring phase measures nothing: ``reward_model_offloaded`` is not applicable there.
 
-Steps: plan (2 cycles) and plan (1 cycle) of ``harness/workloads/ppo-rm-handoff.yaml`` at the scale's sizes;
-run 2 cycles; run 1 cycle, then ``run --resume --extend 1``; ``handoff`` of the 2-cycle run; ``diagnose`` of
-the bundle with ``ctx.verl_python -m miniverl`` (verl's own venv; none given: the handoff check fails, never
-passes). The PPO config runs without NF4 on every profile: verl cannot express NF4, and the handoff compiler
-refuses what verl cannot express.
+Steps: plan (2 cycles) of ``harness/workloads/ppo-rm-handoff.yaml`` at the scale's sizes; run it straight
+(``ppo-two``); run it again (``ppo-resumed``) as a child whose stderr the harness reads, and send it SIGTERM as soon
+as it prints ``cycle 2/2 actor_pass`` (the product announces each pass); record what the stop left (the
+checkpoints, the harness's hashes of the one kept, no temp files, the exit code, the stderr); ``run --resume`` it
+to the end; ``handoff`` of the straight run; ``diagnose`` of the bundle with ``ctx.verl_python -m miniverl``
+(verl's own venv; none given: the handoff check fails, never passes). The PPO config runs without NF4 on every
+profile: verl cannot express NF4, and the handoff compiler refuses what verl cannot express.
+
+Checks: ``gae_nontrivial`` recomputes each update's advantages, returns and whitened advantages from the GAE rows
+the trajectory records keep (``harness/qualify/full/gae.py``, gamma and lambda from the plan);
+``resume_tensor_exact`` judges the interruption (``harness/qualify/full/interruption.py``), the checkpoint it left
+(byte-identical to the straight run's step 1) and the resumed run's final actor, critic and optimizer tensors
+(byte-identical to the straight run's).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 
 from harness.core.jsonio import sha256_file
 from harness.core.records import Profile
-from harness.qualify.full import runs, statehash
+from harness.qualify.full import gae, interruption, runs, statehash
 from harness.qualify.full import walkthrough as wt
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
 from harness.qualify.full.reading import count, file_sha256, finite, read_json, read_jsonl
@@ -28,6 +37,8 @@ YAML = "ppo-rm-handoff.yaml"
 FOLDER = "v013/ppo-rm-handoff"
 CYCLES = 2
 RUN_TWO, RUN_RESUMED = "ppo-two", "ppo-resumed"
+RUN_ARGS = ["run", "--plan", "plan.json", "--output", "runs", "--run-id"]
+INTERRUPTED_STEP = "run_interrupted"
 # The reward model the workload uses (the tiny seeded sequence classifier: what exists offline on every profile).
 REWARD_SOURCE = "tiny"
 OFFLOAD_NOT_MEASURED = (
@@ -36,29 +47,32 @@ OFFLOAD_NOT_MEASURED = (
 ACTOR_FILES = ("adapter/adapter_model.safetensors", "student_params.safetensors")
 CRITIC_FILES = ("critic_params.safetensors", "critic/adapter_model.safetensors")
 
-EVIDENCE = {
-    role: f"{FOLDER}/{member}"
-    for role, member in {
-        "transcript": "transcript.json",
-        "plan": "plan.json",
-        "summary": "run/summary.json",
-        "metrics": "run/metrics.jsonl",
-        "checkpoint_1": "run/checkpoint-1.json",
-        "checkpoint_2": "run/checkpoint-2.json",
-        "trajectories_1": "run/cycle-000001.jsonl",
-        "trajectories_2": "run/cycle-000002.jsonl",
-        "resumed_summary": "resumed/summary.json",
-        "resumed_metrics": "resumed/metrics.jsonl",
-        "resumed_checkpoint_2": "resumed/checkpoint-2.json",
-        "resumed_trajectories_1": "resumed/cycle-000001.jsonl",
-        "resumed_trajectories_2": "resumed/cycle-000002.jsonl",
-        "handoff": "handoff.json",
-        "bundle_manifest": "bundle-manifest.json",
-        "diagnose_environment": "diagnose-environment.json",
-        "diagnose": "diagnose.json",
-        "state_hashes": "state-hashes.json",
-    }.items()
+# role -> its name under the workload's evidence folder (and its archive member under FOLDER)
+MEMBERS = {
+    "transcript": "transcript.json",
+    "plan": "plan.json",
+    "summary": "run/summary.json",
+    "metrics": "run/metrics.jsonl",
+    "checkpoint_1": "run/checkpoint-1.json",
+    "checkpoint_2": "run/checkpoint-2.json",
+    "trajectories_1": "run/cycle-000001.jsonl",
+    "trajectories_2": "run/cycle-000002.jsonl",
+    "resumed_summary": "resumed/summary.json",
+    "resumed_metrics": "resumed/metrics.jsonl",
+    "resumed_checkpoint_2": "resumed/checkpoint-2.json",
+    "interrupt": "resumed/interrupt.json",
+    "interrupted_stderr": "resumed/interrupted-stderr.txt",
+    "interrupted_checkpoint_1": "resumed/checkpoint-1-after-interrupt.json",
+    "resumed_trajectories_1": "resumed/cycle-000001.jsonl",
+    "resumed_trajectories_2": "resumed/cycle-000002.jsonl",
+    "handoff": "handoff.json",
+    "bundle_manifest": "bundle-manifest.json",
+    "diagnose_environment": "diagnose-environment.json",
+    "diagnose": "diagnose.json",
+    "state_hashes": "state-hashes.json",
 }
+EVIDENCE = {role: f"{FOLDER}/{member}" for role, member in MEMBERS.items()}
+LOCK_NAME = ".lock"  # the product's run-directory lock, held for the process's life: not a half-written file
 
 
 def run(ctx: Context) -> dict[str, Path]:
@@ -72,16 +86,27 @@ def run(ctx: Context) -> dict[str, Path]:
     sets = [*wt.scale_sets(ctx.scale), "--set", f"data.path={ctx.data}"]
     cli = ctx.cli
     plan = cli("plan", ["plan", YAML, *sets, "--out", "plan.json", "--json"], timeout=600)
-    cli("plan_one_cycle", ["plan", YAML, *sets, "--set", "train.cycles=1", "--out", "plan-1.json", "--json"])
     keep("plan", wt.keep_file(ctx, ctx.work / "plan.json", "plan.json") if plan.ok else None)
-    cli("run", ["run", "--plan", "plan.json", "--output", "runs", "--run-id", RUN_TWO, "--json"], timeout=3600)
-    cli("run_one_cycle", ["run", "--plan", "plan-1.json", "--output", "runs", "--run-id", RUN_RESUMED, "--json"])
-    cli(
-        "resume_extend",
-        ["run", "--plan", "plan-1.json", "--output", "runs", "--run-id", RUN_RESUMED, "--resume", "--extend", "1",
-         "--json"],
+    cli("run", [*RUN_ARGS, RUN_TWO, "--json"], timeout=3600)
+    resumed = ctx.work / "runs" / RUN_RESUMED
+    # no --json: the progress lines on stderr are the events the harness waits for
+    stopped = cli.interrupt(
+        INTERRUPTED_STEP, [*RUN_ARGS, RUN_RESUMED], wait_for_line=interruption.event_marker(CYCLES, CYCLES),
         timeout=3600,
     )  # fmt: skip
+    left_checkpoint = wt.checkpoint_dir(resumed, CYCLES - 1)
+    taken_after_interrupt = statehash.take(left_checkpoint)
+    left_listing = wt.keep_file(ctx, left_checkpoint / "checkpoint.json", MEMBERS["interrupted_checkpoint_1"])
+    keep("interrupted_checkpoint_1", left_listing)
+    keep("interrupt", wt.write_evidence(ctx, MEMBERS["interrupt"], {
+        "signal": stopped.signal, "signalled": stopped.signalled, "wait_for": stopped.wait_for,
+        "event": stopped.event, "exit_code": stopped.result.invocation.exit_code, **_left_behind(resumed),
+    }))  # fmt: skip
+    stderr = wt.evidence_dir(ctx) / MEMBERS["interrupted_stderr"]
+    stderr.parent.mkdir(parents=True, exist_ok=True)
+    stderr.write_text(cli.redact.text(stopped.result.stderr.decode("utf-8", "replace")), encoding="utf-8")
+    keep("interrupted_stderr", stderr)
+    cli("resume", [*RUN_ARGS, RUN_RESUMED, "--resume", "--json"], timeout=3600)
     for prefix, run_id in (("", RUN_TWO), ("resumed_", RUN_RESUMED)):
         run_dir = ctx.work / "runs" / run_id
         folder = "resumed" if prefix else "run"
@@ -94,18 +119,14 @@ def run(ctx: Context) -> dict[str, Path]:
                 continue
             source = wt.checkpoint_dir(run_dir, step) / "checkpoint.json"
             keep(f"{prefix}checkpoint_{step}", wt.keep_file(ctx, source, f"{folder}/checkpoint-{step}.json"))
-    keep(
-        "state_hashes",
-        wt.keep_state_hashes(
-            ctx,
-            "state-hashes.json",
-            {
-                "checkpoint_1": wt.checkpoint_dir(ctx.work / "runs" / RUN_TWO, 1),
-                "checkpoint_2": wt.checkpoint_dir(ctx.work / "runs" / RUN_TWO, CYCLES),
-                "resumed_checkpoint_2": wt.checkpoint_dir(ctx.work / "runs" / RUN_RESUMED, CYCLES),
-            },
-        ),
-    )
+    straight = ctx.work / "runs" / RUN_TWO
+    taken = {
+        "checkpoint_1": statehash.take(wt.checkpoint_dir(straight, 1)),
+        "checkpoint_2": statehash.take(wt.checkpoint_dir(straight, CYCLES)),
+        "resumed_checkpoint_2": statehash.take(wt.checkpoint_dir(resumed, CYCLES)),
+        "interrupted_checkpoint_1": taken_after_interrupt,
+    }
+    keep("state_hashes", statehash.write_taken(wt.evidence_dir(ctx) / "state-hashes.json", taken))
     handoff = cli("handoff", ["handoff", f"runs/{RUN_TWO}", "--out", "bundle", "--json"], timeout=1800)
     keep("handoff", wt.keep_json(ctx, handoff, "handoff.json"))
     keep("bundle_manifest", wt.keep_file(ctx, ctx.work / "bundle" / "manifest.json", "bundle-manifest.json"))
@@ -115,6 +136,26 @@ def run(ctx: Context) -> dict[str, Path]:
         report = result.json()  # kept with a blocker too (exit 1): the judge names it
         keep("diagnose", wt.write_evidence(ctx, "diagnose.json", report) if report is not None else None)
     return out
+
+
+def _left_behind(run_dir: Path) -> dict[str, Any]:
+    """What a stopped run left in its directory, as the harness finds it: the checkpoints and trajectory files, any
+    temp file or directory (a write the stop cut short), the metrics lines and whether a summary was written."""
+    checkpoints = run_dir / "checkpoints"
+    trajectories = run_dir / "trajectories"
+    temp = sorted(
+        p.relative_to(run_dir).as_posix()
+        for p in run_dir.rglob("*")
+        if p.name != LOCK_NAME and (p.name.startswith(".") or ".tmp" in p.name)
+    )
+    metrics = run_dir / "metrics.jsonl"
+    return {
+        "checkpoints_after": sorted(p.name for p in checkpoints.iterdir()) if checkpoints.is_dir() else [],
+        "trajectories_after": sorted(p.name for p in trajectories.iterdir()) if trajectories.is_dir() else [],
+        "temp_entries_after": temp,
+        "metrics_lines_after": metrics.read_bytes().count(b"\n") if metrics.is_file() else 0,
+        "summary_written": (run_dir / "summary.json").exists(),
+    }
 
 
 # ----------------------------------------------------------------------------------------------- judge
@@ -175,37 +216,41 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         f"critic checkpoint step 1 -> 2: {c_why}",
     )
 
-    gae = []
-    for line in rows:
-        lo, hi = wt.algo_metric(line, "critic/advantages/min"), wt.algo_metric(line, "critic/advantages/max")
-        ret, nz = wt.algo_metric(line, "critic/returns/mean"), count(line.get("nonzero_advantages"))
-        gae.append(
-            lo is not None and hi is not None and lo < hi and ret is not None and ret != 0 and nz is not None and nz > 0
-        )
+    updates = [gae.judge_update(evidence.get(f"trajectories_{step}"), step, plan) for step in range(1, CYCLES + 1)]
+    committed = [
+        _committed(evidence, "checkpoint_2", evidence.get(f"trajectories_{s}"), s) for s in range(1, CYCLES + 1)
+    ]
     j.check(
         "gae_nontrivial",
-        ok_base and len(gae) == CYCLES and all(gae),
-        f"{base}; per update (advantages min < max, returns mean != 0, nonzero per-trajectory advantages > 0): "
-        f"{gae}; advantages min/max "
-        f"{[(wt.algo_metric(x, 'critic/advantages/min'), wt.algo_metric(x, 'critic/advantages/max')) for x in rows]}, "
-        f"returns mean {[wt.algo_metric(x, 'critic/returns/mean') for x in rows]}",
+        ok_base and all(ok for ok, _ in updates) and all(committed),
+        f"{base}; "
+        + "; ".join(
+            f"update {step}: {why}, trajectories {'committed by checkpoint 2' if bound else 'NOT checkpointed'}"
+            for step, ((_, why), bound) in enumerate(zip(updates, committed, strict=True), start=1)
+        ),
     )
 
     resumed = _lines(evidence, "resumed_metrics")
     resumed_summary = read_json(evidence.get("resumed_summary"))
-    steps_ok = [wt.step_ok(inv, s) for s in ("run_one_cycle", "resume_extend")]
+    stopped, stopped_why = interruption.judge(evidence, inv, INTERRUPTED_STEP, CYCLES, CYCLES)
+    kept, kept_why = wt.replay_exact(evidence, "checkpoint_1", "interrupted_checkpoint_1", "ppo")
+    resume_ok, resume_why = wt.step_ok(inv, "resume")
     exact, exact_why = wt.replay_exact(evidence, "checkpoint_2", "resumed_checkpoint_2", "ppo")
     resumed_done = (
         resumed_summary is not None
         and resumed_summary.get("status") == "completed"
         and count(resumed_summary.get("updates")) == CYCLES
+        and resumed_summary.get("resumed_from_step") == CYCLES - 1
+        and plan is not None
+        and resumed_summary.get("plan_digest") == plan.get("plan_digest")
     )
+    finished = resumed is not None and resumed_done
     j.check(
         "resume_tensor_exact",
-        ran and all(ok for ok, _ in steps_ok) and resumed is not None and resumed_done and exact,
-        f"{'; '.join(why for _, why in steps_ok)}; resumed run "
-        f"{'completed with metrics steps 1..2' if resumed is not None and resumed_done else 'incomplete'}; "
-        f"2-cycle run vs 1 cycle + --resume --extend 1: {exact_why}",
+        ran and stopped and kept and resume_ok and finished and exact,
+        f"{stopped_why}; the checkpoint it left vs the straight run's step 1: {kept_why}; {resume_why}, resumed run "
+        + ("completed from step 1 with metrics steps 1..2" if finished else "incomplete or not resumed from step 1")
+        + f"; straight 2-cycle run vs interrupted + --resume: {exact_why}",
     )
 
     rm_ok, rm_why = _reward_model(evidence, rows, resumed or [])

@@ -33,6 +33,17 @@ def file_sha256(path: Path | None) -> str | None:
     return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
+def read_text(path: Path | None) -> str | None:
+    """A regular file of at most FILE_LIMIT_BYTES as UTF-8 text, or None."""
+    data = _bytes(path)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def read_json(path: Path | None) -> dict[str, Any] | None:
     """One strict JSON object (duplicate keys, NaN, huge integers refused), or None."""
     data = _bytes(path)

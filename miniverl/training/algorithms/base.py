@@ -24,6 +24,7 @@ from miniverl.errors import ConfigError
 from miniverl.rewards import RewardScore
 from miniverl.rollout.backends import LogprobSource
 from miniverl.rollout.hf import Trajectory
+from miniverl.rollout.records import TokenGae
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.training.update import Bf16MasterAdapter, UpdateSequence
 
@@ -63,7 +64,8 @@ class CycleBatch:
 
 @dataclass
 class AlgorithmStep:
-    """What one cycle's update did. ``advantages`` is one number per trajectory (for the records)."""
+    """What one cycle's update did. ``advantages`` is one number per trajectory (for the records); ``gae`` (PPO)
+    each trajectory's GAE inputs and outputs, kept on its trajectory record."""
 
     loss: float
     kl: float | None
@@ -72,6 +74,7 @@ class AlgorithmStep:
     adapter_delta_norm: float
     advantages: list[float] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    gae: list[TokenGae] | None = None
 
     @property
     def nonzero_advantages(self) -> int | None:

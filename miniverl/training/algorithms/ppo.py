@@ -7,11 +7,14 @@ Roles: student (the actor), critic (LoRA + scalar value head, its own AdamW at
    reference's (KL), the critic's values :math:`V_{old}` at every response token;
 2. token rewards: the trajectory's score on its last response token, minus
    ``kl_coef * kl_penalty(old, ref, kl_estimator)`` on every token with ``kl_mode: reward``;
-3. :func:`~miniverl.algorithms.gae_advantages` (gamma, lam), whitened over the rollout batch
-   (``whiten_advantages``), returns = advantages + values (unwhitened);
-4. ``ppo_epochs`` passes over ``mini_batches`` mini-batches (order reshuffled per epoch from a
-   generator seeded by (run seed, update, epoch), so resume replays it): one actor step on the
-   token-mean PPO-clip loss (+ the KL loss with ``kl_mode: loss``) per mini-batch;
+3. :func:`~miniverl.algorithms.gae_advantages` (gamma, lam) in float64, whitened over the rollout batch
+   (``whiten_advantages``), returns = advantages + values (unwhitened); each trajectory record keeps its row
+   of those inputs and outputs (:class:`~miniverl.rollout.records.TokenGae`), so GAE can be recomputed from
+   the run directory alone;
+4. ``ppo_epochs`` passes (each begins with an ``actor_pass`` progress phase; ``critic_pass`` in 5) over
+   ``mini_batches`` mini-batches (order reshuffled per epoch from a generator seeded by (run seed, update,
+   epoch), so resume replays it): one actor step on the token-mean PPO-clip loss (+ the KL loss with
+   ``kl_mode: loss``) per mini-batch;
 5. the critic's own ``critic_ppo_epochs`` passes over ``critic_mini_batches`` mini-batches (default:
    the actor's; the same seeded orders): one critic step on verl's clipped value loss per mini-batch.
    The actor's steps never change the critic's inputs (old values, returns), so the order of 4 and 5
@@ -29,6 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from miniverl import progress
 from miniverl.algorithms import (
     chunked_token_logprobs,
     explained_variance,
@@ -42,6 +46,7 @@ from miniverl.algorithms import (
 )
 from miniverl.config.schema import MiniverlConfig
 from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
+from miniverl.rollout.records import TokenGae
 from miniverl.runtime.base import RoleName, RoleRuntime
 from miniverl.runtime.critic import values_from_hidden
 from miniverl.training import checkpoint as ckpt
@@ -128,7 +133,9 @@ class Ppo(Algorithm):
         n, t_len = len(seqs), max(s.response_len for s in seqs)
         dev = old_logp[0].device
         mask = torch.zeros(n, t_len, dtype=torch.bool, device=dev)
-        rewards = torch.zeros(n, t_len, dtype=torch.float32, device=dev)
+        # GAE in float64: the trajectory records keep its inputs and outputs, and a reader recomputing it in
+        # double precision must find the same numbers; the losses then take them in float32
+        rewards = torch.zeros(n, t_len, dtype=torch.float64, device=dev)
         values = torch.zeros_like(rewards)
         for i, s in enumerate(seqs):
             mask[i, : s.response_len] = True
@@ -142,10 +149,12 @@ class Ppo(Algorithm):
                 kl_tok[i, : s.response_len] = kl_penalty(old_logp[i], ref_logp[i], ppo.kl_estimator)
             rewards = rewards - ppo.kl_coef * kl_tok
             metrics["actor/reward_kl_penalty"] = float(kl_tok[mask].mean())
-        adv, returns = gae_advantages(rewards, values, mask, gamma=ppo.gamma, lam=ppo.lam)
-        metrics.update(_data_metrics(adv, returns, values, mask))
-        if ppo.whiten_advantages:
-            adv = masked_whiten(adv, mask)
+        gae, returns = gae_advantages(rewards, values, mask, gamma=ppo.gamma, lam=ppo.lam)
+        metrics.update(_data_metrics(gae, returns, values, mask))
+        whitened = masked_whiten(gae, mask) if ppo.whiten_advantages else None
+        records = _gae_records(mask, rewards, values, gae, returns, whitened)
+        adv = (whitened if whitened is not None else gae).to(torch.float32)
+        returns = returns.to(torch.float32)
         per_traj_adv = [float(adv[i, : s.response_len].mean()) for i, s in enumerate(seqs)]
         start = [p.detach().clone() for p in self.actor.params]
         critic_start = [p.detach().clone() for p in self.critic.params]
@@ -161,12 +170,14 @@ class Ppo(Algorithm):
                 "val": torch.cat([old_values[i] for i in mini]),
             }
 
-        for trained, epochs, count, take_step in (
-            (self.actor, ppo.ppo_epochs, ppo.mini_batches, self._actor_step),
-            (self.critic, ppo.critic_epoch_count, ppo.critic_mini_batch_count, self._critic_step),
+        for role, trained, epochs, count, take_step in (
+            ("actor", self.actor, ppo.ppo_epochs, ppo.mini_batches, self._actor_step),
+            ("critic", self.critic, ppo.critic_epoch_count, ppo.critic_mini_batch_count, self._critic_step),
         ):
             trained.begin_update()
             for epoch in range(epochs):
+                # observable from outside (a progress line on stderr): where a SIGTERM lands in a qualification
+                progress.phase(f"{role}_pass", f"{epoch + 1}/{epochs} ({count} mini-batch(es))")
                 trained.begin_pass()
                 seed = pass_order_seed("ppo", self.config.run.seed, step, epoch)
                 for mini in mini_batches(trajectories, count, seed, shuffle=ppo.shuffle_mini_batches):
@@ -185,6 +196,7 @@ class Ppo(Algorithm):
             adapter_delta_norm=_delta(self.actor.params, start),
             advantages=per_traj_adv,
             metrics=metrics,
+            gae=records,
         )
 
     @torch.no_grad()
@@ -277,6 +289,30 @@ class Ppo(Algorithm):
         clipfrac = value_clip_fraction(preds[None], tok["val"][None], tok["ret"][None], ones, clip_range=ppo.value_clip)
         grad_norm, _ = self.critic.step()
         return {"critic/vf_loss": loss_sum, "critic/vf_clipfrac": float(clipfrac), "critic/grad_norm": grad_norm}
+
+
+def _gae_records(
+    mask: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    whitened: torch.Tensor | None,
+) -> list[TokenGae]:
+    """Each trajectory's row of the update's ``[N, T]`` GAE inputs and outputs, as its record keeps them."""
+
+    def rows(t: torch.Tensor) -> list[list[float]]:
+        return [[float(x) for x in row] for row in t.detach().cpu().tolist()]
+
+    white = rows(whitened) if whitened is not None else None
+    columns = zip(mask.to(torch.int64).cpu().tolist(), rows(rewards), rows(values), rows(advantages), rows(returns),
+                  strict=True)  # fmt: skip
+    return [
+        TokenGae(
+            mask=m, rewards=r, values=v, advantages=a, returns=ret, whitened_advantages=white[i] if white else None
+        )
+        for i, (m, r, v, a, ret) in enumerate(columns)
+    ]
 
 
 def _offsets(part: Sequence[UpdateSequence]) -> list[int]:
