@@ -92,7 +92,8 @@ def run(ctx: Context) -> dict[str, Path]:
     # no --json: the progress lines on stderr are the events the harness waits for
     stopped = cli.interrupt(
         INTERRUPTED_STEP, [*RUN_ARGS, RUN_RESUMED], wait_for_line=interruption.event_marker(CYCLES, CYCLES),
-        timeout=3600,
+        # a GPU's actor pass of one mini-batch can take tens of milliseconds: look for the line every millisecond
+        timeout=3600, poll_seconds=0.001,
     )  # fmt: skip
     left_checkpoint = wt.checkpoint_dir(resumed, CYCLES - 1)
     taken_after_interrupt = statehash.take(left_checkpoint)
