@@ -10,7 +10,13 @@ from typing import Any
 
 from harness.audit.chain import require
 from harness.core.errors import HarnessError
-from harness.core.intoto import ProvenanceStatement, ResultStatement, statement_bytes
+from harness.core.intoto import (
+    RESOLVED_INPUTS,
+    WARNED_REASONS,
+    ProvenanceStatement,
+    ResultStatement,
+    statement_bytes,
+)
 from harness.core.jsonio import canonical_bytes, loads_strict
 from harness.core.safeio import RECORD_MAX_BYTES, read_regular
 
@@ -40,10 +46,10 @@ RESULT_PARTS: tuple[Part, ...] = (
     ("test_result_checks", "the passed checks", _get("predicate", "passedTests")),
     ("test_result_checks", "the failed checks", _get("predicate", "failedTests")),
     ("test_result_checks", "the warned checks", _get("predicate", "warnedTests")),
-    ("test_result_checks", "the warned checks' reasons", _get("predicate", "urn:miniverl:test-result:warned-reasons")),
+    ("test_result_checks", "the warned checks' reasons", _get("predicate", WARNED_REASONS)),
     ("test_result_configuration", "the configuration", _get("predicate", "configuration")),
     ("test_result_run", "the run and attempt", _get("predicate", "url")),
-    ("test_result_inputs", "the resolved inputs", _get("predicate", "urn:miniverl:test-result:resolved-inputs")),
+    ("test_result_inputs", "the resolved inputs", _get("predicate", RESOLVED_INPUTS)),
 )
 
 

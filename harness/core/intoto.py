@@ -121,7 +121,7 @@ class Provenance(Statement):
 
 
 class ProvenanceStatement(Statement):
-    type_: Literal["https://in-toto.io/Statement/v1"] = Field(alias="_type")
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(default=STATEMENT_TYPE, alias="_type")
     subject: list[Subject]
     predicateType: Literal["https://slsa.dev/provenance/v1"]
     predicate: Provenance
@@ -146,8 +146,14 @@ class QualificationResult(Statement):
     passedTests: list[str]
     warnedTests: list[str]
     failedTests: list[str]
-    warned_reasons: list[WarnedTest] = Field(alias=WARNED_REASONS)
-    resolved_inputs: list[ResourceDescriptor] = Field(alias=RESOLVED_INPUTS)
+    warned_reasons: list[WarnedTest] = Field(
+        validation_alias="urn:miniverl:test-result:warned-reasons",
+        serialization_alias="urn:miniverl:test-result:warned-reasons",
+    )
+    resolved_inputs: list[ResourceDescriptor] = Field(
+        validation_alias="urn:miniverl:test-result:resolved-inputs",
+        serialization_alias="urn:miniverl:test-result:resolved-inputs",
+    )
 
     @model_validator(mode="after")
     def _reasons_for_every_warning(self) -> QualificationResult:
@@ -157,7 +163,7 @@ class QualificationResult(Statement):
 
 
 class ResultStatement(Statement):
-    type_: Literal["https://in-toto.io/Statement/v1"] = Field(alias="_type")
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(default=STATEMENT_TYPE, alias="_type")
     subject: list[Subject]
     predicateType: Literal["https://in-toto.io/attestation/test-result/v0.1"]
     predicate: QualificationResult

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from typing import Literal
 
 from harness.build.candidate import MANIFEST
 from harness.core import policy, registry
@@ -16,7 +17,6 @@ from harness.core.intoto import (
     BUILD_TYPE,
     LOCAL_BUILDER,
     SLSA_PROVENANCE,
-    STATEMENT_TYPE,
     TEST_RESULT,
     BuildDefinition,
     Builder,
@@ -53,7 +53,7 @@ PROVENANCE = "build-provenance.intoto.json"
 QUALIFICATION_RESULT = "qualification-result.intoto.json"
 STATEMENTS = (PROVENANCE, QUALIFICATION_RESULT)
 GITHUB = "https://github.com"
-BUILD_JOB = "build-candidate"
+BUILD_JOB: Literal["build-candidate"] = "build-candidate"
 
 
 def subjects(m: CandidateManifest) -> list[Subject]:
@@ -98,7 +98,6 @@ def build_provenance(m: CandidateManifest) -> ProvenanceStatement:
     ]
     uri = run_uri(binding)
     return ProvenanceStatement(
-        type_=STATEMENT_TYPE,
         subject=subjects(m),
         predicateType=SLSA_PROVENANCE,
         predicate=Provenance(
@@ -177,7 +176,6 @@ def qualification_result(
         ]
     warned.sort(key=lambda w: w.test)
     return ResultStatement(
-        type_=STATEMENT_TYPE,
         subject=subjects(m),
         predicateType=TEST_RESULT,
         predicate=QualificationResult(
