@@ -241,6 +241,12 @@ def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, 
     rv = json.loads((r.dir / "release-verification.json").read_bytes())
     assert rv["level"] == "full_qualification" and rv["status"] == "passed"
     assert "cpu-reference can never authorize" in " ".join(rv["authorization_reasons"])
+    # both statements name the run and attempt the gate chose through the API
+    run = f"https://github.com/{REPO}/actions/runs/{r.gate['run']['id']}/attempts/{r.gate['run']['run_attempt']}"
+    provenance = json.loads((assets / "build-provenance.intoto.json").read_bytes())["predicate"]
+    assert provenance["runDetails"]["metadata"]["invocationId"] == run
+    assert provenance["runDetails"]["builder"]["id"].endswith(f"{WORKFLOW_PATH}@refs/heads/main#build-candidate")
+    assert json.loads((assets / "qualification-result.intoto.json").read_bytes())["predicate"]["url"] == run
     assert_no_token(r)
 
 
