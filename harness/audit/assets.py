@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.audit.chain import Auditor, AuditRequest, chain_checks, require
+from harness.audit.gate_record import GateRecordChecks
 from harness.audit.statements import PROVENANCE_PARTS, RESULT_PARTS, verify_statement
 from harness.build.candidate import MANIFEST, SUMS, sums_text
 from harness.core.errors import VerificationError
@@ -228,7 +229,7 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
             outer.check("assets_qualification", checks.qualification)
             outer.check("evidence_archive", checks.archive)
         containers = list(outer.checks)
-        chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
+        chain = Auditor(replace(req, assets_dir=None, gate_record=None), locate=checks.locate())
         verified = chain_checks(chain)
         published = chain.verification(verified)
         if containers[0].passed:
@@ -236,6 +237,11 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
             outer.check("release_verification", lambda: _same_verification(req, published))
             outer.check("build_provenance", checks.provenance)
             outer.check("qualification_result", checks.result)
+            if req.gate_record is not None:
+                gate = GateRecordChecks(req.gate_record, checks.root, commit=req.commit, level=req.level)
+                if outer.check("gate_record", gate.record):  # a refused record has no run or wheel to compare
+                    outer.check("gate_run", gate.run)
+                    outer.check("gate_subjects", gate.subjects)
         return chain.verification(containers + verified + outer.checks[len(containers) :])
 
 

@@ -69,6 +69,7 @@ class AuditRequest:
     known_good: Path | None = None  # the descriptor; None reads known-good/<name>.json from the candidate's sdist
     assets_dir: Path | None = None
     profile: str | None = None
+    gate_record: Path | None = None  # gate.json, compared with the statements among ``assets_dir``
 
 
 def validate_request(req: AuditRequest) -> None:

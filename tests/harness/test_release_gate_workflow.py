@@ -48,7 +48,7 @@ def test_gate_runs_the_harness_and_publish_uploads_only_its_outputs(release: dic
     publish = release["jobs"]["publish"]["steps"]
     assert not any("actions/checkout" in s.get("uses", "") for s in publish)  # nothing to rebuild from
     runs = "\n".join(s.get("run", "") for s in publish)
-    assert "gh release create" in runs and "files=(dist/*)" in runs and "release-assets/*" in runs
+    assert "gh release create" in runs and "files=(dist/* gate.json)" in runs and "release-assets/*" in runs
     assert "${{" not in runs  # inputs reach shell only through env
 
 
