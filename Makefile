@@ -5,6 +5,8 @@ NOX := $(TOOLS)/bin/nox
 # The profile and level an audit expects come from the command, never from the files it audits.
 PROFILE ?= cpu-reference
 LEVEL ?= release_smoke
+# A release gate's gate.json for `make verify` to compare with the statements of out/release-assets (optional).
+GATE_RECORD ?=
 
 .PHONY: verl verl-env test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
@@ -37,7 +39,7 @@ release-assets: $(NOX)
 	$(NOX) -s release_assets -- --profile $(PROFILE)
 
 verify: $(NOX)
-	$(NOX) -s verify -- --profile $(PROFILE) --level $(LEVEL)
+	$(NOX) -s verify -- --profile $(PROFILE) --level $(LEVEL) $(if $(GATE_RECORD),--gate-record $(GATE_RECORD))
 
 harness-tests: $(NOX)
 	$(NOX) -s harness_tests

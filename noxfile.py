@@ -97,10 +97,11 @@ def _qualify(session: nox.Session, command: str) -> None:
     _audit(session, profile=_option(args, "--profile", "cpu-reference"), level=level, assets=False)
 
 
-def _audit(session: nox.Session, *, profile: str, level: str, assets: bool) -> None:
+def _audit(session: nox.Session, *, profile: str, level: str, assets: bool, gate_record: str = "") -> None:
     """The torch-free auditor over out/. The commit, the known-good hash and the GPU come from this checkout
     and the profile (`python -m harness verify-checkout`), never from the files being verified."""
     args = ["--profile", profile, "--level", level] + (["--assets"] if assets else [])
+    args += ["--gate-record", gate_record] if gate_record else []
     session.run("python", "-m", "harness", "verify-checkout", *args)
 
 
@@ -126,7 +127,8 @@ def release_assets(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def verify(session: nox.Session) -> None:
-    """The torch-free auditor over out/ (`-- --profile P --level L`; release assets too when present)."""
+    """The torch-free auditor over out/ (`-- --profile P --level L [--gate-record gate.json]`; release assets too
+    when present, and a release gate's record compared with their statements when given)."""
     from pathlib import Path
 
     session.install(*HARNESS)
@@ -136,6 +138,7 @@ def verify(session: nox.Session) -> None:
         profile=_option(args, "--profile", "cpu-reference"),
         level=_option(args, "--level", "release_smoke"),
         assets=Path("out/release-assets").is_dir(),
+        gate_record=_option(args, "--gate-record", ""),
     )
 
 

@@ -186,7 +186,8 @@ def _verify_checkout(args: argparse.Namespace) -> int:
     from harness.audit.auditor import audit
     from harness.audit.cli import checkout_request, report
 
-    return report(audit(checkout_request(args.profile, args.level, assets=args.assets)), args.out)
+    request = checkout_request(args.profile, args.level, assets=args.assets, gate_record=args.gate_record)
+    return report(audit(request), args.out)
 
 
 def _release_gate(args: argparse.Namespace) -> int:
@@ -258,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
     vc.add_argument("--profile", required=True)
     vc.add_argument("--level", required=True, choices=["release_smoke", "full_qualification"])
     vc.add_argument("--assets", action="store_true", help="also audit out/release-assets")
+    vc.add_argument("--gate-record", help="a release's gate.json, compared with the statements (needs --assets)")
     vc.add_argument("--out", default=str(REPO_ROOT / "out" / "release-verification.json"))
     from harness.gate.main import add_arguments as add_gate_arguments
     from harness.qualify.full.probe import add_arguments as add_workload_arguments

@@ -3,7 +3,8 @@
 
     python scripts/validate_release_chain.py --candidate-dir D --candidate-manifest D/candidate-manifest.json \
         --qualification Q/qualification.json --commit <sha> --known-good-sha256 <sha> \
-        --required-gpu-name "NVIDIA GeForce RTX 4080" [--assets-dir A] [--level full_qualification]
+        --required-gpu-name "NVIDIA GeForce RTX 4080" [--assets-dir A [--gate-record gate.json]] \
+        [--level full_qualification]
 
 Needs only pydantic (harness/requirements-audit.txt); never imports torch or miniverl.
 """

@@ -9,7 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.audit.chain import Auditor, AuditRequest, chain_checks, require
-from harness.build.candidate import SUMS, sums_text
+from harness.audit.gate_record import GateRecordChecks
+from harness.audit.statements import PROVENANCE_PARTS, RESULT_PARTS, verify_statement
+from harness.build.candidate import MANIFEST, SUMS, sums_text
 from harness.core.errors import VerificationError
 from harness.core.jsonio import sha256_bytes
 from harness.core.recordio import parse_record, record_bytes
@@ -26,6 +28,13 @@ from harness.core.safeio import (
 )
 from harness.evidence.archive import ARCHIVE, ARCHIVE_MANIFEST, ARCHIVE_MEMBERS, safe_extract, verify_headers
 from harness.evidence.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION, TOP_LEVEL
+from harness.evidence.statements import (
+    PROVENANCE,
+    QUALIFICATION_RESULT,
+    build_provenance,
+    qualification_result,
+    workload_records,
+)
 
 
 class AssetChecks:
@@ -185,6 +194,29 @@ class AssetChecks:
         )
         return "qualification-SHA256SUMS covers the nine assets in canonical order"
 
+    def provenance(self) -> str:
+        m = self.manifest
+        require(m is not None, "build_provenance", "the published candidate manifest is unreadable")
+        assert m is not None
+        return verify_statement(self.root / PROVENANCE, self.root, build_provenance(m), PROVENANCE_PARTS)
+
+    def result(self) -> str:
+        q, m = self.qual, self.manifest
+        require(q is not None and m is not None, "qualification_result", "the candidate or qualification is unreadable")
+        assert q is not None and m is not None
+        where = self.locate()
+
+        def read(art: Artifact) -> bytes:
+            return read_regular(where(art), art.path, max_bytes=RECORD_MAX_BYTES, check="qualification_result")
+
+        records = workload_records(q, read, check="qualification_result")
+        digests = {
+            name: file_digest(self.root / name, name, check="qualification_result", root=self.root)[1]
+            for name in (MANIFEST, "qualification.json", ARCHIVE, ARCHIVE_MANIFEST)
+        }
+        expected = qualification_result(m, q, records, digests=digests)
+        return verify_statement(self.root / QUALIFICATION_RESULT, self.root, expected, RESULT_PARTS)
+
 
 def audit_assets(req: AuditRequest) -> ReleaseVerification:
     with tempfile.TemporaryDirectory(prefix="miniverl-audit-") as tmp:
@@ -197,12 +229,19 @@ def audit_assets(req: AuditRequest) -> ReleaseVerification:
             outer.check("assets_qualification", checks.qualification)
             outer.check("evidence_archive", checks.archive)
         containers = list(outer.checks)
-        chain = Auditor(replace(req, assets_dir=None), locate=checks.locate())
+        chain = Auditor(replace(req, assets_dir=None, gate_record=None), locate=checks.locate())
         verified = chain_checks(chain)
         published = chain.verification(verified)
         if containers[0].passed:
             outer.check("qualification_sha256sums", checks.sums)
             outer.check("release_verification", lambda: _same_verification(req, published))
+            outer.check("build_provenance", checks.provenance)
+            outer.check("qualification_result", checks.result)
+            if req.gate_record is not None:
+                gate = GateRecordChecks(req.gate_record, checks.root, commit=req.commit, level=req.level)
+                if outer.check("gate_record", gate.record):  # a refused record has no run or wheel to compare
+                    outer.check("gate_run", gate.run)
+                    outer.check("gate_subjects", gate.subjects)
         return chain.verification(containers + verified + outer.checks[len(containers) :])
 
 

@@ -17,7 +17,7 @@ from harness.build.candidate import check_candidate, normalize
 from harness.build.known_good import read_known_good
 from harness.core import policy, registry
 from harness.core.errors import HarnessError, VerificationError
-from harness.core.jsonio import sha256_bytes
+from harness.core.jsonio import loads_strict, sha256_bytes
 from harness.core.policy import CANDIDATE_BOUND as BOUND
 from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES, profile_sha256
@@ -44,6 +44,7 @@ from harness.core.safeio import (
     regular_file_size,
 )
 from harness.evidence.archive import ARCHIVE_MEMBERS
+from harness.evidence.statements import workload_records
 from harness.qualify.binding import transcript_bound
 from harness.qualify.full.catalog import evidence_role, implemented
 from harness.qualify.full.scales import SCALES
@@ -69,6 +70,7 @@ class AuditRequest:
     known_good: Path | None = None  # the descriptor; None reads known-good/<name>.json from the candidate's sdist
     assets_dir: Path | None = None
     profile: str | None = None
+    gate_record: Path | None = None  # gate.json, compared with the statements among ``assets_dir``
 
 
 def validate_request(req: AuditRequest) -> None:
@@ -441,6 +443,39 @@ class Auditor:
         return f"{len(subordinate)} evidence files re-verified (regular files, bytes, sha256)"
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def criteria(self) -> str:
+        """The thresholds and required checks the qualification was judged by are those the candidate manifest
+        fixed before any GPU work: the profile's thresholds (the record binds the profile by sha256) and the
+        required list of every record the level needs, against the digests the manifest names for the profile."""
+        q, m, profile, locate = self._q(), self._m(), self._profile(), self._locate()
+        fixed = next((c for c in m.criteria if c.profile == profile.name), None)
+        require(fixed is not None, "criteria_fixed", f"the candidate manifest fixes no criteria for {profile.name}")
+        assert fixed is not None
+        documents = policy.criteria_documents(profile)
+        require(
+            sha256_bytes(documents.thresholds) == fixed.thresholds_sha256,
+            "criteria_fixed",
+            f"the thresholds of {profile.name} differ from those the candidate manifest fixed",
+        )
+        require(
+            sha256_bytes(documents.required_checks) == fixed.required_checks_sha256,
+            "criteria_fixed",
+            f"the required checks of {profile.name} differ from those the candidate manifest fixed",
+        )
+        fixed_lists = loads_strict(documents.required_checks, "required checks")
+
+        def read(art: Artifact) -> bytes:
+            return read_regular(locate(art), art.path, max_bytes=RECORD_MAX_BYTES, check="criteria_fixed")
+
+        judged = [("qualification.json", q.checks.required, fixed_lists["release-smoke"])]
+        judged += [
+            (name, record.checks.required, fixed_lists[name])
+            for name, record in workload_records(q, read, check="criteria_fixed")
+        ]
+        differ = [name for name, listed, wanted in judged if listed != wanted]
+        require(not differ, "criteria_fixed", f"required checks differ from the fixed ones in {_every(differ)}")
+        return f"thresholds and the required checks of {len(judged)} records equal those fixed for {profile.name}"
+
     def _q(self) -> Qualification:
         if self.qual is None:
             raise VerificationError("qualification.json could not be read", check="qualification_schema")
@@ -506,6 +541,7 @@ def chain_checks(a: Auditor) -> list[VerificationCheck]:
             # the evidence's layout (roles, paths, regular files, bytes) before the records that rest on it
             a.check("evidence_files", a.evidence)
             a.check("principal_records", a.principal_records)
+            a.check("criteria_fixed", a.criteria)
             a.check("smoke_rejudged", a.smoke_rejudged)
             a.check("workload_records", a.workload_records)
     return list(a.checks)

@@ -25,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--required-gpu-name", required=True, help='the GPU the profile requires ("none" for cpu-reference)')
     p.add_argument("--assets-dir", help="also re-verify a release-asset directory")
+    p.add_argument(
+        "--gate-record",
+        help="the release gate's gate.json (published beside the assets): its run, attempt and wheel must be the "
+        "statements' (needs --assets-dir)",
+    )
     p.add_argument("--level", default="full_qualification", help="release_smoke or full_qualification")
     p.add_argument("--profile", help="the profile the qualification must have used")
     p.add_argument("--out", help="write release-verification.json here (default: print it)")
@@ -67,14 +72,16 @@ def run_audit(args: argparse.Namespace) -> int:
         known_good=Path(args.known_good) if args.known_good else None,
         assets_dir=Path(args.assets_dir) if args.assets_dir else None,
         profile=args.profile,
+        gate_record=Path(args.gate_record) if args.gate_record else None,
     )
     return report(audit(req), args.out)
 
 
-def checkout_request(profile_name: str, level: str, *, assets: bool) -> AuditRequest:
+def checkout_request(profile_name: str, level: str, *, assets: bool, gate_record: str | None = None) -> AuditRequest:
     """The audit of ``out/`` in this checkout. Nothing is taken from the files being verified: the commit is
     ``git rev-parse HEAD``, the known-good sha256 is the hash of ``known-good/<profile>.json`` as committed,
-    the GPU name comes from the harness profile and the level from the command."""
+    the GPU name comes from the harness profile and the level from the command. ``gate_record`` (a release's
+    ``gate.json``) is compared with the statements of ``out/release-assets``."""
     from harness.core.jsonio import sha256_bytes
     from harness.core.proc import REPO_ROOT, git
     from harness.core.profiles import get_profile
@@ -95,6 +102,7 @@ def checkout_request(profile_name: str, level: str, *, assets: bool) -> AuditReq
         known_good=known_good,
         assets_dir=out / "release-assets" if assets else None,
         profile=profile.name,
+        gate_record=Path(gate_record) if gate_record else None,
     )
 
 

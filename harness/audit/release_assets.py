@@ -15,12 +15,20 @@ from harness.audit.auditor import audit
 from harness.audit.chain import AuditRequest, verify_chain
 from harness.build.candidate import MANIFEST, SUMS, check_candidate
 from harness.core.errors import AssetsError, UsageError
+from harness.core.intoto import statement_bytes
 from harness.core.jsonio import atomic_write_bytes, publish_dir, sha256_file
 from harness.core.policy import PRINCIPAL_FILES
 from harness.core.recordio import load_record, record_bytes
-from harness.core.records import Qualification
-from harness.evidence.archive import PRINCIPAL_ROLE_PREFIX, pack_evidence
+from harness.core.records import CandidateManifest, Qualification
+from harness.evidence.archive import ARCHIVE, ARCHIVE_MANIFEST, PRINCIPAL_ROLE_PREFIX, pack_evidence
 from harness.evidence.layout import QUAL_SUMS, QUALIFICATION_ASSETS, RELEASE_VERIFICATION
+from harness.evidence.statements import (
+    PROVENANCE,
+    QUALIFICATION_RESULT,
+    build_provenance,
+    qualification_result,
+    workload_records,
+)
 
 
 def build_release_assets(
@@ -83,6 +91,7 @@ def build_release_assets(
         atomic_write_bytes(staging / RELEASE_VERIFICATION, record_bytes(verification))
         sums = "".join(f"{sha256_file(staging / n)}  {n}\n" for n in QUALIFICATION_ASSETS)
         atomic_write_bytes(staging / QUAL_SUMS, sums.encode())
+        _write_statements(staging, manifest, qual, qual_dir)
         final = audit(replace(chain, assets_dir=staging))
         if final.status != "passed":
             raise AssetsError(
@@ -93,6 +102,15 @@ def build_release_assets(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _write_statements(staging: Path, manifest: CandidateManifest, qual: Qualification, qual_dir: Path) -> None:
+    """The build provenance and the qualification result, from the staged files (the auditor re-derives both)."""
+    records = workload_records(qual, lambda art: (qual_dir / art.path).read_bytes(), check="qualification_result")
+    digests = {n: sha256_file(staging / n) for n in (MANIFEST, "qualification.json", ARCHIVE, ARCHIVE_MANIFEST)}
+    atomic_write_bytes(staging / PROVENANCE, statement_bytes(build_provenance(manifest)))
+    result = qualification_result(manifest, qual, records, digests=digests)
+    atomic_write_bytes(staging / QUALIFICATION_RESULT, statement_bytes(result))
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness.core.errors import BuildError, CandidateError, RecordError, SourceError, ToolchainError, UsageError
 from harness.core.jsonio import atomic_write_bytes, fsync_tree, replace_dir, sha256_bytes, sha256_file
+from harness.core.policy import fixed_criteria
 from harness.core.proc import HARNESS_DIR, clean_env, git, last_line, run
 from harness.core.recordio import parse_record, record_bytes
 from harness.core.records import (
@@ -102,6 +103,17 @@ def workflow_binding(env: dict[str, str] | None = None) -> LocalBinding | Github
     )
 
 
+def workflow_ref(env: dict[str, str] | None = None) -> str | None:
+    """The ref of ``GITHUB_WORKFLOW_REF`` (``owner/name/.github/workflows/gpu.yml@refs/heads/main``) inside Actions."""
+    env = dict(os.environ) if env is None else env
+    if env.get("GITHUB_ACTIONS") != "true":
+        return None
+    _, sep, ref = env.get("GITHUB_WORKFLOW_REF", "").partition("@")
+    if not sep or not ref.startswith("refs/"):
+        raise UsageError("GITHUB_WORKFLOW_REF has no @refs/... ref", check="workflow_binding")
+    return ref
+
+
 def worktree_changes(repo: Path) -> int:
     """Number of changed or untracked (not ignored) paths in the checkout."""
     status = git(repo, "status", "--porcelain", "--untracked-files=normal")
@@ -124,7 +136,7 @@ def build_candidate(
     """Build HEAD of ``repo`` into ``out_dir``; every manifest field derives from the commit, so a rebuild is
     byte-identical. An existing ``out_dir`` with other bytes is kept unless ``force`` (qualifications bind it)."""
     tools = toolchain()
-    binding = workflow_binding(env)
+    binding, ref = workflow_binding(env), workflow_ref(env)
     commit = git(repo, "rev-parse", "HEAD")
     epoch = int(git(repo, "log", "-1", "--format=%ct", "HEAD"))
     clean = worktree_changes(repo) == 0
@@ -150,7 +162,7 @@ def build_candidate(
         version = wheel.filename.split("-")[1]
         manifest = CandidateManifest(
             kind="miniverl.candidate-manifest",
-            schema_version=1,
+            schema_version=2,
             source_commit=commit,
             version=version,
             created_at=datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -158,6 +170,7 @@ def build_candidate(
             source_tree="git-archive",
             worktree_clean=clean,
             workflow=binding,
+            workflow_ref=ref,
             build=BuildEnvironment(
                 os=f"{platform.system()} {platform.release()}",
                 machine=platform.machine(),
@@ -166,6 +179,8 @@ def build_candidate(
             ),
             wheel=wheel,
             sdist=sdist,
+            # fixed on the hosted runner before any GPU work: the auditor refuses a qualification judged by others
+            criteria=fixed_criteria(),
         )
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
         try:

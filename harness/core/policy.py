@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 from harness.core import registry
 from harness.core.errors import VerificationError
+from harness.core.jsonio import canonical_bytes, sha256_bytes
 from harness.core.profiles import PROFILES
 from harness.core.records import (
     Checks,
+    CriteriaDigest,
     GithubActionsBinding,
     KnownGoodDescriptor,
     LocalBinding,
@@ -180,3 +182,34 @@ def authorization_reasons(
     if tree.state != "clean":
         reasons.append(f"qualification ran from a {tree.state} checkout")
     return reasons
+
+
+@dataclass(frozen=True)
+class CriteriaDocuments:
+    """A profile's pass criteria as canonical JSON bytes: what the candidate manifest fixes by digest and the
+    qualification-result statement carries (so a consumer re-hashes them with hashlib alone)."""
+
+    thresholds: bytes
+    required_checks: bytes
+
+    def digest(self, profile: str) -> CriteriaDigest:
+        return CriteriaDigest(
+            profile=profile,
+            thresholds_sha256=sha256_bytes(self.thresholds),
+            required_checks_sha256=sha256_bytes(self.required_checks),
+        )
+
+
+def criteria_documents(profile: Profile) -> CriteriaDocuments:
+    """The thresholds and, per workload of the full level (the release smoke first), the checks its record must
+    hold passed on ``profile``."""
+    required = {name: record_checks(profile, name) for name in required_workloads("full_qualification")}
+    return CriteriaDocuments(
+        thresholds=canonical_bytes(profile.thresholds.model_dump(mode="json")),
+        required_checks=canonical_bytes(required),
+    )
+
+
+def fixed_criteria() -> list[CriteriaDigest]:
+    """Every profile's criteria digests, as ``harness build`` writes them into the candidate manifest."""
+    return [criteria_documents(PROFILES[name]).digest(name) for name in sorted(PROFILES)]

@@ -82,9 +82,18 @@ class BuildEnvironment(Record):
     toolchain: Toolchain
 
 
+class CriteriaDigest(Record):
+    """One profile's pass criteria, fixed by digest when the candidate is built (before any GPU work): the sha256 of
+    its thresholds' canonical JSON and of its required checks' (``harness.core.policy.criteria_documents``)."""
+
+    profile: Name
+    thresholds_sha256: Sha256
+    required_checks_sha256: Sha256
+
+
 class CandidateManifest(Record):
     kind: Literal["miniverl.candidate-manifest"]
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     source_commit: GitCommit
     version: Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+-]*$")]
     created_at: Timestamp
@@ -92,9 +101,11 @@ class CandidateManifest(Record):
     source_tree: Literal["git-archive"]
     worktree_clean: bool
     workflow: WorkflowBinding
+    workflow_ref: Annotated[str, StringConstraints(pattern=r"^refs/[A-Za-z0-9._/-]+$", max_length=255)] | None
     build: BuildEnvironment
     wheel: FileDigest
     sdist: FileDigest
+    criteria: list[CriteriaDigest]
 
     @model_validator(mode="after")
     def _distribution_names(self) -> CandidateManifest:
@@ -105,6 +116,11 @@ class CandidateManifest(Record):
             raise ValueError("wheel.filename must be a .whl of the manifest's version")
         if self.sdist.filename != f"miniverl-{self.version}.tar.gz":
             raise ValueError("sdist.filename must be miniverl-<version>.tar.gz")
+        if (self.workflow_ref is None) != isinstance(self.workflow, LocalBinding):
+            raise ValueError("workflow_ref is the GitHub workflow's ref, and only a GitHub Actions build has one")
+        names = [c.profile for c in self.criteria]
+        if names != sorted(set(names)):
+            raise ValueError("criteria must be sorted by profile and unique")
         return self
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from harness.core.gate_records import GATE_SCHEMA_MODELS
+from harness.core.intoto import INTOTO_SCHEMA_MODELS
 from harness.core.jsonio import atomic_write_bytes
 from harness.core.proc import REPO_ROOT
 from harness.core.profiles import PROFILES
@@ -22,7 +23,12 @@ def _pretty(value: object) -> bytes:
 
 def generated() -> dict[str, bytes]:
     """Relative path under manifests/harness/ -> the exact bytes that belong there."""
-    models: dict[str, type[Record]] = {**SCHEMA_MODELS, **GATE_SCHEMA_MODELS, "state-hashes": StateHashes}
+    models: dict[str, type[Record]] = {
+        **SCHEMA_MODELS,
+        **GATE_SCHEMA_MODELS,
+        **INTOTO_SCHEMA_MODELS,
+        "state-hashes": StateHashes,
+    }
     files = {f"{name}.schema.json": _pretty(json_schema(model)) for name, model in models.items()}
     for name, profile in PROFILES.items():
         files[f"profiles/{name}.json"] = _pretty(profile.model_dump(mode="json"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from harness.build.candidate import MANIFEST, SUMS
 from harness.core.policy import PRINCIPAL_FILES
 from harness.evidence.archive import ARCHIVE, ARCHIVE_MANIFEST
+from harness.evidence.statements import STATEMENTS
 
 RELEASE_VERIFICATION = "release-verification.json"
 QUAL_SUMS = "qualification-SHA256SUMS"
@@ -17,4 +18,5 @@ QUALIFICATION_ASSETS = (
     ARCHIVE,
     ARCHIVE_MANIFEST,
 )
-TOP_LEVEL = frozenset({"dist", SUMS, QUAL_SUMS, *QUALIFICATION_ASSETS})
+# The two in-toto statements hash the assets themselves, so qualification-SHA256SUMS keeps the seed's nine.
+TOP_LEVEL = frozenset({"dist", SUMS, QUAL_SUMS, *QUALIFICATION_ASSETS, *STATEMENTS})

@@ -74,3 +74,19 @@ def test_without_a_path_the_descriptor_comes_from_the_candidates_sdist(
         None, tmp_path / "candidate" / manifest.sdist.filename, manifest.version, "cpu-reference"
     )
     assert data == (known_good / "cpu-reference.json").read_bytes() and source == "the candidate's sdist"
+
+
+def test_make_verify_passes_a_gate_record_through_and_it_needs_the_assets(
+    checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+    from harness.core.errors import UsageError
+
+    req = checkout_request("cpu-reference", "release_smoke", assets=False, gate_record="gate.json")
+    assert req.gate_record == Path("gate.json")
+    with pytest.raises(UsageError, match="--gate-record needs --assets-dir"):
+        audit(req)
+    out = tmp_path / "rv.json"
+    argv = ["verify-checkout", "--profile", "cpu-reference", "--level", "release_smoke", "--out", str(out)]
+    assert main([*argv, "--gate-record", str(tmp_path / "gate.json")]) == 2
+    assert "[usage] --gate-record needs --assets-dir" in capsys.readouterr().err and not out.exists()

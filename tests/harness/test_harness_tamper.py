@@ -9,7 +9,9 @@ the archive manifest, qualification-SHA256SUMS), so that the semantic check is t
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -25,7 +27,10 @@ from harness_helpers import audit_args, build_assets, copy_tree, fabricate_full,
 
 from harness.audit.cli import main as auditor_main
 from harness.core import registry
+from harness.core.intoto import RESOLVED_INPUTS, WARNED_REASONS
 from harness.core.jsonio import canonical_bytes, sha256_file
+from harness.evidence.statements import PROVENANCE
+from harness.evidence.statements import QUALIFICATION_RESULT as RESULT
 
 SECONDS = 30.0  # a hang (a FIFO, an endless file) would last forever; a loaded 2-core CI machine takes seconds
 
@@ -167,6 +172,25 @@ def _arg(**over: str | None) -> Callable[[Chain], None]:
 
 def _candidate_manifest(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
     return lambda c: _edit_json(c.candidate / "candidate-manifest.json", edit)
+
+
+def _refixed(edit: Callable[[Any], None] | None) -> Callable[[Chain], None]:
+    """Change (or, with None, drop) the criteria the candidate manifest fixed for cpu-reference, then re-bind the
+    qualification to the edited manifest, so that only the criteria differ."""
+
+    def tamper(c: Chain) -> None:
+        def fix(m: Any) -> None:
+            mine = next(x for x in m["criteria"] if x["profile"] == "cpu-reference")
+            if edit is None:
+                m["criteria"].remove(mine)
+            else:
+                edit(mine)
+
+        _edit_json(c.candidate / "candidate-manifest.json", fix)
+        digest = sha256_file(c.candidate / "candidate-manifest.json")
+        _edit_json(c.qual / "qualification.json", lambda q: q["candidate"].update(manifest_sha256=digest))
+
+    return tamper
 
 
 def _fail_check(name: str) -> Callable[[Any], None]:
@@ -350,6 +374,19 @@ CHAIN_CASES: dict[str, tuple[Callable[[Chain], None], str]] = {
     "qual_status_failed": (
         _qual(lambda q: q.update(status="failed", reasons=["attacker"])),
         "qualification_status",
+    ),
+    "cand_manifest_criteria_thresholds": (
+        _refixed(lambda c: c.update(thresholds_sha256="0" * 64)),
+        "criteria_fixed",
+    ),
+    "cand_manifest_criteria_required": (
+        _refixed(lambda c: c.update(required_checks_sha256="1" * 64)),
+        "criteria_fixed",
+    ),
+    "cand_manifest_criteria_missing": (_refixed(None), "criteria_fixed"),
+    "qual_required_differs_from_fixed": (
+        _smoke_record(_drop_required("grpo_cycle", also_executed=False)),
+        "criteria_fixed",
     ),
     "qual_drops_required_check": (_qual(_drop_required("export_reload", also_executed=True)), "qualification_status"),
     "qual_drops_required_name_only": (
@@ -608,6 +645,27 @@ def _verification(edit: Callable[[Any], None]) -> Callable[[Path], None]:
     return tamper
 
 
+def _statement(name: str, edit: Callable[[Any], None]) -> Callable[[Path], None]:
+    """Edit one in-toto statement and write it back as canonical JSON (so only the edited field is wrong)."""
+    return lambda assets: _edit_json(assets / name, edit)
+
+
+def _warned_as_passed(s: Any) -> None:
+    predicate = s["predicate"]
+    test = predicate["warnedTests"].pop(0)
+    predicate[WARNED_REASONS].pop(0)
+    predicate["passedTests"] = sorted([*predicate["passedTests"], test])
+
+
+def _looser_thresholds(s: Any) -> None:
+    """The thresholds descriptor re-encoded with another tolerance, its digest re-hashed to match."""
+    descriptor = next(d for d in s["predicate"]["configuration"] if d["name"] == "thresholds")
+    thresholds = json.loads(base64.b64decode(descriptor["content"]))
+    thresholds["teardown_tolerance_fraction"] = 0.5
+    data = canonical_bytes(thresholds)
+    descriptor.update(content=base64.b64encode(data).decode(), digest={"sha256": hashlib.sha256(data).hexdigest()})
+
+
 def _swap_first_two(infos: list[tarfile.TarInfo], datas: list[bytes]) -> None:
     infos[0], infos[1] = infos[1], infos[0]
     datas[0], datas[1] = datas[1], datas[0]
@@ -680,6 +738,106 @@ ASSET_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "verification_deep": (
         lambda a: ((a / "release-verification.json").write_bytes(b"[" * 10_000 + b"]" * 10_000), _rehash_sums(a)),
         "release_verification",
+    ),
+    "provenance_subject_digest": (
+        _statement(PROVENANCE, lambda s: s["subject"][0]["digest"].update(sha256="0" * 64)),
+        "statement_subjects",
+    ),
+    "provenance_other_wheel": (
+        _statement(
+            PROVENANCE,
+            lambda s: s["subject"][0].update(name="miniverl-9.9.9-py3-none-any.whl", digest={"sha256": "a" * 64}),
+        ),
+        "statement_subjects",
+    ),
+    "provenance_duplicate_subject": (
+        _statement(PROVENANCE, lambda s: s["subject"].append(s["subject"][0])),
+        "statement_subjects",
+    ),
+    "provenance_predicate_type": (
+        _statement(PROVENANCE, lambda s: s.update(predicateType="https://slsa.dev/provenance/v0.2")),
+        "statement_type",
+    ),
+    "provenance_statement_type": (
+        _statement(PROVENANCE, lambda s: s.update(_type="https://in-toto.io/Statement/v0.1")),
+        "statement_type",
+    ),
+    "provenance_builder": (
+        _statement(
+            PROVENANCE,
+            lambda s: s["predicate"]["runDetails"]["builder"].update(
+                id="https://github.com/o/r/.github/workflows/x.yml"
+            ),
+        ),
+        "provenance_builder",
+    ),
+    "provenance_claims_a_run": (
+        _statement(
+            PROVENANCE,
+            lambda s: s["predicate"]["runDetails"].update(
+                metadata={"invocationId": "https://github.com/o/r/actions/runs/42/attempts/1"}
+            ),
+        ),
+        "provenance_run",
+    ),
+    "provenance_source_date_epoch": (
+        _statement(
+            PROVENANCE,
+            lambda s: s["predicate"]["buildDefinition"]["internalParameters"].update(SOURCE_DATE_EPOCH=0),
+        ),
+        "provenance_source",
+    ),
+    "provenance_indented": (
+        lambda a: (a / PROVENANCE).write_text(json.dumps(json.loads((a / PROVENANCE).read_bytes()), indent=1)),
+        "statement_canonical",
+    ),
+    "provenance_extra_field": (
+        _statement(PROVENANCE, lambda s: s["predicate"].update(note="trust me")),
+        "statement_content",
+    ),
+    "provenance_missing": (lambda a: (a / PROVENANCE).unlink(), "assets_layout"),
+    "result_failed": (_statement(RESULT, lambda s: s["predicate"].update(result="FAILED")), "test_result"),
+    "result_drops_a_passed_check": (
+        _statement(RESULT, lambda s: s["predicate"]["passedTests"].pop()),
+        "test_result_checks",
+    ),
+    "result_invents_a_failure": (
+        _statement(RESULT, lambda s: s["predicate"]["failedTests"].append("pg-k1/loss_finite")),
+        "test_result_checks",
+    ),
+    "result_warned_as_passed": (_statement(RESULT, _warned_as_passed), "test_result_checks"),
+    "result_warned_reason": (
+        _statement(RESULT, lambda s: s["predicate"][WARNED_REASONS][0].update(reason="measured fine")),
+        "test_result_checks",
+    ),
+    "result_thresholds": (_statement(RESULT, _looser_thresholds), "test_result_configuration"),
+    "result_known_good": (
+        _statement(RESULT, lambda s: s["predicate"]["configuration"][1]["digest"].update(sha256="0" * 64)),
+        "test_result_configuration",
+    ),
+    "result_claims_a_run": (
+        _statement(RESULT, lambda s: s["predicate"].update(url="https://github.com/o/r/actions/runs/7/attempts/2")),
+        "test_result_run",
+    ),
+    "result_other_qualification": (
+        _statement(RESULT, lambda s: s["predicate"][RESOLVED_INPUTS][1]["digest"].update(sha256="0" * 64)),
+        "test_result_inputs",
+    ),
+    "result_other_wheel": (
+        _statement(RESULT, lambda s: s["subject"][0]["digest"].update(sha256="b" * 64)),
+        "statement_subjects",
+    ),
+    "result_duplicate_subject": (
+        _statement(RESULT, lambda s: s["subject"].insert(0, s["subject"][1])),
+        "statement_subjects",
+    ),
+    "result_predicate_type": (
+        _statement(RESULT, lambda s: s.update(predicateType="https://in-toto.io/attestation/test-result/v0.2")),
+        "statement_type",
+    ),
+    "result_trailing_space": (
+        lambda a: (a / RESULT).write_bytes((a / RESULT).read_bytes() + b" "),
+        "statement_canonical",
     ),
     "archive_flip": (lambda a: _flip_file(a / "qualification-evidence.tar.gz"), "evidence_archive"),
     "archive_truncated": (

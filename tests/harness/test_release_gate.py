@@ -242,10 +242,27 @@ def test_missing_token_is_a_usage_error(world: World, tmp_path: Path) -> None:
     assert r.gate["failed_check"] == "usage" and world.api_seen == []
 
 
-def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def full_gate(chain: Chain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Result]:
+    """One dry-run gate at the full level (run 4242, the cpu-reference full qualification), shared read-only by the
+    tests of its release assets and of the offline check of its gate.json."""
+    w = World(token=TOKEN, sha=chain.sha)
+    servers = Servers(w)
+    w.run()
+    w.artifact(RUN_ID, CANDIDATE, chain.candidate_zip)
+    w.artifact(RUN_ID, FULL, chain.full_zip)
+    try:
+        yield gate_subprocess(
+            w, tmp_path_factory.mktemp("full-gate") / "out", "--level", "full_qualification", "--dry-run"
+        )
+    finally:
+        servers.close()
+
+
+def test_full_level_writes_canonical_release_assets(full_gate: Result) -> None:
     from harness.evidence.layout import TOP_LEVEL
 
-    r = gate_subprocess(world, tmp_path / "out", "--level", "full_qualification", "--dry-run")
+    r = full_gate
     assert r.rc == 0, r.err
     assets = r.dir / "release-assets"
     assert {p.name for p in assets.iterdir()} == TOP_LEVEL
@@ -255,7 +272,167 @@ def test_full_level_writes_canonical_release_assets(world: World, chain: Chain, 
     rv = json.loads((r.dir / "release-verification.json").read_bytes())
     assert rv["level"] == "full_qualification" and rv["status"] == "passed"
     assert "cpu-reference can never authorize" in " ".join(rv["authorization_reasons"])
+    # both statements name the run and attempt the gate chose through the API
+    run = f"https://github.com/{REPO}/actions/runs/{r.gate['run']['id']}/attempts/{r.gate['run']['run_attempt']}"
+    provenance = json.loads((assets / "build-provenance.intoto.json").read_bytes())["predicate"]
+    assert provenance["runDetails"]["metadata"]["invocationId"] == run
+    assert provenance["runDetails"]["builder"]["id"].endswith(f"{WORKFLOW_PATH}@refs/heads/main#build-candidate")
+    assert json.loads((assets / "qualification-result.intoto.json").read_bytes())["predicate"]["url"] == run
     assert_no_token(r)
+
+
+# --- offline: `verify --assets-dir A --gate-record gate.json` (the gate's record against both statements) ----
+
+
+def _full_verify_argv(chain: Chain, gate: Result, gate_record: Path | None) -> list[str]:
+    qual = json.loads((chain.full / "qualification.json").read_bytes())
+    argv = [
+        *("--candidate-dir", str(chain.candidate)),
+        *("--candidate-manifest", str(chain.candidate / "candidate-manifest.json")),
+        *("--qualification", str(chain.full / "qualification.json")),
+        *("--commit", chain.sha, "--known-good-sha256", qual["environment"]["known_good_sha256"]),
+        *("--required-gpu-name", "none", "--level", "full_qualification"),
+        *("--assets-dir", str(gate.dir / "release-assets"), "--out", str(gate_record or gate.dir) + ".rv.json"),
+    ]
+    return argv + (["--gate-record", str(gate_record)] if gate_record is not None else [])
+
+
+def test_verify_checks_the_gate_record_against_both_statements(
+    chain: Chain, full_gate: Result, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.audit.cli import main
+
+    record = tmp_path / "gate.json"
+    record.write_bytes((full_gate.dir / "gate.json").read_bytes())
+    assert main(_full_verify_argv(chain, full_gate, record)) == 0, capsys.readouterr().err
+    rv = json.loads(Path(f"{record}.rv.json").read_bytes())
+    checks = {c["name"]: c for c in rv["checks"]}
+    assert rv["status"] == "passed"
+    assert [c["name"] for c in rv["checks"][-3:]] == ["gate_record", "gate_run", "gate_subjects"]
+    assert all(checks[n]["passed"] for n in ("gate_record", "gate_run", "gate_subjects"))
+    assert f"run {RUN_ID} attempt 1 of {REPO}" in checks["gate_run"]["detail"]
+    # without --gate-record the same audit has none of the gate's checks; the published verification is unchanged
+    assert main(_full_verify_argv(chain, full_gate, None)) == 0
+    without = json.loads(Path(f"{full_gate.dir}.rv.json").read_bytes())
+    assert not {"gate_record", "gate_run", "gate_subjects"} & {c["name"] for c in without["checks"]}
+
+
+def _gate_edit(edit: Any) -> Any:
+    """Edit gate.json and write it back canonical, so that only the edited field is wrong."""
+
+    def tamper(path: Path) -> None:
+        from harness.core.jsonio import canonical_bytes
+
+        record = json.loads(path.read_bytes())
+        edit(record)
+        path.write_bytes(canonical_bytes(record) + b"\n")
+
+    return tamper
+
+
+def _other_run(g: dict[str, Any]) -> None:
+    g["run"]["id"] = RUN_ID + 1
+    for art in g["artifacts"]:
+        art["workflow_run_id"] = RUN_ID + 1
+
+
+def _other_repository(g: dict[str, Any]) -> None:
+    g["run"]["repository"] = g["query"]["repository"] = "mallory/miniverl"
+
+
+def _other_workflow(g: dict[str, Any]) -> None:
+    g["run"]["path"] = g["query"]["workflow_path"] = ".github/workflows/ci.yml"
+
+
+def _other_commit(g: dict[str, Any]) -> None:
+    g["run"]["head_sha"] = g["query"]["sha"] = "f" * 40
+
+
+def _another_wheel(g: dict[str, Any]) -> None:
+    wheel = next(o for o in g["outputs"] if o["filename"].endswith(".whl"))
+    wheel.update(filename="miniverl-9.9.9-py3-none-any.whl", sha256="a" * 64)
+
+
+def _failed_gate(g: dict[str, Any]) -> None:
+    g.update(status="failed", failed_check="audit")
+    g["checks"].append({"name": "audit", "passed": False, "detail": "refused"})
+
+
+def _symlink_to_a_good_copy(path: Path) -> None:
+    good = path.with_name("good-gate.json")
+    path.rename(good)
+    path.symlink_to(good.name)
+
+
+GATE_CASES: dict[str, tuple[Any, str, str]] = {
+    # case: (tamper gate.json in place, the check that refuses it, a word of its line)
+    "other_run_id": (_gate_edit(_other_run), "gate_run", f"run {RUN_ID + 1} attempt 1 of {REPO}"),
+    "other_attempt": (_gate_edit(lambda g: g["run"].update(run_attempt=2)), "gate_record", "run_attempt"),
+    "other_repository": (_gate_edit(_other_repository), "gate_run", "mallory/miniverl"),
+    "other_workflow": (_gate_edit(_other_workflow), "gate_run", "workflow"),
+    "artifact_of_another_run": (
+        _gate_edit(lambda g: g["artifacts"][0].update(workflow_run_id=RUN_ID + 1)),
+        "gate_run",
+        "artifact",
+    ),
+    "other_commit": (_gate_edit(_other_commit), "gate_record", "f" * 40),
+    "other_level": (_gate_edit(lambda g: g["query"].update(level="release_smoke")), "gate_record", "level"),
+    "another_wheel": (_gate_edit(_another_wheel), "gate_subjects", "miniverl-9.9.9"),
+    "other_sdist_digest": (
+        _gate_edit(
+            lambda g: next(o for o in g["outputs"] if o["filename"].endswith(".tar.gz")).update(sha256="0" * 64)
+        ),
+        "gate_subjects",
+        "sha256",
+    ),
+    "failed_gate": (_gate_edit(_failed_gate), "gate_record", "failed"),
+    "extra_field": (_gate_edit(lambda g: g.update(note="trust me")), "gate_record", "schema"),
+    "duplicate_key": (
+        lambda p: p.write_bytes(p.read_bytes().replace(b'{"artifacts"', b'{"status":"passed","artifacts"', 1)),
+        "gate_record",
+        "duplicate key",
+    ),
+    "not_json": (lambda p: p.write_bytes(b"gate passed\n"), "gate_record", "JSON"),
+    "missing": (lambda p: p.unlink(), "gate_record", "does not exist"),
+    "directory": (lambda p: (p.unlink(), p.mkdir()), "gate_record", "directory"),
+    "symlink": (_symlink_to_a_good_copy, "gate_record", "a symlink"),
+    "fifo": (lambda p: (p.unlink(), os.mkfifo(p)), "gate_record", "FIFO"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GATE_CASES))
+def test_verify_refuses_a_gate_record_that_differs_from_the_statements(
+    case: str, chain: Chain, full_gate: Result, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    tamper, check, word = GATE_CASES[case]
+    record = tmp_path / "gate.json"
+    record.write_bytes((full_gate.dir / "gate.json").read_bytes())
+    tamper(record)
+    started = time.monotonic()
+    rc = main(["verify", *_full_verify_argv(chain, full_gate, record)])
+    assert time.monotonic() - started < 60, "a FIFO or a link must be refused, never waited on"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith(f"validate_release_chain: error: [{check}]") and word in err[0], err
+    rv = json.loads(Path(f"{record}.rv.json").read_bytes())
+    failed = [c["name"] for c in rv["checks"] if not c["passed"]]
+    assert failed == [check], failed  # the chain, the assets and the statements themselves all still pass
+
+
+def test_gate_record_without_assets_is_a_usage_error(
+    chain: Chain, full_gate: Result, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.audit.cli import main
+
+    argv = _full_verify_argv(chain, full_gate, full_gate.dir / "gate.json")
+    at = argv.index("--assets-dir")
+    del argv[at : at + 2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("validate_release_chain: error: [usage] --gate-record needs --assets-dir"), err
+    assert err.count("\n") == 1
 
 
 # --- rejections of the run itself (in-process: the same `main` the CLI calls) ------------------------------

@@ -32,7 +32,12 @@ def test_write_permission_only_on_the_publishing_job(release: dict[Any, Any]) ->
     jobs = release["jobs"]
     assert set(jobs) == {"gate", "publish"}
     assert jobs["gate"]["permissions"] == {"actions": "read", "contents": "read"}
-    assert jobs["publish"]["permissions"] == {"contents": "write"}
+    assert jobs["publish"]["permissions"] == {
+        "contents": "write",
+        "id-token": "write",
+        "attestations": "write",
+        "artifact-metadata": "write",
+    }
     assert jobs["publish"]["needs"] == "gate" and jobs["publish"]["if"] == "${{ !inputs.dry_run }}"
 
 
@@ -43,5 +48,20 @@ def test_gate_runs_the_harness_and_publish_uploads_only_its_outputs(release: dic
     publish = release["jobs"]["publish"]["steps"]
     assert not any("actions/checkout" in s.get("uses", "") for s in publish)  # nothing to rebuild from
     runs = "\n".join(s.get("run", "") for s in publish)
-    assert "gh release create" in runs and "files=(dist/*)" in runs and "release-assets/*" in runs
+    assert "gh release create" in runs and "files=(dist/* gate.json)" in runs and "release-assets/*" in runs
     assert "${{" not in runs  # inputs reach shell only through env
+
+
+def test_publish_signs_both_statements_with_a_pinned_attest(release: dict[Any, Any]) -> None:
+    steps = release["jobs"]["publish"]["steps"]
+    attest = [s for s in steps if s.get("uses", "").startswith("actions/attest@")]
+    assert [s["with"]["predicate-type"] for s in attest] == [
+        "https://slsa.dev/provenance/v1",
+        "https://in-toto.io/attestation/test-result/v0.1",
+    ]
+    for step in attest:
+        sha = step["uses"].split("@", 1)[1]
+        assert len(sha) == 40 and all(c in "0123456789abcdef" for c in sha)
+        assert step["with"]["subject-path"] == "gate/dist/*"
+    names = [s.get("uses", s.get("name", "")) for s in steps]
+    assert names.index(attest[-1]["uses"]) < len(names) - 1  # signed before the release is created
