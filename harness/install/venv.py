@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,8 +149,28 @@ def install_candidate(
             if options.extra_index_urls and options.offline_wheels is None
             else ""
         )
-        raise InstallError(f"pip install failed: {redact.text(last_line(done.stderr))}{where}", check="install")
+        raise InstallError(f"pip install failed: {redact.text(pip_refusal(done))}{where}", check="install")
     return redact.argv(argv)
+
+
+def pip_refusal(done: subprocess.CompletedProcess[bytes]) -> str:
+    """What pip refused, by name: its "No matching distribution found for torch==..." line, or the requirements it
+    lists under "The conflict is caused by:" (a constraint like torch==2.11.0+cu130 no index serves), else its last
+    line."""
+    err = done.stderr.decode("utf-8", "replace").splitlines()
+    named = [ln.strip() for ln in err if "No matching distribution found for" in ln]
+    if named:
+        return named[0][:300]
+    out = done.stdout.decode("utf-8", "replace").splitlines()
+    if "The conflict is caused by:" in out:
+        at = out.index("The conflict is caused by:") + 1
+        causes = []
+        while at < len(out) and out[at].startswith(" ") and out[at].strip():
+            causes.append(out[at].strip())
+            at += 1
+        if causes:
+            return f"{last_line(done.stderr, 120)}; the conflict: {'; '.join(causes)}"[:600]
+    return last_line(done.stderr)
 
 
 @dataclass(frozen=True)
