@@ -79,7 +79,13 @@ def _dir(value: str | None, flag: str) -> Path | None:
 
 def _stack(args: argparse.Namespace) -> int:
     from harness.build.candidate import check_candidate
-    from harness.build.stacks import gpu_facts, installed_closure, load_known_good, write_known_good
+    from harness.build.stacks import (
+        check_index_urls,
+        gpu_facts,
+        installed_closure,
+        load_known_good,
+        write_known_good,
+    )
     from harness.core.proc import Redactor
     from harness.core.profiles import get_profile
     from harness.install.venv import InstallOptions, fresh_venv, install_candidate
@@ -102,6 +108,7 @@ def _stack(args: argparse.Namespace) -> int:
         descriptor, digest = load_known_good(profile, Path(args.known_good_dir))
         print(f"{descriptor.name}: {descriptor.status}, {len(descriptor.packages)} pins, sha256 {digest}")
         return 0
+    check_index_urls(args.extra_index_url)
     candidate = Path(args.candidate).resolve()
     manifest = check_candidate(candidate)
     with tempfile.TemporaryDirectory(prefix="miniverl-stack-") as tmp:
@@ -112,6 +119,7 @@ def _stack(args: argparse.Namespace) -> int:
             extras=profile.install_extras,
             system_site_packages=args.system_site_packages,
             offline_wheels=_dir(args.offline_wheels, "--offline-wheels"),
+            extra_index_urls=tuple(args.extra_index_url),
         )
         python = fresh_venv(work / "venv", options, work=work)
         install_candidate(
@@ -134,6 +142,7 @@ def _stack(args: argparse.Namespace) -> int:
         gpu_facts(),
         Path(args.known_good_dir),
         notes=f"recorded by `python -m harness stack record` for miniverl {manifest.version}",
+        extra_index_urls=list(args.extra_index_url),
     )
     print(f"wrote known-good/{descriptor.name}.txt and .json: {len(packages)} pins ({descriptor.status})")
     return 0
@@ -241,6 +250,12 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--base-python", default=sys.executable)
     st.add_argument("--system-site-packages", action="store_true")
     st.add_argument("--offline-wheels")
+    st.add_argument(
+        "--extra-index-url",
+        action="append",
+        default=[],
+        help="record only: an index pip also installs from, kept in the descriptor (e.g. the cu130 torch index)",
+    )
     st.add_argument("--known-good-dir", default=str(REPO_ROOT / "known-good"))
     a = sub.add_parser("release-assets", help="build the canonical release-asset directory")
     a.add_argument("--candidate", default=str(DEFAULT_CANDIDATE))

@@ -329,6 +329,7 @@ class Auditor:
                 extras=tuple(profile.install_extras),
                 pins={normalize(k): v for k, v in descriptor.packages.items()} if descriptor else {},
                 python_pin=descriptor.python if descriptor else None,
+                index_urls=tuple(descriptor.extra_index_urls) if descriptor else (),
             ),
         )
         judged.update(install.checks)

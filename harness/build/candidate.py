@@ -34,18 +34,35 @@ TOOLCHAIN = ("build", "hatchling", "twine")
 MAX_CANDIDATE_ENTRIES = 16
 
 
+EXTRA_INDEX_OPTION = "--extra-index-url"
+
+
 def read_pins(path: Path) -> dict[str, str]:
-    """``name==version`` lines of a constraints file (comments and blanks ignored; names normalized)."""
+    """``name==version`` lines of a constraints file (comments, blanks and ``--extra-index-url`` lines ignored;
+    names normalized)."""
     pins: dict[str, str] = {}
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.split("#", 1)[0].strip()
-        if not line:
+        if not line or line.split(None, 1)[0] == EXTRA_INDEX_OPTION:
             continue
         name, sep, version = line.partition("==")
         if not sep or not version.strip() or any(c in version for c in "<>=!~,; "):
             raise ToolchainError(f"{path.name}: {line!r} is not an exact name==version pin", check="constraints")
         pins[normalize(name)] = version.strip()
     return pins
+
+
+def read_extra_index_urls(path: Path) -> list[str]:
+    """The ``--extra-index-url URL`` lines of a constraints file, in order (pip reads them there too)."""
+    urls = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        words = raw.split("#", 1)[0].split()
+        if words and words[0] == EXTRA_INDEX_OPTION:
+            if len(words) != 2:
+                what = f"{path.name}: {raw.strip()!r}"
+                raise ToolchainError(f"{what} is not `{EXTRA_INDEX_OPTION} URL`", check="constraints")
+            urls.append(words[1])
+    return urls
 
 
 def normalize(name: str) -> str:

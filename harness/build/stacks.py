@@ -7,7 +7,9 @@ import platform
 import shutil
 from pathlib import Path
 
-from harness.build.candidate import normalize, read_pins
+from pydantic import ValidationError
+
+from harness.build.candidate import EXTRA_INDEX_OPTION, normalize, read_extra_index_urls, read_pins
 from harness.core.errors import StackError, ToolchainError
 from harness.core.jsonio import atomic_write_bytes, sha256_bytes, sha256_file
 from harness.core.proc import REPO_ROOT, clean_env, last_line, run
@@ -71,12 +73,30 @@ def load_known_good(profile: Profile, directory: Path = KNOWN_GOOD_DIR) -> tuple
     if sha256_file(txt) != descriptor.constraints_sha256:
         raise StackError(f"known-good/{txt.name} does not match constraints_sha256 in {js.name}")
     try:
-        pins = read_pins(txt)
+        pins, index_urls = read_pins(txt), read_extra_index_urls(txt)
     except ToolchainError as exc:
         raise StackError(str(exc)) from None
     if pins != descriptor.packages:
         raise StackError(f"known-good/{js.name} packages differ from the pins in {txt.name}")
+    if index_urls != descriptor.extra_index_urls:
+        raise StackError(
+            f"known-good/{js.name} extra_index_urls {descriptor.extra_index_urls} differ from the "
+            f"{EXTRA_INDEX_OPTION} lines of {txt.name} {index_urls}"
+        )
+    unserved = local_pins_without_index(descriptor)
+    if unserved:
+        raise StackError(
+            f"known-good/{js.name} pins {', '.join(unserved)}: a local version the default index does not serve, "
+            f"and it names no {EXTRA_INDEX_OPTION} to fetch it from"
+        )
     return descriptor, sha256_file(js)
+
+
+def local_pins_without_index(descriptor: KnownGoodDescriptor) -> list[str]:
+    """``name==version+label`` pins of a descriptor that lists no extra index (PyPI serves no local versions)."""
+    if descriptor.extra_index_urls:
+        return []
+    return [f"{n}=={v}" for n, v in sorted(descriptor.packages.items()) if "+" in v]
 
 
 def stack_mismatches(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
@@ -154,6 +174,7 @@ def write_known_good(
     *,
     status: str = "measured",
     notes: str = "",
+    extra_index_urls: list[str] | None = None,
 ) -> KnownGoodDescriptor:
     """Write ``<name>.txt`` and ``<name>.json`` (atomically) for ``profile`` from measured packages."""
     if profile.required_gpu_name is not None and (gpu is None or gpu.name != profile.required_gpu_name):
@@ -168,9 +189,10 @@ def write_known_good(
         f"({platform.system()} {platform.machine()}, Python {python_version})"
     ]
     pins = {normalize(k): v for k, v in packages.items()}
+    lines += [f"{EXTRA_INDEX_OPTION} {url}" for url in extra_index_urls or []]
     lines += [f"{name}=={pins[name]}" for name in sorted(pins)]
     text = ("\n".join(lines) + "\n").encode()
-    descriptor = KnownGoodDescriptor(
+    descriptor = _descriptor(
         kind="miniverl.known-good",
         schema_version=1,
         name=profile.known_good,
@@ -187,10 +209,38 @@ def write_known_good(
             "gpu_driver": gpu.driver if gpu else None,
         },
         notes=notes,
+        extra_index_urls=list(extra_index_urls or []),
     )
     atomic_write_bytes(txt, text)
     atomic_write_bytes(js, record_bytes(descriptor))
     return descriptor
+
+
+def check_index_urls(urls: list[str]) -> None:
+    """Refuse an extra index URL the descriptor could not record (before anything is installed from it)."""
+    from pydantic import TypeAdapter
+
+    from harness.core.records import IndexUrl
+
+    for url in urls:
+        try:
+            TypeAdapter(IndexUrl).validate_python(url)
+        except ValidationError:
+            raise StackError(
+                f"--extra-index-url {url[:120]!r} is not an https URL (or http on 127.0.0.1) without credentials, "
+                "query or fragment",
+                check="stack_record",
+            ) from None
+
+
+def _descriptor(**fields: object) -> KnownGoodDescriptor:
+    """A descriptor, or one StackError line naming the field that does not validate (a bad index URL)."""
+    try:
+        return KnownGoodDescriptor.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise StackError(f"the known-good descriptor fails its schema at {where}: {first['msg']}") from None
 
 
 def describe_existing(
@@ -199,10 +249,10 @@ def describe_existing(
     """Write ``<name>.json`` for an existing hand-written or frozen ``<name>.txt`` (bytes unchanged)."""
     txt, js = descriptor_paths(profile.known_good, directory)
     try:
-        pins = read_pins(txt)
+        pins, index_urls = read_pins(txt), read_extra_index_urls(txt)
     except (OSError, ToolchainError) as exc:
         raise StackError(f"known-good/{txt.name}: {exc}") from None
-    descriptor = KnownGoodDescriptor(
+    descriptor = _descriptor(
         kind="miniverl.known-good",
         schema_version=1,
         name=profile.known_good,
@@ -214,6 +264,7 @@ def describe_existing(
         constraints_file=txt.name,
         constraints_sha256=sha256_file(txt),
         notes=notes,
+        extra_index_urls=index_urls,
     )
     atomic_write_bytes(js, record_bytes(descriptor))
     return descriptor

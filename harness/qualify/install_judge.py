@@ -64,6 +64,7 @@ class InstallBasis:
     extras: tuple[str, ...]
     pins: dict[str, str]
     python_pin: str | None  # the known-good descriptor's Python, to the precision it gives ("3.11" or "3.12.13")
+    index_urls: tuple[str, ...] = ()  # the descriptor's extra index URLs: where a local-version pin must come from
 
 
 @dataclass
@@ -106,9 +107,13 @@ def judge_install(evidence: dict[str, Path], basis: InstallBasis) -> InstallVerd
         v.checks["stack_matches_known_good"] = (False, f"pip inspect: {inspect}")
     else:
         problems = stack_mismatches(basis.pins, closure) + [f"{m} is required but not installed" for m in missing]
+        served, unserved = _served_from_index(evidence, basis)
+        problems += unserved
         v.checks["stack_matches_known_good"] = (
             not problems,
-            "; ".join(problems[:5]) or f"pip inspect: the {len(closure)} packages of miniverl's closure are pinned",
+            "; ".join(problems[:5])
+            or f"pip inspect: the {len(closure)} packages of miniverl's closure are pinned"
+            + (f"; pip's report: {', '.join(served[:5])}" if served else ""),
         )
     v.checks["python_version"] = _python(evidence, basis, inspect, v.facts)
     smi = _attempt(lambda: parse_nvidia_smi_csv(_text(evidence.get("nvidia_smi"), "nvidia-smi.csv")))
@@ -235,30 +240,92 @@ def _pip_check(evidence: dict[str, Path], closure: dict[str, str] | None, inspec
     return True, f"no broken requirements in miniverl's closure ({len(lines)} outside it ignored)"
 
 
+def _served_from_index(evidence: dict[str, Path], basis: InstallBasis) -> tuple[list[str], list[str]]:
+    """(where pip says it fetched each local-version pin, the problems): a pin like ``torch==2.11.0+cu130`` that pip
+    downloaded over http(s) must have come from the host of one of the known-good stack's extra index URLs. A
+    package pip did not download (already in the machine's site-packages, or a carried wheel) shows no index."""
+    local = {name: want for name, want in basis.pins.items() if "+" in want}
+    if not local:
+        return [], []
+    try:
+        items = _report(evidence.get("pip_report"))
+    except Unreadable as exc:
+        return [], [f"{', '.join(sorted(local))}: pip's report cannot show which index served them ({exc})"]
+    origins = {_origin(url) for url in basis.index_urls}
+    served, problems = [], []
+    for item in items:
+        name = _name(item)
+        if name not in local:
+            continue
+        url = str(_dict(item.get("download_info")).get("url", ""))
+        version = str(_dict(item.get("metadata")).get("version"))[:40]
+        if not url.startswith(("http://", "https://")):
+            served.append(f"{name} {version} from a local file")
+        elif _origin(url) in origins:
+            served.append(f"{name} {version} from {_origin(url)}")
+        else:
+            problems.append(
+                f"{name} {version} came from {_origin(url)[:80]}, not from the known-good extra index "
+                f"{', '.join(basis.index_urls) or '(none listed)'}"
+            )
+    return served, problems
+
+
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}" + (f":{parts.port}" if parts.port else "")
+
+
 def _python(evidence: dict[str, Path], basis: InstallBasis, inspect: object, facts: InstallFacts) -> tuple[bool, str]:
     try:
-        first = _lines(_text(evidence.get("python_version"), "sys.version"))[0]
-        matched = _SYS_VERSION.match(first)
-        if matched is None:
-            raise Unreadable(f"python-version.txt is not sys.version: {first[:60]!r}")
+        version = _captured_python(evidence.get("python_version"))
         cfg = _pyvenv(_text(evidence.get("pyvenv_cfg"), "pyvenv.cfg"))
     except Unreadable as exc:
         return False, str(exc)
-    version = matched.group(1)
     facts.python = version
     venv_version = cfg.get("version") or cfg.get("version_info") or ""
     seen_by_pip = _dict(inspect.get("environment")).get("python_full_version") if isinstance(inspect, dict) else None
-    pinned = basis.python_pin is None or version.split(".")[: len(basis.python_pin.split("."))] == (
-        basis.python_pin.split(".")
-    )
-    agree = venv_version.startswith(version) and seen_by_pip == version
+    pinned = python_matches(version, basis.python_pin)
+    # pyvenv.cfg says "3.12.13" (version) or "3.12.13.final.0" (version_info): 3.12.1 must not pass for 3.12.13
+    agree = (venv_version == version or venv_version.startswith(version + ".")) and seen_by_pip == version
     return pinned and agree, (
         f"the venv's sys.version {version}, pyvenv.cfg {venv_version[:20]}, pip inspect {str(seen_by_pip)[:20]}; "
         f"the known-good stack pins Python {basis.python_pin}"
     )
 
 
+def python_matches(version: str, pin: str | None) -> bool:
+    """``3.12.13`` against the descriptor's Python, to the precision it gives (``3.12`` or ``3.12.13``)."""
+    return pin is None or version.split(".")[: len(pin.split("."))] == pin.split(".")
+
+
+def require_python(captured: Path, pin: str | None) -> None:
+    """Refuse, before pip installs anything, a venv whose captured ``sys.version`` is not the known-good Python."""
+    from harness.core.errors import InstallError
+
+    try:
+        version = _captured_python(captured)
+    except Unreadable as exc:
+        raise InstallError(str(exc), check="python_version") from None
+    if not python_matches(version, pin):
+        raise InstallError(
+            f"the venv's Python is {version}, the known-good stack pins Python {pin}; nothing was installed "
+            "(pass --base-python with that interpreter)",
+            check="python_version",
+        )
+
+
 # -- readers ---------------------------------------------------------------------------------------------------
+
+
+def _captured_python(path: Path | None) -> str:
+    first = _lines(_text(path, "sys.version"))[0]
+    matched = _SYS_VERSION.match(first)
+    if matched is None:
+        raise Unreadable(f"python-version.txt is not sys.version: {first[:60]!r}")
+    return matched.group(1)
 
 
 def _attempt(fn: Any) -> Any:
@@ -312,13 +379,18 @@ def _inspect(path: Path | None) -> dict[str, Any]:
     return doc
 
 
-def _report_item(path: Path | None) -> dict[str, Any]:
-    """pip's ``--report`` entry for miniverl (exactly one)."""
+def _report(path: Path | None) -> list[dict[str, Any]]:
+    """The ``install`` entries of pip's ``--report``."""
     doc = _json(path, "pip install --report")
     items = doc.get("install")
     if doc.get("version") != "1" or not isinstance(items, list):
         raise Unreadable("pip-install-report.json is not pip's installation report (version 1, install)")
-    ours = [i for i in items if isinstance(i, dict) and _name(i) == "miniverl"]
+    return [i for i in items if isinstance(i, dict)]
+
+
+def _report_item(path: Path | None) -> dict[str, Any]:
+    """pip's ``--report`` entry for miniverl (exactly one)."""
+    ours = [i for i in _report(path) if _name(i) == "miniverl"]
     if len(ours) != 1:
         raise Unreadable(f"pip's installation report lists miniverl {len(ours)} times, not once")
     return ours[0]

@@ -43,7 +43,7 @@ from harness.install.verl_env import require_verl
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
-from harness.qualify.install_judge import INSTALL_FILES, InstallBasis, judge_install
+from harness.qualify.install_judge import INSTALL_FILES, InstallBasis, judge_install, require_python
 from harness.qualify.qualification import QualificationInputs, write_qualification
 from harness.qualify.smoke_judge import SmokeBasis, SmokeVerdict, judge_smoke
 from harness.qualify.steps import StepFacts, run_cli_steps
@@ -145,6 +145,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         extras=profile.install_extras,
         system_site_packages=opts.system_site_packages,
         offline_wheels=opts.offline_wheels,
+        extra_index_urls=tuple(descriptor.extra_index_urls),
     )
     facts = StepFacts()
     packages: dict[str, str] = {}
@@ -176,6 +177,7 @@ def run_smoke(opts: SmokeOptions) -> int:
         extras=tuple(profile.install_extras),
         pins=read_pins(txt),
         python_pin=descriptor.python,
+        index_urls=tuple(descriptor.extra_index_urls),
     )
     try:
         venv = work / "venv"
@@ -183,6 +185,8 @@ def run_smoke(opts: SmokeOptions) -> int:
         python = fresh_venv(venv, install, work=work)
         keep("pyvenv_cfg", (venv / "pyvenv.cfg").read_text(encoding="utf-8"))
         keep("venv_before_install", pip_output(python, work, "freeze", "--all", "--local"))
+        keep("python_version", interpreter_version(python, work))
+        require_python(facts.evidence["python_version"], descriptor.python)  # before pip installs anything
         _progress("installing the candidate wheel")
         install_argv = install_candidate(
             python,
@@ -199,7 +203,6 @@ def run_smoke(opts: SmokeOptions) -> int:
         keep("pip_report", (work / "pip-report.json").read_text(encoding="utf-8"))
         keep("pip_inspect", _without_descriptions(pip_output(python, work, "inspect")))
         keep("pip_check", pip_output(python, work, "check"))
-        keep("python_version", interpreter_version(python, work))
         packages, missing, python_version = installed_closure(python, profile.install_extras, work)
         mismatches = stack_mismatches(read_pins(txt), packages) + [
             f"{m} is required but not installed" for m in missing
