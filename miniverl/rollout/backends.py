@@ -75,6 +75,11 @@ class RolloutBackend(ABC):
         """What the last rollout's engine switches cost (seconds by metric key); none for in-process engines."""
         return {}
 
+    def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
+        """What the run's student gives a backend outside the training model (nothing for in-process engines):
+        how to write its adapter as a PEFT folder, and its LoRA rank."""
+        del save_adapter, lora_rank
+
 
 class InProcessBackend(RolloutBackend):
     """``rollout.backend: hf``: the training model samples in this process (``rollout.engine`` picks how)."""
@@ -112,6 +117,11 @@ class VllmBackend(RolloutBackend):
         self._factory = engine_factory
         self.gpu_memory_utilization = gpu_memory_utilization
         self.engine: VllmEngine | None = None
+        self.save_adapter: Callable[[str], None] | None = None
+        self.lora_rank: int | None = None
+
+    def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
+        self.save_adapter, self.lora_rank = save_adapter, lora_rank
 
     def _engine(self, model: Any, seed: int) -> VllmEngine:
         if self.engine is None:
@@ -123,10 +133,16 @@ class VllmBackend(RolloutBackend):
                 self.engine = load_llm(
                     base_model_dir(model),
                     gpu_memory_utilization=self.gpu_memory_utilization,
-                    max_lora_rank=lora_rank(model),
+                    max_lora_rank=self.lora_rank if self.lora_rank is not None else lora_rank(model),
                     seed=seed,
                 )
         return self.engine
+
+    def _saver(self, model: Any) -> Callable[[Path], None]:
+        bound = self.save_adapter
+        if bound is not None:
+            return lambda path: bound(str(path))
+        return lambda path: model.save_pretrained(str(path))
 
     def switch_metrics(self) -> dict[str, float]:
         """The last rollout's wake and sleep seconds."""
@@ -155,7 +171,7 @@ class VllmBackend(RolloutBackend):
         sampled = engine.sample(
             [row for _, _, row in rows],
             policy_version=version,
-            save_adapter=lambda path: model.save_pretrained(str(path)),
+            save_adapter=self._saver(model),
             max_new_tokens=int(sampling["max_new_tokens"]),
             temperature=float(sampling.get("temperature", 1.0)),
             top_p=float(sampling.get("top_p", 1.0)),

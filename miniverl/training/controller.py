@@ -86,6 +86,8 @@ class Controller:
     ) -> None:
         self.config = config
         self.backend = backend if backend is not None else rollout_backend(config.rollout)
+        lora = config.models.student.lora
+        self.backend.bind(runtime.save_student_adapter, lora.r if lora is not None else None)
         self.plan = plan
         self.runtime = runtime
         self.rows = list(rows)

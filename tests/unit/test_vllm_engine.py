@@ -99,8 +99,9 @@ class RequestOutput:
 
 @dataclass
 class FakeVllmLLM:
-    """A named fake of ``vllm.LLM`` (generate, sleep, wake_up): each request's tokens are its seed's, 4 and 5, then
-    EOS when its seed is even; each token's log-prob is ``logprob``. It records what it was asked."""
+    """A named fake of ``vllm.LLM`` (generate, sleep, wake_up): each request's tokens are its seed's, 4 and 5,
+    then the request's first stop token (its EOS) when its seed is even; each token's log-prob is ``logprob``.
+    It records what it was asked."""
 
     logprob: float = -1.5
     events: list[str] = field(default_factory=list)
@@ -112,9 +113,10 @@ class FakeVllmLLM:
         self.requests.append(lora_request)
         outs = []
         for params in sampling_params[: len(prompts) - self.short_by]:
-            tokens = [params["seed"] % 50 + 10, 4, 5] + ([EOS] if params["seed"] % 2 == 0 else [])
+            eos = params["stop_token_ids"][0]
+            tokens = [params["seed"] % 50 + 10, 4, 5] + ([eos] if params["seed"] % 2 == 0 else [])
             tokens = tokens[: params["max_tokens"]]
-            finish = "stop" if tokens[-1] == EOS else "length"
+            finish = "stop" if tokens[-1] == eos else "length"
             outs.append(RequestOutput([Completion(tokens, [{t: Logprob(self.logprob)} for t in tokens], finish)]))
         return outs
 
