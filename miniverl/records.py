@@ -189,10 +189,10 @@ class MetricsLine(Record):
         description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "
         "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); finite values only",
     )
-    rollout_backend: Literal["fast", "hf"] | None = Field(
+    rollout_backend: Literal["fast", "hf", "vllm"] | None = Field(
         default=None,
-        description="what generated this cycle's samples: 'fast' (folded policy copy) or 'hf' (the transformers "
-        "decode loop); null when the cycle sampled nothing (SFT, KD)",
+        description="what generated this cycle's samples: 'fast' (folded policy copy), 'hf' (the transformers "
+        "decode loop) or 'vllm' (the colocated vLLM); null when the cycle sampled nothing (SFT, KD)",
     )
     policy_digest_rollout: str | None = Field(
         default=None,

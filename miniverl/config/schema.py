@@ -351,6 +351,12 @@ class AlgorithmSection(Strict):
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="calculator_exact")])
     #: every k updates, a greedy evaluation on ``data.eval_path`` goes into the metrics line (None: off)
     eval_every: Annotated[int, Field(ge=1)] | None = None
+    old_logp: Literal["recompute", "rollout"] = Field(
+        default="recompute",
+        description="where a policy-gradient update (grpo, ppo) takes old_logp from: 'recompute' (the training "
+        "model, always sound) or 'rollout' (the rollout's sampled log-probs: only the trainer's own under plain "
+        "sampling; refused with rollout.backend vllm, whose log-probs are another engine's)",
+    )
 
 
 class TrainSection(Strict):

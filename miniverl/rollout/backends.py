@@ -16,9 +16,10 @@ the rollout's own log-probs only when they come from the trainer and were sample
 unmodified distribution. Foreign log-probs without the recompute refuse the update with one
 :class:`ForeignLogprobError` line: they never reach a loss.
 
-``rollout.backend: vllm`` is in the config schema. ``plan`` (and ``run``, which re-checks the plan)
-refuses it here with one line naming the reason: vllm is not installed, or it is installed but this
-version has no vllm generation path yet. The harness records that as ``not_run``, never as passed.
+``rollout.backend: vllm`` samples with vLLM in this process (:mod:`miniverl.rollout.vllm_engine`). ``plan``
+(and ``run``, which re-checks the plan) refuses it with one line where vllm is not installed (the harness records
+that as ``not_run``, never as passed), and refuses by name a plan whose policy-gradient update would take vLLM's
+log-probs as ``old_logp`` (``algorithm.old_logp: rollout``): that is the fail-closed boundary.
 
 The evidence a vllm generation path must write (issue #32; the harness's ``vllm_boundary`` judges nothing
 else, ``harness/qualify/full/refresh.py`` ``VLLM_TRAJECTORY_FIELDS``): the plan keeps
@@ -36,12 +37,15 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from miniverl.errors import DependencyError, MiniverlError
 
 if TYPE_CHECKING:
     from miniverl.config.schema import MiniverlConfig, RolloutSection
+    from miniverl.rollout.vllm_engine import VllmEngine
 
 LogprobSource = Literal["trainer", "foreign"]
 OldLogpOrigin = Literal["trainer", "rollout"]
@@ -49,6 +53,8 @@ OldLogpOrigin = Literal["trainer", "rollout"]
 #: ``algorithm_metrics`` key a policy-gradient update sets: 1.0 when the trainer recomputed ``old_logp``,
 #: 0.0 when it took the rollout's own log-probs (the harness requires 1.0 for a foreign backend)
 OLD_LOGP_RECOMPUTED = "actor/old_logp_recomputed"
+#: the algorithms whose update is a policy gradient with an ``old_logp`` ratio
+POLICY_GRADIENT = ("grpo", "ppo")
 
 
 class ForeignLogprobError(MiniverlError):
@@ -64,6 +70,15 @@ class RolloutBackend(ABC):
     @abstractmethod
     def generate(self, model: Any, tokenizer: Any, prompts: Any, **sampling: Any) -> list[Any]:
         """The trajectories for ``prompts`` (``miniverl.rollout.hf.generate_group``'s arguments)."""
+
+    def switch_metrics(self) -> dict[str, float]:
+        """What the last rollout's engine switches cost (seconds by metric key); none for in-process engines."""
+        return {}
+
+    def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
+        """What the run's student gives a backend outside the training model (nothing for in-process engines):
+        how to write its adapter as a PEFT folder, and its LoRA rank."""
+        del save_adapter, lora_rank
 
 
 class InProcessBackend(RolloutBackend):
@@ -84,44 +99,155 @@ def vllm_installed() -> bool:
 
 
 class VllmBackend(RolloutBackend):
-    """``rollout.backend: vllm``: sampling in vLLM, whose log-probs are foreign to the trainer.
+    """``rollout.backend: vllm``: sampling in a colocated vLLM, whose log-probs are foreign to the trainer.
 
-    Refused before any model loads (:func:`check_rollout_backend`): when vllm is not installed, and
-    when it is, because this version has no vllm generation path yet.
+    Refused before any model loads where vllm is not installed (:func:`check_rollout_backend`). The engine is
+    built at the first rollout, from the student's base model folder and its LoRA rank
+    (:func:`miniverl.rollout.vllm_engine.load_llm`), or by ``engine_factory`` (tests: a named fake).
     """
 
     name = "vllm"
     logprob_source = "foreign"
 
-    def __init__(self) -> None:
-        check_vllm()
+    def __init__(
+        self, engine_factory: Callable[[Any], VllmEngine] | None = None, *, gpu_memory_utilization: float = 0.3
+    ) -> None:
+        if engine_factory is None:
+            check_vllm()
+        self._factory = engine_factory
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.engine: VllmEngine | None = None
+        self.save_adapter: Callable[[str], None] | None = None
+        self.lora_rank: int | None = None
+
+    def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
+        self.save_adapter, self.lora_rank = save_adapter, lora_rank
+
+    def _engine(self, model: Any, seed: int) -> VllmEngine:
+        if self.engine is None:
+            if self._factory is not None:
+                self.engine = self._factory(model)
+            else:
+                from miniverl.rollout.vllm_engine import load_llm
+
+                self.engine = load_llm(
+                    base_model_dir(model),
+                    gpu_memory_utilization=self.gpu_memory_utilization,
+                    max_lora_rank=self.lora_rank if self.lora_rank is not None else lora_rank(model),
+                    seed=seed,
+                )
+        return self.engine
+
+    def _saver(self, model: Any) -> Callable[[Path], None]:
+        bound = self.save_adapter
+        if bound is not None:
+            return lambda path: bound(str(path))
+        return lambda path: model.save_pretrained(str(path))
+
+    def switch_metrics(self) -> dict[str, float]:
+        """The last rollout's wake and sleep seconds."""
+        return dict(self.engine.switch_seconds) if self.engine is not None else {}
 
     def generate(self, model: Any, tokenizer: Any, prompts: Any, **sampling: Any) -> list[Any]:
-        check_vllm()
-        raise AssertionError("unreachable: check_vllm always refuses in this version")  # pragma: no cover
+        from dataclasses import replace
+
+        from miniverl.rollout.hf import Trajectory, derive_sample_seed, encode_prompt, group_id_for, resolve_eos_ids
+        from miniverl.rollout.vllm_engine import SampledRow
+        from miniverl.rollout.weights import policy_digest
+
+        seed, version = int(sampling["seed"]), int(sampling["policy_version"])
+        use_chat_template = bool(sampling.get("use_chat_template", True))
+        engine = self._engine(model, seed)
+        rows: list[tuple[Any, int, SampledRow]] = []
+        for prompt in prompts:
+            ids = encode_prompt(tokenizer, prompt.prompt, use_chat_template=use_chat_template)
+            for index in range(int(sampling["samples_per_prompt"])):
+                rows.append(
+                    (prompt, index, SampledRow(ids, derive_sample_seed(seed, version, prompt.prompt_id, index)))
+                )
+        eos_ids = resolve_eos_ids(model, tokenizer)
+        if not eos_ids:
+            raise DependencyError("rollout.backend vllm: no EOS token id in the tokenizer or the model config")
+        sampled = engine.sample(
+            [row for _, _, row in rows],
+            policy_version=version,
+            save_adapter=self._saver(model),
+            max_new_tokens=int(sampling["max_new_tokens"]),
+            temperature=float(sampling.get("temperature", 1.0)),
+            top_p=float(sampling.get("top_p", 1.0)),
+            top_k=int(sampling.get("top_k", 0)),
+            eos_ids=eos_ids,
+        )
+        report = sampling.get("report")
+        if report is not None:
+            report.backend = "vllm"
+            tensors = sampling.get("policy_tensors")
+            report.policy_digest = policy_digest(tensors) if tensors is not None else None
+        out = []
+        for (prompt, index, row), drawn in zip(rows, sampled, strict=True):
+            trajectory = Trajectory(
+                prompt_id=prompt.prompt_id,
+                sample_index=index,
+                group_id=group_id_for(prompt.prompt_id, version),
+                policy_version=version,
+                seed=row.seed,
+                prompt_token_ids=tuple(row.prompt_ids),
+                response_token_ids=tuple(drawn.token_ids),
+                sampled_logprobs=tuple(drawn.logprobs),
+                finish_reason="eos" if drawn.finish == "eos" else "length",
+                prompt_text=prompt.prompt,
+                response_text=tokenizer.decode(drawn.token_ids, skip_special_tokens=True),
+            )
+            out.append(replace(trajectory, rollout_backend="vllm", rollout_backend_version=engine.version))
+        return out
+
+
+def base_model_dir(model: Any) -> Path:
+    """The transformers folder the student's base model was loaded from (vLLM loads it itself)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    where = getattr(getattr(base, "config", None), "_name_or_path", "")
+    path = Path(str(where))
+    if not where or not (path / "config.json").is_file():
+        raise DependencyError(
+            f"rollout.backend vllm: the student was not loaded from a transformers folder ({str(where)[:80]!r}); "
+            "vLLM needs one"
+        )
+    return path
+
+
+def lora_rank(model: Any) -> int:
+    """The student's LoRA rank (vLLM's ``max_lora_rank``)."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        raise DependencyError("rollout.backend vllm: the student has no LoRA adapter to hand to vLLM")
+    return int(next(iter(configs.values())).r)
 
 
 VLLM_NOT_INSTALLED = "rollout.backend vllm: vllm is not installed, so this run cannot sample with it"
-VLLM_NOT_WIRED = (
-    "rollout.backend vllm: vllm is installed, but this miniverl version has no vllm generation path; "
-    "use rollout.backend hf"
+#: the fail-closed boundary, refused by ``plan``: PG never takes vLLM's log-probs as old_logp
+VLLM_LOGPROBS_AS_OLD_LOGP = (
+    "rollout.backend vllm: algorithm.old_logp rollout would make the policy-gradient update take vLLM's "
+    "log-probs as old_logp; the trainer must recompute them (algorithm.old_logp recompute)"
 )
 
 
 def check_vllm() -> None:
-    """Refuse ``rollout.backend: vllm`` with one line naming why (never a silent fallback to hf)."""
+    """Refuse ``rollout.backend: vllm`` where vllm is absent, with one line (never a silent fallback to hf)."""
     if not vllm_installed():
         raise DependencyError(f"{VLLM_NOT_INSTALLED}; use rollout.backend hf")
-    raise DependencyError(VLLM_NOT_WIRED)
 
 
 BACKENDS: dict[str, type[RolloutBackend]] = {cls.name: cls for cls in (InProcessBackend, VllmBackend)}
 
 
 def check_rollout_backend(config: MiniverlConfig) -> None:
-    """``plan``'s check: the configured backend can run here (one line if not)."""
-    if config.rollout.backend == "vllm":
-        check_vllm()
+    """``plan``'s check: the configured backend can run here, and a policy-gradient update never takes a
+    foreign backend's log-probs as ``old_logp`` (one line if not)."""
+    if config.rollout.backend != "vllm":
+        return
+    if config.algorithm.old_logp == "rollout" and config.algorithm.name in POLICY_GRADIENT:
+        raise ForeignLogprobError(VLLM_LOGPROBS_AS_OLD_LOGP)
+    check_vllm()
 
 
 def rollout_backend(rollout: RolloutSection) -> RolloutBackend:

@@ -59,7 +59,7 @@ class RolloutReport:
     rollout start. ``None`` when no ``policy_tensors`` were given.
     """
 
-    backend: Literal["fast", "hf"] | None = None
+    backend: Literal["fast", "hf", "vllm"] | None = None
     policy_digest: str | None = None
 
 
@@ -90,6 +90,11 @@ class Trajectory:
     finish_reason: FinishReason
     prompt_text: str
     response_text: str
+    #: set by a backend other than the in-process engines (``"vllm"``), with its engine's version
+    rollout_backend: str | None = None
+    rollout_backend_version: str | None = None
+    #: the trainer's recomputed log-prob of each response token (filled in for a foreign backend's samples)
+    old_logprobs: tuple[float, ...] | None = None
 
     @property
     def response_token_count(self) -> int:

@@ -73,6 +73,11 @@ class TrajectoryRecord(BaseModel):
     advantage: float | None = None
     #: PPO only: this trajectory's GAE inputs and outputs (written only when present)
     gae: TokenGae | None = None
+    #: a foreign backend's samples only (written only when set): the engine that sampled it, its version, and
+    #: the trainer's recomputed log-prob of each response token
+    rollout_backend: Literal["vllm"] | None = None
+    rollout_backend_version: str | None = Field(default=None, min_length=1)
+    old_logprobs: list[float] | None = None
 
     @model_validator(mode="after")
     def _one_logprob_per_token(self) -> TrajectoryRecord:
@@ -81,6 +86,12 @@ class TrajectoryRecord(BaseModel):
                 f"{len(self.sampled_logprobs)} sampled_logprobs for "
                 f"{len(self.response_token_ids)} response tokens; need one per token"
             )
+        if self.old_logprobs is not None and len(self.old_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"{len(self.old_logprobs)} old_logprobs for {len(self.response_token_ids)} response tokens"
+            )
+        if (self.rollout_backend is None) != (self.rollout_backend_version is None):
+            raise ValueError("rollout_backend and rollout_backend_version come together")
         if any(lp > 0.0 for lp in self.sampled_logprobs):
             raise ValueError("sampled_logprobs must be <= 0")
         n = len(self.response_token_ids)
@@ -114,16 +125,28 @@ class TrajectoryRecord(BaseModel):
             reward_components=dict(reward_components or {}),
             advantage=advantage,
             gae=gae,
+            rollout_backend=getattr(trajectory, "rollout_backend", None),
+            rollout_backend_version=getattr(trajectory, "rollout_backend_version", None),
+            old_logprobs=None if getattr(trajectory, "old_logprobs", None) is None else list(trajectory.old_logprobs),
         )
+
+
+#: fields written only when set, so records without them keep the bytes they always had (no ``"gae": null`` on the
+#: lines of algorithms without GAE; the in-process engines' records keep their layout)
+OPTIONAL_FIELDS = ("gae", "rollout_backend", "rollout_backend_version", "old_logprobs")
+
+
+def _dumped(record: TrajectoryRecord) -> dict[str, Any]:
+    out = record.model_dump(mode="json")
+    for key in OPTIONAL_FIELDS:
+        if out[key] is None:
+            del out[key]
+    return out
 
 
 def write_trajectories_jsonl(path: str | os.PathLike[str], records: Iterable[TrajectoryRecord]) -> int:
     """Write one canonical-JSON record per line, atomically; returns the number of records."""
-    # no ``"gae": null`` on the lines of algorithms without GAE: their files keep the bytes they always had
-    lines = [
-        canonical_json(record.model_dump(mode="json", exclude={"gae"} if record.gae is None else None)) + "\n"
-        for record in records
-    ]
+    lines = [canonical_json(_dumped(record)) + "\n" for record in records]
     atomic_write_text(path, "".join(lines))
     return len(lines)
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,13 @@ from miniverl.rewards.reward_model import MixedReward, RewardModel
 from miniverl.rollout.backends import RolloutBackend, rollout_backend
 from miniverl.rollout.hf import RolloutReport, Trajectory
 from miniverl.rollout.records import TokenGae, TrajectoryRecord, write_trajectories_jsonl
+from miniverl.rollout.vllm_engine import mismatch_metrics
 from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
 from miniverl.training.checkpoint_files import prune_checkpoints, trajectory_file_name
+from miniverl.training.update import rollout_token_logprobs
 
 
 class MemoryLimitError(MiniverlError):
@@ -84,6 +86,8 @@ class Controller:
     ) -> None:
         self.config = config
         self.backend = backend if backend is not None else rollout_backend(config.rollout)
+        lora = config.models.student.lora
+        self.backend.bind(runtime.save_student_adapter, lora.r if lora is not None else None)
         self.plan = plan
         self.runtime = runtime
         self.rows = list(rows)
@@ -215,6 +219,16 @@ class Controller:
             )
         return sampled
 
+    def _trainer_logprobs(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """A foreign backend's samples with the trainer's own log-prob of each response token (under the weights
+        the rollout used: before the update), and the step's rollout/trainer mismatch and switch times."""
+        sequences = CycleBatch(prompts=[], trajectories=trajectories, scores=[], logprob_source="foreign").sequences()
+        old, _ = rollout_token_logprobs(self.runtime, sequences, self.config, with_reference=False)
+        recomputed = [tuple(float(v) for v in piece.float().tolist()) for piece in old]
+        with_old = [replace(t, old_logprobs=lp) for t, lp in zip(trajectories, recomputed, strict=True)]
+        metrics = mismatch_metrics([t.sampled_logprobs for t in trajectories], recomputed)
+        return with_old, {**metrics, **self.backend.switch_metrics()}
+
     def _policy_digest(self) -> str:
         """:func:`policy_digest` of the trainable student adapter tensors, now."""
         return policy_digest(self.algorithm.actor.named())
@@ -258,6 +272,9 @@ class Controller:
         scores = self._score(prompts, trajectories) if on_policy else []
         rollout_seconds = time.perf_counter() - cycle_start
         source = self.backend.logprob_source if on_policy else "trainer"
+        foreign_metrics: dict[str, float] = {}
+        if source == "foreign":
+            trajectories, foreign_metrics = self._trainer_logprobs(trajectories)
         batch = CycleBatch(prompts=prompts, trajectories=trajectories, scores=scores, logprob_source=source)
         rewards = batch.rewards
         groups: dict[str, list[float]] = {}
@@ -310,6 +327,7 @@ class Controller:
                         **self._reward_model_metrics(scores),
                         **evaluated,
                         **self.load_metrics,
+                        **foreign_metrics,
                     }.items()
                 )
                 if math.isfinite(v)

@@ -219,7 +219,7 @@ def test_plan_refuses_vllm_where_it_is_not_installed(
     assert not (workdir / "plan.json").exists()
 
 
-def test_plan_refuses_vllm_where_it_is_installed_but_not_wired(
+def test_plan_accepts_vllm_where_it_is_installed(
     workdir: Path,
     prompts: Path,
     tiny_model_dir: Path,
@@ -227,13 +227,32 @@ def test_plan_refuses_vllm_where_it_is_installed_but_not_wired(
     write_config: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Never a silent fallback to hf: an installed vllm is refused too, with its own reason."""
     monkeypatch.setattr(backends, "vllm_installed", lambda: True)
     write_config(tiny_config(tiny_model_dir))
-    result = cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json")
+    result = cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json", "-q")
+    assert result.code == 0, result.err
+    assert json.loads((workdir / "plan.json").read_text())["config"]["rollout"]["backend"] == "vllm"
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_plan_refuses_pg_taking_vllms_logprobs_by_name(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    installed: bool,
+) -> None:
+    """The fail-closed boundary at plan time: algorithm.old_logp rollout with vllm, whether or not vllm is here."""
+    monkeypatch.setattr(backends, "vllm_installed", lambda: installed)
+    write_config(tiny_config(tiny_model_dir))
+    result = cli(
+        "plan", "config.yaml", "--set", "rollout.backend=vllm", "--set", "algorithm.old_logp=rollout", "--out", "p.json"
+    )
     assert result.code == 1
-    assert result.err.splitlines() == [f"miniverl: error: {backends.VLLM_NOT_WIRED}"]
-    assert not (workdir / "plan.json").exists()
+    assert result.err.splitlines() == [f"miniverl: error: {backends.VLLM_LOGPROBS_AS_OLD_LOGP}"]
+    assert not (workdir / "p.json").exists()
 
 
 def test_run_rechecks_the_backend_of_a_plan(
@@ -245,7 +264,7 @@ def test_run_rechecks_the_backend_of_a_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A vllm plan made where vllm passed the check still refuses to run where it does not."""
-    monkeypatch.setattr(backends, "check_vllm", lambda: None)
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)
     write_config(tiny_config(tiny_model_dir))
     assert cli("plan", "config.yaml", "--set", "rollout.backend=vllm", "--out", "plan.json", "-q").code == 0
     monkeypatch.undo()
@@ -280,3 +299,56 @@ def test_trajectory_files_keep_each_group_whole(
             assert len({(m["prompt_id"], tuple(m["prompt_token_ids"])) for m in members}) == 1
             assert {m["policy_version"] for m in members} == {cycle - 1}
             assert sorted(m["sample_index"] for m in members) == [0, 1, 2]
+
+
+class FakeVllmBackend(backends.VllmBackend):
+    """``rollout.backend: vllm`` over :class:`tests.unit.test_vllm_engine.FakeVllmLLM`, a named fake of
+    ``vllm.LLM`` (vllm cannot be installed here): the product's whole vLLM path but the engine itself. What it
+    writes goes to a test's tmp dir, never into harness evidence."""
+
+    def __init__(self) -> None:
+        from miniverl.rollout.vllm_engine import AdapterVersions, VllmEngine
+        from tests.unit.test_vllm_engine import FakeVllmLLM
+
+        def factory(model: Any) -> VllmEngine:
+            root = Path.cwd() / "fake-vllm-adapters"
+            return VllmEngine(
+                llm=FakeVllmLLM(),
+                version="0.0.0+fake",
+                adapters=AdapterVersions(root),
+                sampling_params=dict,
+                lora_request=lambda name, lora_id, path: (name, lora_id, path),
+                asleep=True,
+            )
+
+        super().__init__(factory)
+
+
+def test_a_vllm_run_writes_what_the_harness_vllm_contract_reads(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each line: rollout_backend vllm, the trainer recomputed old_logp, the mismatch and switch times; each
+    trajectory: vLLM's sampled log-probs beside the trainer's old ones. The harness's own vLLM cycle check passes
+    on it, and one adapter was saved per policy version."""
+    from harness.qualify.full import refresh
+
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)
+    monkeypatch.setitem(backends.BACKENDS, "vllm", FakeVllmBackend)
+    result = _run(cli, write_config, tiny_model_dir, "grpo", backend="vllm")
+    assert result.code == 0, result.err
+    lines = _metrics(workdir)
+    assert [line["rollout_backend"] for line in lines] == ["vllm", "vllm"]
+    for cycle, line in enumerate(lines, start=1):
+        metrics = line["algorithm_metrics"]
+        assert metrics[OLD_LOGP_RECOMPUTED] == 1.0
+        assert {"rollout/mismatch_ratio_outside_frac", "rollout/vllm_wake_seconds"} <= set(metrics)
+        records = [json.loads(r) for r in (workdir / f"runs/r/trajectories/cycle-{cycle:06d}.jsonl").open()]
+        assert all(r["rollout_backend_version"] == "0.0.0+fake" for r in records)
+        why, version = refresh._vllm_cycle(cycle, line, records)
+        assert (why, version) == (None, "0.0.0+fake")
+    assert sorted(p.name for p in (workdir / "fake-vllm-adapters").iterdir()) == ["policy-v0", "policy-v1"]

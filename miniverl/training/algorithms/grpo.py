@@ -58,7 +58,7 @@ class Grpo(Algorithm):
         g = self.config.algorithm.grpo
         origin = old_logp_origin(
             batch.logprob_source,
-            recompute=self.recompute_old_logp,
+            recompute=self.recompute_old_logp and self.config.algorithm.old_logp == "recompute",
             algorithm=self.name,
             plain_sampling=plain_sampling(self.config.rollout),
         )

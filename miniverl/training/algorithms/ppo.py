@@ -117,7 +117,7 @@ class Ppo(Algorithm):
         ppo = self.config.algorithm.ppo
         origin = old_logp_origin(
             batch.logprob_source,
-            recompute=self.recompute_old_logp,
+            recompute=self.recompute_old_logp and self.config.algorithm.old_logp == "recompute",
             algorithm=self.name,
             plain_sampling=plain_sampling(self.config.rollout),
         )

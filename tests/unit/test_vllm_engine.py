@@ -1,0 +1,180 @@
+"""The vLLM rollout backend's CPU-side parts (issue #32): the mismatch math, one adapter per policy version, and the
+engine driven through :class:`FakeVllmLLM`, a named fake of the ``vllm.LLM`` surface the engine uses (vllm cannot
+be installed here; the fake never writes harness evidence)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miniverl.errors import UsageError
+from miniverl.rollout.vllm_engine import (
+    MISMATCH_MEAN_ABS_DIFF,
+    MISMATCH_OUTSIDE_FRACTION,
+    MISMATCH_TOKENS,
+    OLD_LOGP_MAX_ABS_DIFF,
+    SLEEP_SECONDS,
+    WAKE_SECONDS,
+    AdapterVersions,
+    SampledRow,
+    VllmEngine,
+    VllmRolloutError,
+    mismatch_metrics,
+)
+
+EOS = 2
+
+
+def test_mismatch_metrics_count_tokens_outside_the_ratio_band() -> None:
+    sampled = [[-1.0, -2.0], [-0.5]]
+    old = [[-1.0 + math.log(1.2), -2.0 + math.log(0.95)], [-0.5 - math.log(1.05)]]
+    got = mismatch_metrics(sampled, old)
+    assert got[MISMATCH_OUTSIDE_FRACTION] == pytest.approx(1 / 3)  # only exp(delta) = 1.2 is outside [0.9, 1.1]
+    assert got[OLD_LOGP_MAX_ABS_DIFF] == pytest.approx(math.log(1.2))
+    assert got[MISMATCH_MEAN_ABS_DIFF] == pytest.approx((math.log(1.2) - math.log(0.95) + math.log(1.05)) / 3)
+    assert got[MISMATCH_TOKENS] == 3.0
+    assert mismatch_metrics([[-1.0]], [[-1.0]])[MISMATCH_OUTSIDE_FRACTION] == 0.0
+    assert mismatch_metrics([[-1.0]], [[-1.0 + math.log(0.85)]])[MISMATCH_OUTSIDE_FRACTION] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("sampled", "old", "message"),
+    [
+        ([[-1.0]], [[-1.0], [-1.0]], "1 sampled trajectories, 2 recomputed"),
+        ([[-1.0, -1.0]], [[-1.0]], "trajectory 1: 2 sampled log-probs, 1 recomputed"),
+        ([[]], [[]], "no response tokens"),
+        ([[-1.0]], [[math.nan]], "not finite"),
+    ],
+)
+def test_mismatch_metrics_refuse_what_they_cannot_measure(
+    sampled: list[list[float]], old: list[list[float]], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        mismatch_metrics(sampled, old)
+
+
+def _save(path: Path) -> None:
+    (path / "adapter_config.json").write_text("{}")
+
+
+def test_each_policy_version_gets_its_own_adapter_and_a_new_lora_id(tmp_path: Path) -> None:
+    saved: list[Path] = []
+
+    def save(path: Path) -> None:
+        saved.append(path)
+        _save(path)
+
+    adapters = AdapterVersions(tmp_path)
+    first = adapters.slot(0, save)
+    assert adapters.slot(0, save) is first and len(saved) == 1  # the same version is not saved twice
+    second = adapters.slot(3, save)
+    assert (first.lora_id, second.lora_id) == (1, 2) and second.path == tmp_path / "policy-v3"
+    assert saved == [tmp_path / "policy-v0", tmp_path / "policy-v3"]
+    with pytest.raises(UsageError, match="policy version 1 after version 3"):
+        adapters.slot(1, save)
+    with pytest.raises(VllmRolloutError, match="adapter of policy version 4 was not saved"):
+        adapters.slot(4, lambda path: None)
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str
+
+
+@dataclass
+class RequestOutput:
+    outputs: list[Completion]
+
+
+@dataclass
+class FakeVllmLLM:
+    """A named fake of ``vllm.LLM`` (generate, sleep, wake_up): each request's tokens are its seed's, 4 and 5,
+    then the request's first stop token (its EOS) when its seed is even; each token's log-prob is ``logprob``.
+    It records what it was asked."""
+
+    logprob: float = -1.5
+    events: list[str] = field(default_factory=list)
+    requests: list[Any] = field(default_factory=list)
+    short_by: int = 0
+
+    def generate(self, prompts: Any, sampling_params: Any = None, *, lora_request: Any = None) -> list[Any]:
+        self.events.append("generate")
+        self.requests.append(lora_request)
+        outs = []
+        for params in sampling_params[: len(prompts) - self.short_by]:
+            eos = params["stop_token_ids"][0]
+            tokens = [params["seed"] % 50 + 10, 4, 5] + ([eos] if params["seed"] % 2 == 0 else [])
+            tokens = tokens[: params["max_tokens"]]
+            finish = "stop" if tokens[-1] == eos else "length"
+            outs.append(RequestOutput([Completion(tokens, [{t: Logprob(self.logprob)} for t in tokens], finish)]))
+        return outs
+
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(f"sleep{level}")
+
+    def wake_up(self) -> None:
+        self.events.append("wake")
+
+
+def _engine(tmp_path: Path, llm: FakeVllmLLM) -> VllmEngine:
+    return VllmEngine(
+        llm=llm,
+        version="0.26.0",
+        adapters=AdapterVersions(tmp_path),
+        sampling_params=dict,
+        lora_request=lambda name, lora_id, path: (name, lora_id, path),
+        asleep=True,
+    )
+
+
+def _sample(engine: VllmEngine, version: int, seeds: list[int], max_new_tokens: int = 8) -> list[Any]:
+    rows = [SampledRow([1, 7, 8], seed) for seed in seeds]
+    return engine.sample(
+        rows,
+        policy_version=version,
+        save_adapter=_save,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        eos_ids=[EOS],
+    )
+
+
+def test_the_engine_wakes_samples_with_the_versions_adapter_and_sleeps(tmp_path: Path) -> None:
+    llm = FakeVllmLLM()
+    engine = _engine(tmp_path, llm)
+    drawn = _sample(engine, 0, [2, 3])
+    assert llm.events == ["wake", "generate", "sleep1"] and engine.asleep
+    assert set(engine.switch_seconds) == {WAKE_SECONDS, SLEEP_SECONDS}
+    assert [d.token_ids for d in drawn] == [[12, 4, 5, EOS], [13, 4, 5]]
+    assert [d.finish for d in drawn] == ["eos", "length"] and drawn[0].logprobs == [-1.5] * 4
+    _sample(engine, 1, [4])
+    assert [r[:2] for r in llm.requests] == [("policy-v0", 1), ("policy-v1", 2)]  # a refresh is a new adapter
+
+
+@pytest.mark.parametrize(
+    ("fake", "message"),
+    [
+        (FakeVllmLLM(logprob=0.5), "no finite log-prob <= 0 for the sampled token"),
+        (FakeVllmLLM(short_by=1), "1 outputs for 2 prompts"),
+    ],
+)
+def test_the_engine_refuses_what_vllm_returns_wrong_and_still_sleeps(
+    tmp_path: Path, fake: FakeVllmLLM, message: str
+) -> None:
+    engine = _engine(tmp_path, fake)
+    with pytest.raises(VllmRolloutError, match=message):
+        _sample(engine, 0, [2, 3])
+    assert fake.events[-1] == "sleep1" and engine.asleep
