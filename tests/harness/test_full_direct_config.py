@@ -368,18 +368,18 @@ BAD: dict[str, list[Edit]] = {
         _set("ppo_summary", "adapter_changed_each_update", False),
         # the optimizer state, as the harness read it from the files it hashed
         _step_value("grpo_checkpoint_2", ACTOR_OPT, 7.0),  # edited
-        _step_value("ppo_replay_checkpoint_2", ACTOR_OPT, 4.0),
+        _step_value("ppo_checkpoint_3", ACTOR_OPT, 8.0),  # one update's steps short
         _counters_dropped("ppo_checkpoint_3", ACTOR_OPT),  # missing
         _file_dropped("grpo_checkpoint_1", ACTOR_OPT),
         _counters_of("ppo_checkpoint_2", ACTOR_OPT, "ppo_checkpoint_2", CRITIC_OPT),  # swapped: the critic's
         _counters_of("grpo_checkpoint_2", ACTOR_OPT, "grpo_checkpoint_1", ACTOR_OPT),  # swapped: checkpoint 1's
-        _counters_of("ppo_checkpoint_3", ACTOR_OPT, "grpo_checkpoint_3", ACTOR_OPT),  # swapped: the GRPO run's
+        _counters_of("ppo_checkpoint_3", ACTOR_OPT, "grpo_checkpoint_2", ACTOR_OPT),  # another run's, other step
         _counters_of_another_file("grpo_checkpoint_3", ACTOR_OPT),  # from another run
         KIT.harness_hash("ppo_checkpoint_3", ACTOR_OPT, "e" * 64),  # hashed other bytes than the product lists
         _listing_of("grpo_checkpoint_3", "grpo_checkpoint_2"),  # checkpoint 2's listing kept as 3's
         _listing_of("grpo_checkpoint_1", "ppo_checkpoint_1"),  # another run's listing
         _slots_disagree("grpo_checkpoint_1", ACTOR_OPT),
-        KIT.refused("grpo_checkpoint_1"),
+        KIT.forged("ppo_checkpoint_1", ACTOR_OPT, harness=False),  # the product lists another sha256 than hashed
     ],
     "critic_counts": [
         _diff_entry("ppo_native_diff", "critic.ppo_epochs", native=2),
@@ -398,7 +398,8 @@ BAD: dict[str, list[Edit]] = {
         _counters_dropped("ppo_checkpoint_3", CRITIC_OPT),  # missing
         _counters_of("ppo_checkpoint_3", CRITIC_OPT, "ppo_checkpoint_3", ACTOR_OPT),  # swapped: the actor's
         _counters_of("ppo_checkpoint_2", CRITIC_OPT, "ppo_checkpoint_1", CRITIC_OPT),  # swapped: checkpoint 1's
-        _counters_of_another_file("ppo_replay_checkpoint_2", CRITIC_OPT),  # from another run
+        _counters_of_another_file("ppo_checkpoint_2", CRITIC_OPT),  # from another run
+        KIT.harness_hash("ppo_checkpoint_3", CRITIC_OPT, "e" * 64),  # hashed other bytes than the product lists
         _slots_disagree("ppo_checkpoint_1", CRITIC_OPT),
         _file_added("grpo_checkpoint_3", CRITIC_OPT, "ppo_checkpoint_3"),  # GRPO with a critic's optimizer
     ],
@@ -410,7 +411,7 @@ BAD: dict[str, list[Edit]] = {
         KIT.forged("ppo_checkpoint_2", "rng.safetensors", product=False),  # the product misstates what it wrote
         KIT.refused("ppo_replay_checkpoint_2"),
         _digest("grpo_replay_checkpoint_2", "optimizer.safetensors"),
-        _digest("ppo_checkpoint_2", "critic_params.safetensors"),
+        KIT.forged("ppo_checkpoint_2", "critic_params.safetensors", harness=False),
         _set("ppo_replay_summary", "resumed_from_step", None),
         lambda root: _edit_line(root, "grpo_replay_metrics", 1, "reward_mean", 0.5),
         _exit("resume_replay_ppo", 1),
@@ -462,8 +463,11 @@ BOTH_COUNTS: dict[str, tuple[Edit, set[str]]] = {
     "optimizers_swapped": (_optimizers_swapped("ppo_checkpoint_3"), set()),
     "checkpoint_1_listing_missing": (lambda root: KIT.path(root, "ppo_checkpoint_1").unlink(), set()),
     "checkpoint_3_not_hashed": (KIT.refused("ppo_checkpoint_3"), set()),
+    "grpo_checkpoint_1_not_hashed": (KIT.refused("grpo_checkpoint_1"), set()),  # no critic state: unproven
     "no_state_hashes": (lambda root: KIT.path(root, "state_hashes").unlink(), {"resume_tensor_exact"}),
     "without_critic_state": (_without_critic_state, {"resume_tensor_exact"}),
+    # the kept checkpoint.json edited after the harness read it: no longer the one hashed
+    "listing_edited": (_digest("ppo_checkpoint_2", "critic_params.safetensors"), {"resume_tensor_exact"}),
 }
 
 
@@ -479,7 +483,7 @@ def test_optimizer_state_wrong_for_both_roles_fails_both_counts(ev: Path, name: 
 
 
 def test_the_counts_are_read_from_the_optimizer_state_the_harness_hashed() -> None:
-    """At the straight run's checkpoints 1, 2, 3 (and the replay's 2) AdamW counted 4 actor steps and 2 critic
+    """At the straight run's checkpoints 1, 2, 3 AdamW counted 4 actor steps and 2 critic
     steps per update in every parameter slot, as the harness read them from the files whose sha256 it bound."""
     record = json.loads(KIT.path(FIXTURE, "state_hashes").read_text())
     for config in direct_config.CONFIGS:

@@ -385,20 +385,21 @@ def _recorded(final: runs.Run, prefix: str) -> list[tuple[float | None, ...]]:
             for line in final.lines]  # fmt: skip
 
 
-# The kept checkpoints whose optimizer state is counted: (evidence role of its checkpoint.json, its step).
-COUNTED = (*((f"checkpoint_{step}", step) for step in range(1, CYCLES + EXTEND + 1)), ("replay_checkpoint_2", CYCLES))
+# The straight run's kept checkpoints, whose optimizer state is counted: (role of its checkpoint.json, its step).
+# (The replay's step-2 state is the straight run's, byte for byte: resume_tensor_exact.)
+COUNTED = tuple((f"checkpoint_{step}", step) for step in range(1, CYCLES + EXTEND + 1))
 
 
 def _optimizer_steps(evidence: dict[str, Path], c: Config, name: str, per_update: int | None) -> Check:
-    """At each kept checkpoint of step k (the straight run's 1..3, the replay's 2), every parameter slot of the
-    optimizer file ``name`` holds AdamW step k x ``per_update``, as the harness read it from the bytes it hashed;
-    the kept checkpoint.json is the one hashed and lists that file at the harness's sha256."""
+    """At each kept checkpoint of step k (the straight run's 1, 2, 3), every parameter slot of the optimizer file
+    ``name`` holds AdamW step k x ``per_update``, as the harness read it from the bytes it hashed; the kept
+    checkpoint.json is the one hashed and lists that file at the harness's sha256."""
     hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
     found: list[str] = []
     ok = per_update is not None
     for role, step in COUNTED:
         label = c.role(role)
-        bound, bound_why = statehash.product_agrees(hashes, label, evidence.get(label))
+        bound, bound_why = statehash.listed_as_hashed(hashes, label, evidence.get(label), name)
         held, _ = statehash.checkpoint(hashes, label)
         value, why = statehash.optimizer_step_count(hashes, label, name)
         want = step * per_update if per_update is not None else None

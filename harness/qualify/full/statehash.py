@@ -340,6 +340,26 @@ def product_agrees(hashes: StateHashes | None, label: str, listing: Path | None)
     )  # fmt: skip
 
 
+def listed_as_hashed(hashes: StateHashes | None, label: str, listing: Path | None, name: str) -> tuple[bool, str]:
+    """The kept ``checkpoint.json`` is the one the harness read (its sha256) and lists file ``name`` at the sha256
+    and size the harness took of it: what is judged of that file is of the checkpoint the product describes."""
+    found, why = checkpoint(hashes, label)
+    if found is None:
+        return False, why
+    doc = read_json(listing)
+    files = doc.get("files") if doc is not None else None
+    if listing is None or not isinstance(files, dict):
+        return False, f"checkpoint {label}: the kept checkpoint.json is missing or unreadable"
+    if file_sha256(listing) != found.checkpoint_json_sha256:
+        return False, f"checkpoint {label}: the kept checkpoint.json is NOT the one the harness hashed"
+    stated, hashed = files.get(name), found.files.get(name)
+    said = (stated.get("sha256"), stated.get("bytes")) if isinstance(stated, dict) else None
+    same = hashed is not None and said == (hashed.sha256, hashed.bytes)
+    return same, f"checkpoint {label}: the kept checkpoint.json lists {name} " + (
+        "at the harness's sha256" if same else "NOT as the harness hashed it"
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def _zero_digest(size: int) -> str:
     return hashlib.sha256(bytes(size)).hexdigest()
