@@ -42,6 +42,7 @@ IndexUrl = Annotated[
         max_length=512,
     ),
 ]
+PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class Record(BaseModel):
@@ -495,14 +496,32 @@ class FileHash(Record):
     sha256: Sha256
 
 
+class StepTally(Record):
+    """How many of an optimizer file's parameter slots hold ``value`` as their AdamW ``step`` counter."""
+
+    value: float
+    slots: PositiveInt
+
+
+class OptimizerSteps(Record):
+    """AdamW's per-parameter ``step`` counters of one optimizer safetensors file, read by the harness from the same
+    bytes it hashed (``sha256``): ``slots`` parameter slots (``state.<i>.*`` tensors), tallied by step value."""
+
+    sha256: Sha256
+    slots: NonNegInt
+    steps: list[StepTally] = Field(max_length=64)
+
+
 class CheckpointHashes(Record):
     """One checkpoint directory as the harness hashed it: the checkpoint.json it read (its sha256 binds the copy
-    kept in the evidence), every file that lists, and per-tensor digests of its adapter safetensors files."""
+    kept in the evidence), every file that lists, per-tensor digests of its adapter safetensors files and, where a
+    judge counts optimizer steps, the AdamW step counters of its optimizer files."""
 
     step: NonNegInt
     checkpoint_json_sha256: Sha256
     files: dict[RelPath, FileHash] = Field(max_length=64)
     tensors: dict[RelPath, dict[TensorName, TensorDigest]] = Field(max_length=8)
+    optimizer_steps: dict[RelPath, OptimizerSteps] = Field(default_factory=dict, max_length=8)
 
 
 class StateHashes(Record):

@@ -85,6 +85,8 @@ def forge_checkpoint(
     entry["checkpoint_json_sha256"] = hashlib.sha256(listing.read_bytes()).hexdigest()
     if harness:
         entry["files"][name]["sha256"] = sha256
+        if name in entry.get("optimizer_steps", {}):  # the counters were read from the bytes hashed
+            entry["optimizer_steps"][name]["sha256"] = sha256
     state_hashes.write_text(json.dumps(record))
 
 
@@ -160,9 +162,14 @@ class EvidenceKit:
     def harness_hash(self, label: str, name: str, sha256: str = "0" * 64) -> Callable[[Path], None]:
         """An edit: the harness's own hash of file ``name`` in checkpoint ``label`` (state-hashes.json) is
         ``sha256`` (a checkpoint whose bytes differ from what the other run, or the product, holds)."""
-        return lambda root: self.edit_json(
-            root, "state_hashes", lambda d: d["checkpoints"][label]["files"][name].update(sha256=sha256)
-        )
+
+        def change(doc: dict[str, Any]) -> None:
+            entry = doc["checkpoints"][label]
+            entry["files"][name]["sha256"] = sha256
+            if name in entry.get("optimizer_steps", {}):  # the counters were read from the bytes hashed
+                entry["optimizer_steps"][name]["sha256"] = sha256
+
+        return lambda root: self.edit_json(root, "state_hashes", change)
 
     def forged(self, label: str, name: str, sha256: str = "f" * 64, *, product: bool = True, harness: bool = True
                ) -> Callable[[Path], None]:  # fmt: skip

@@ -27,6 +27,7 @@ from harness.qualify.full.scales import SCALES
 
 W = direct_config.WORKLOAD
 GRPO, PPO = direct_config.CONFIGS
+ACTOR_OPT, CRITIC_OPT = direct_config.ACTOR_OPTIMIZER, direct_config.CRITIC_OPTIMIZER
 KIT = EvidenceKit(W)
 FIXTURE = KIT.fixture
 CHECKS = policy.required_checks(CPU, W.name)
@@ -195,6 +196,121 @@ def _without_critic_state(root: Path) -> None:
         KIT.forged(label, "rng.safetensors", product=False, harness=False)(root)  # rebinds the edited listing
 
 
+def _counters(label: str, name: str, change: Callable[[dict[str, Any], dict[str, Any]], None]) -> Edit:
+    """An edit of the harness's record of the step counters it read from file ``name`` of checkpoint ``label``
+    (``change`` gets that record's entry and the checkpoint's)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        entry = doc["checkpoints"][label]
+        change(entry["optimizer_steps"][name], entry)
+
+    return lambda root: _edit_json(root, "state_hashes", edit)
+
+
+def _step_value(label: str, name: str, value: float) -> Edit:
+    return _counters(label, name, lambda counters, _: counters["steps"][0].update(value=value))
+
+
+def _counters_of(label: str, name: str, source_label: str, source_name: str) -> Edit:
+    """Checkpoint ``label``'s counters of ``name`` are those read from ``source_name`` of ``source_label``, bound
+    to ``name``'s sha256 (only the values are another file's)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        entry = doc["checkpoints"][label]
+        other = dict(doc["checkpoints"][source_label]["optimizer_steps"][source_name])
+        entry["optimizer_steps"][name] = other | {"sha256": entry["files"][name]["sha256"]}
+
+    return lambda root: _edit_json(root, "state_hashes", edit)
+
+
+def _counters_dropped(label: str, name: str) -> Edit:
+    return lambda root: _edit_json(root, "state_hashes", lambda d: d["checkpoints"][label]["optimizer_steps"].pop(name))
+
+
+def _counters_of_another_file(label: str, name: str) -> Edit:
+    """The counters were read from other bytes (another run's file) than the sha256 the harness bound."""
+    return _counters(label, name, lambda counters, _: counters.update(sha256="e" * 64))
+
+
+def _slots_disagree(label: str, name: str) -> Edit:
+    def change(counters: dict[str, Any], _: dict[str, Any]) -> None:
+        tally = counters["steps"][0]
+        counters["steps"] = [{"value": tally["value"] - 1, "slots": 1}, tally | {"slots": tally["slots"] - 1}]
+
+    return _counters(label, name, change)
+
+
+def _file_dropped(label: str, name: str) -> Edit:
+    """Checkpoint ``label`` holds no file ``name``, told consistently by the product and the harness."""
+
+    def edit(root: Path) -> None:
+        _edit_json(root, label, lambda d: d["files"].pop(name))
+
+        def hashes(doc: dict[str, Any]) -> None:
+            doc["checkpoints"][label]["files"].pop(name)
+            doc["checkpoints"][label]["optimizer_steps"].pop(name)
+
+        _edit_json(root, "state_hashes", hashes)
+        KIT.forged(label, "rng.safetensors", product=False, harness=False)(root)  # rebinds the edited listing
+
+    return edit
+
+
+def _file_added(label: str, name: str, source_label: str) -> Edit:
+    """Checkpoint ``label`` holds file ``name`` as checkpoint ``source_label`` does, told consistently by the
+    product and the harness (a GRPO checkpoint with a critic's optimizer)."""
+
+    def edit(root: Path) -> None:
+        record = json.loads(KIT.path(root, "state_hashes").read_text())
+        hashed = record["checkpoints"][source_label]
+        _edit_json(root, label, lambda d: d["files"].update({name: hashed["files"][name]}))
+
+        def hashes(doc: dict[str, Any]) -> None:
+            doc["checkpoints"][label]["files"][name] = hashed["files"][name]
+            doc["checkpoints"][label]["optimizer_steps"][name] = hashed["optimizer_steps"][name]
+
+        _edit_json(root, "state_hashes", hashes)
+        KIT.forged(label, "rng.safetensors", product=False, harness=False)(root)
+
+    return edit
+
+
+def _optimizers_swapped(label: str) -> Edit:
+    """Checkpoint ``label``'s actor and critic optimizer files trade places, told consistently by the product
+    (checkpoint.json) and the harness (hashes and counters)."""
+    names = (direct_config.ACTOR_OPTIMIZER, direct_config.CRITIC_OPTIMIZER)
+
+    def swap(table: dict[str, Any]) -> None:
+        table[names[0]], table[names[1]] = table[names[1]], table[names[0]]
+
+    def edit(root: Path) -> None:
+        _edit_json(root, label, lambda d: swap(d["files"]))
+
+        def hashes(doc: dict[str, Any]) -> None:
+            swap(doc["checkpoints"][label]["files"])
+            swap(doc["checkpoints"][label]["optimizer_steps"])
+
+        _edit_json(root, "state_hashes", hashes)
+        KIT.forged(label, "rng.safetensors", product=False, harness=False)(root)
+
+    return edit
+
+
+def _listing_of(role: str, source: str) -> Edit:
+    """The kept checkpoint.json of ``role`` is in fact ``source``'s (another checkpoint's, or another run's)."""
+    return lambda root: KIT.path(root, role).write_bytes(KIT.path(root, source).read_bytes())
+
+
+def _compiler(*roles: str) -> Edit:
+    """Each file of ``roles`` names a compiler that is not verl's."""
+
+    def edit(root: Path) -> None:
+        for role in roles:
+            _edit_json(root, role, lambda d: d.update(compiler="not-a-verl-compiler"))
+
+    return edit
+
+
 def _no_gradient_anywhere(root: Path) -> None:
     """Every GRPO update, straight and replayed alike, had a zero gradient."""
     for role, lines in (("grpo_metrics", 3), ("grpo_replay_metrics", 2)):
@@ -250,6 +366,20 @@ BAD: dict[str, list[Edit]] = {
         _no_gradient_anywhere,
         lambda root: _edit_line(root, "grpo_metrics", 2, "adapter_delta_norm", None),
         _set("ppo_summary", "adapter_changed_each_update", False),
+        # the optimizer state, as the harness read it from the files it hashed
+        _step_value("grpo_checkpoint_2", ACTOR_OPT, 7.0),  # edited
+        _step_value("ppo_checkpoint_3", ACTOR_OPT, 8.0),  # one update's steps short
+        _counters_dropped("ppo_checkpoint_3", ACTOR_OPT),  # missing
+        _file_dropped("grpo_checkpoint_1", ACTOR_OPT),
+        _counters_of("ppo_checkpoint_2", ACTOR_OPT, "ppo_checkpoint_2", CRITIC_OPT),  # swapped: the critic's
+        _counters_of("grpo_checkpoint_2", ACTOR_OPT, "grpo_checkpoint_1", ACTOR_OPT),  # swapped: checkpoint 1's
+        _counters_of("ppo_checkpoint_3", ACTOR_OPT, "grpo_checkpoint_2", ACTOR_OPT),  # another run's, other step
+        _counters_of_another_file("grpo_checkpoint_3", ACTOR_OPT),  # from another run
+        KIT.harness_hash("ppo_checkpoint_3", ACTOR_OPT, "e" * 64),  # hashed other bytes than the product lists
+        _listing_of("grpo_checkpoint_3", "grpo_checkpoint_2"),  # checkpoint 2's listing kept as 3's
+        _listing_of("grpo_checkpoint_1", "ppo_checkpoint_1"),  # another run's listing
+        _slots_disagree("grpo_checkpoint_1", ACTOR_OPT),
+        KIT.forged("ppo_checkpoint_1", ACTOR_OPT, harness=False),  # the product lists another sha256 than hashed
     ],
     "critic_counts": [
         _diff_entry("ppo_native_diff", "critic.ppo_epochs", native=2),
@@ -262,6 +392,16 @@ BAD: dict[str, list[Edit]] = {
         _algo("ppo_metrics", 2, **{"critic/updates": None}),
         _algo("ppo_metrics", 2, **{"critic/delta_norm": 0.0}),  # the critic did not move
         _algo("grpo_metrics", 2, **{"critic/updates": 2.0}),  # GRPO has no critic
+        # the critic's optimizer state, as the harness read it from the files it hashed
+        _step_value("ppo_checkpoint_2", CRITIC_OPT, 8.0),  # edited: the actor's count
+        _step_value("ppo_checkpoint_1", CRITIC_OPT, 1.0),  # one mini-batch, not two
+        _counters_dropped("ppo_checkpoint_3", CRITIC_OPT),  # missing
+        _counters_of("ppo_checkpoint_3", CRITIC_OPT, "ppo_checkpoint_3", ACTOR_OPT),  # swapped: the actor's
+        _counters_of("ppo_checkpoint_2", CRITIC_OPT, "ppo_checkpoint_1", CRITIC_OPT),  # swapped: checkpoint 1's
+        _counters_of_another_file("ppo_checkpoint_2", CRITIC_OPT),  # from another run
+        KIT.harness_hash("ppo_checkpoint_3", CRITIC_OPT, "e" * 64),  # hashed other bytes than the product lists
+        _slots_disagree("ppo_checkpoint_1", CRITIC_OPT),
+        _file_added("grpo_checkpoint_3", CRITIC_OPT, "ppo_checkpoint_3"),  # GRPO with a critic's optimizer
     ],
     "resume_tensor_exact": [
         KIT.forged("ppo_replay_checkpoint_2", "critic_params.safetensors"),  # the replay's critic holds other bytes
@@ -271,8 +411,7 @@ BAD: dict[str, list[Edit]] = {
         KIT.forged("ppo_checkpoint_2", "rng.safetensors", product=False),  # the product misstates what it wrote
         KIT.refused("ppo_replay_checkpoint_2"),
         _digest("grpo_replay_checkpoint_2", "optimizer.safetensors"),
-        _digest("ppo_checkpoint_2", "critic_params.safetensors"),
-        _without_critic_state,
+        KIT.forged("ppo_checkpoint_2", "critic_params.safetensors", harness=False),
         _set("ppo_replay_summary", "resumed_from_step", None),
         lambda root: _edit_line(root, "grpo_replay_metrics", 1, "reward_mean", 0.5),
         _exit("resume_replay_ppo", 1),
@@ -287,6 +426,17 @@ BAD: dict[str, list[Edit]] = {
         _set("grpo_native_diff", "semantically_equal", False),
         _nested("ppo_bundle_manifest", ["direct_config", "rules_digest"], "5" * 64),
         _exit("handoff_ppo", 1),
+        # the compiler identity: each file alone, and all of them agreeing on a compiler that is not verl's
+        _compiler("ppo_handoff"),
+        _compiler("grpo_diagnose"),
+        _compiler("ppo_bundle_manifest"),
+        _compiler("grpo_handoff", "grpo_diagnose", "grpo_bundle_manifest"),
+        _compiler(*(c.role(r) for c in direct_config.CONFIGS for r in ("handoff", "diagnose", "bundle_manifest"))),
+        _nested("grpo_plan_output", ["handoff", "compiler"], "not-a-verl-compiler"),
+        lambda root: (
+            _compiler("ppo_handoff", "ppo_diagnose", "ppo_bundle_manifest")(root),
+            _nested("ppo_plan_output", ["handoff", "compiler"], "not-a-verl-compiler")(root),
+        ),
     ],
     "launch_status": [
         _set("ppo_diagnose", "launch_status", "compose_failed"),
@@ -306,6 +456,51 @@ def test_one_bad_value_fails_exactly_its_check(ev: Path, tmp_path: Path, check: 
     BAD[check][index](ev)
     assert KIT.failed(ev) == {check}
     assert KIT.failed(KIT.as_cuda(ev, tmp_path / "cuda"), CUDA) == {check}
+
+
+# Evidence wrong for both roles' counts at once (each fails both checks, and the critic's state also the replay).
+BOTH_COUNTS: dict[str, tuple[Edit, set[str]]] = {
+    "optimizers_swapped": (_optimizers_swapped("ppo_checkpoint_3"), set()),
+    "checkpoint_1_listing_missing": (lambda root: KIT.path(root, "ppo_checkpoint_1").unlink(), set()),
+    "checkpoint_3_not_hashed": (KIT.refused("ppo_checkpoint_3"), set()),
+    "grpo_checkpoint_1_not_hashed": (KIT.refused("grpo_checkpoint_1"), set()),  # no critic state: unproven
+    "no_state_hashes": (lambda root: KIT.path(root, "state_hashes").unlink(), {"resume_tensor_exact"}),
+    "without_critic_state": (_without_critic_state, {"resume_tensor_exact"}),
+    # the kept checkpoint.json edited after the harness read it: no longer the one hashed
+    "listing_edited": (_digest("ppo_checkpoint_2", "critic_params.safetensors"), {"resume_tensor_exact"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOTH_COUNTS))
+def test_optimizer_state_wrong_for_both_roles_fails_both_counts(ev: Path, name: str) -> None:
+    edit, also = BOTH_COUNTS[name]
+    edit(ev)
+    failed = KIT.failed(ev)
+    if name == "without_critic_state":  # the actor's optimizer is still there and counts right
+        assert failed == {"critic_counts"} | also
+    else:
+        assert failed == {"actor_passes", "critic_counts"} | also
+
+
+def test_the_counts_are_read_from_the_optimizer_state_the_harness_hashed() -> None:
+    """At the straight run's checkpoints 1, 2, 3 AdamW counted 4 actor steps and 2 critic
+    steps per update in every parameter slot, as the harness read them from the files whose sha256 it bound."""
+    record = json.loads(KIT.path(FIXTURE, "state_hashes").read_text())
+    for config in direct_config.CONFIGS:
+        for role, step in direct_config.COUNTED:
+            entry = record["checkpoints"][config.role(role)]
+            assert entry["step"] == step
+            names = {ACTOR_OPT: 4} | ({CRITIC_OPT: 2} if config.critic else {})
+            assert set(entry["optimizer_steps"]) == set(names)
+            for name, per_update in names.items():
+                counters = entry["optimizer_steps"][name]
+                assert counters["sha256"] == entry["files"][name]["sha256"]
+                assert counters["slots"] > 0
+                assert counters["steps"] == [{"value": float(step * per_update), "slots": counters["slots"]}]
+    judged = W.judge(KIT.evidence(FIXTURE), CPU, SCALES["cpu-reference"])
+    actor, critic = judged.checks["actor_passes"][1], judged.checks["critic_counts"][1]
+    assert "checkpoint_3 (step 3): optimizer.safetensors" in actor and "at step 12 (want 12)" in actor
+    assert "checkpoint_3 (step 3): critic_optimizer.safetensors" in critic and "at step 6 (want 6)" in critic
 
 
 def test_without_verl_the_launch_is_not_diagnosed_and_fails(ev: Path) -> None:

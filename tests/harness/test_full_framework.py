@@ -252,6 +252,73 @@ def test_a_malformed_safetensors_file_is_refused_with_one_reason(tmp_path: Path,
     assert not statehash.same_files(hashes, "c", "c", ["rng.safetensors"])[0]
 
 
+def _optimizer(steps: list[tuple[str, list[int], bytes]], *, moments: int | None = None) -> bytes:
+    """An AdamW state as the product lays it out (``state.<slot>.<key>``): each slot's step as given, and its
+    two moments; ``moments`` slots have moments (default: as many as have steps)."""
+    tensors = {f"state.{i}.step": step for i, step in enumerate(steps)}
+    for i in range(len(steps) if moments is None else moments):
+        tensors |= {f"state.{i}.exp_avg": ("F32", [2], bytes(8)), f"state.{i}.exp_avg_sq": ("F32", [2], bytes(8))}
+    return _safetensors(tensors)
+
+
+def _with_optimizer(root: Path, content: bytes) -> Path:
+    (root / "optimizer.safetensors").write_bytes(content)
+    doc = json.loads((root / "checkpoint.json").read_text())
+    doc["files"]["optimizer.safetensors"] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    (root / "checkpoint.json").write_text(json.dumps(doc))
+    return root
+
+
+def test_the_optimizer_step_counters_are_read_from_the_bytes_hashed(tmp_path: Path) -> None:
+    f32 = ("F32", [], struct.pack("<f", 8.0))
+    content = _optimizer([f32, ("F64", [1], struct.pack("<d", 8.0)), ("I64", [], struct.pack("<q", 8))])
+    root = _with_optimizer(_checkpoint(tmp_path / "c", bytes(16)), content)
+    hashed = statehash.hash_checkpoint(root, steps=True)
+    counters = hashed.optimizer_steps["optimizer.safetensors"]
+    assert counters.sha256 == hashed.files["optimizer.safetensors"].sha256 == hashlib.sha256(content).hexdigest()
+    assert counters.slots == 3 and [(t.value, t.slots) for t in counters.steps] == [(8.0, 3)]
+    assert not statehash.hash_checkpoint(root).optimizer_steps  # read only where a judge counts them
+    out = statehash.write_state_hashes(tmp_path / "sh.json", {"c": root})
+    record = statehash.read_state_hashes(out)
+    assert statehash.optimizer_step_count(record, "c", "optimizer.safetensors")[0] is None  # not read: not counted
+    record = statehash.read_state_hashes(statehash.write_taken(tmp_path / "s.json", {"c": hashed}))
+    assert statehash.optimizer_step_count(record, "c", "optimizer.safetensors")[0] == 8.0
+    assert statehash.optimizer_step_count(record, "c", "critic_optimizer.safetensors")[0] is None
+    other = hashed.model_copy(update={"optimizer_steps": {"optimizer.safetensors": counters.model_copy(
+        update={"sha256": "e" * 64})}})  # fmt: skip
+    record = statehash.read_state_hashes(statehash.write_taken(tmp_path / "o.json", {"c": other}))
+    value, why = statehash.optimizer_step_count(record, "c", "optimizer.safetensors")
+    assert value is None and "other bytes" in why
+
+
+def test_optimizer_slots_that_disagree_count_nothing(tmp_path: Path) -> None:
+    steps = [("F32", [], struct.pack("<f", 8.0)), ("BF16", [], struct.pack("<f", 7.0)[2:])]
+    root = _with_optimizer(_checkpoint(tmp_path / "c", bytes(16)), _optimizer(steps))
+    hashed = statehash.hash_checkpoint(root, steps=True)
+    assert [(t.value, t.slots) for t in hashed.optimizer_steps["optimizer.safetensors"].steps] == [(7.0, 1), (8.0, 1)]
+    record = statehash.read_state_hashes(statehash.write_taken(tmp_path / "s.json", {"c": hashed}))
+    value, why = statehash.optimizer_step_count(record, "c", "optimizer.safetensors")
+    assert value is None and "(7.0, 1), (8.0, 1)" in why
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (_optimizer([("F32", [2], bytes(8))]), "not one number"),
+        (_optimizer([("BOOL", [], b"\x01")]), "not one number"),
+        (_optimizer([("F32", [], struct.pack("<f", float("nan")))]), "not finite"),
+        (_optimizer([("F32", [], struct.pack("<f", 1.0))], moments=2), "1 of 2 parameter slots have no step"),
+        (b"\x05\x00", "shorter than a safetensors header length"),
+    ],
+)
+def test_an_optimizer_file_without_one_step_per_slot_is_refused(tmp_path: Path, content: bytes, why: str) -> None:
+    root = _with_optimizer(_checkpoint(tmp_path / "c", bytes(16)), content)
+    with pytest.raises(statehash.StateHashError, match=why):
+        statehash.hash_checkpoint(root, steps=True)
+    taken = statehash.take(root, steps=True)
+    assert isinstance(taken, str) and why.split()[0] in taken
+
+
 def test_a_listed_file_outside_the_checkpoint_or_behind_a_symlink_is_refused(tmp_path: Path) -> None:
     root = _checkpoint(tmp_path / "c", bytes(16))
     (tmp_path / "elsewhere").write_bytes(b"x")

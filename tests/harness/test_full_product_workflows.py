@@ -96,6 +96,17 @@ def _everywhere_not_a_compiler(ev: dict[str, Path]) -> None:
     _edit_json(ev["walkthrough"], lambda d: [_not_a_compiler(c) for c in d["cases"]])
 
 
+def _plan_handoff(case: str, **values: Any) -> Callable[[dict[str, Path]], None]:
+    return lambda ev: _edit_json(ev[f"{case}_plan"], lambda doc: doc["handoff"].update(values))
+
+
+def _everywhere_plan_too_not_a_compiler(ev: dict[str, Path]) -> None:
+    """The plans, handoffs, diagnoses and walkthrough all agree, on a compiler that is not verl's."""
+    _everywhere_not_a_compiler(ev)
+    for case in ("ppo", "grpo"):
+        _plan_handoff(case, compiler="not-a-verl-compiler")(ev)
+
+
 def _compilers_swapped(ev: dict[str, Path]) -> None:
     """Each case names the other case's (real) compiler, in all three files."""
     swap = {
@@ -138,7 +149,25 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("compiler_in_handoff", "walkthrough_record", lambda ev: _edit_json(ev["ppo_handoff"], _not_a_compiler)),
     ("compiler_in_diagnose", "walkthrough_record", lambda ev: _edit_json(ev["grpo_diagnose"], _not_a_compiler)),
     ("compiler_in_walkthrough", "walkthrough_record", _walk(lambda d: _not_a_compiler(d["cases"][0]))),
+    ("compiler_in_ppo_handoff", "walkthrough_record", lambda ev: _edit_json(ev["ppo_handoff"], _not_a_compiler)),
+    ("compiler_in_grpo_handoff", "walkthrough_record", lambda ev: _edit_json(ev["grpo_handoff"], _not_a_compiler)),
+    ("compiler_in_ppo_diagnose", "walkthrough_record", lambda ev: _edit_json(ev["ppo_diagnose"], _not_a_compiler)),
+    ("compiler_in_grpo_walkthrough", "walkthrough_record", _walk(lambda d: _not_a_compiler(d["cases"][1]))),
     ("compiler_everywhere", "walkthrough_record", _everywhere_not_a_compiler),
+    ("compiler_everywhere_plan_too", "walkthrough_record", _everywhere_plan_too_not_a_compiler),
+    ("compiler_in_plan", "walkthrough_record", _plan_handoff("grpo", compiler="not-a-verl-compiler")),
+    ("plan_handoff_refused", "walkthrough_record", _plan_handoff("ppo", status="refused")),
+    ("plan_rules_differ", "walkthrough_record", _plan_handoff("ppo", rules_digest="0" * 64)),
+    (
+        "diagnose_rules_differ",
+        "walkthrough_record",
+        lambda ev: _edit_json(ev["grpo_diagnose"], lambda d: d.update(rules_digest="1" * 64)),
+    ),
+    (
+        "diagnose_ir_differs",
+        "walkthrough_record",
+        lambda ev: _edit_json(ev["ppo_diagnose"], lambda d: d.update(ir_digest="2" * 64)),
+    ),
     ("compilers_swapped", "walkthrough_record", _compilers_swapped),
     (
         "ppo_smaller_than_declared",

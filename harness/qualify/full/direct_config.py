@@ -17,9 +17,14 @@ Counts: verl performs ``actor.ppo_epochs`` x ``train_batch_size / actor.ppo_mini
 steps per training step, and ``critic.ppo_epochs`` x ``train_batch_size / critic.ppo_mini_batch_size`` critic
 steps (both batch sizes in prompts; verl multiplies each by ``rollout.n``). The judge reads those values from
 the bundle's native diff (each equal to the native file's), requires them to give what this workload declares
-(2 x 2 actor steps, 1 x 2 critic steps: harness code, never the evidence), the plan to hold them, and every
-metrics line to record them as counted by the runtime's optimizer wrappers (``actor/updates``, ``actor/passes``,
-``actor/mini_batches``; ``critic/updates``, ``critic/passes``, ``critic/mini_batches``).
+(2 x 2 actor steps, 1 x 2 critic steps: harness code, never the evidence), the plan to hold them, and the optimizer
+state to have made them: at each kept checkpoint of step k (the straight run's 1, 2 and 3, the replay's 2) every
+parameter slot's AdamW ``step`` counter in ``optimizer.safetensors`` is k x 4 and in ``critic_optimizer.safetensors``
+k x 2 (a GRPO checkpoint holds no critic state). The harness reads those counters itself from the bytes it hashed
+(``statehash.optimizer_steps``), while the work dir exists, into ``state-hashes.json`` beside that sha256: the
+optimizer files (megabytes each) are not kept, and each kept ``checkpoint-<k>.json`` must be the one the harness
+read and list the same sha256. The runtime's own counters on every metrics line (``actor/updates``,
+``actor/passes``, ``actor/mini_batches``; ``critic/...``) must agree.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ ACTOR_KEYS = (
     "actor_rollout_ref.actor.ppo_mini_batch_size",
 )
 CRITIC_KEYS = ("critic.ppo_epochs", "data.train_batch_size", "critic.ppo_mini_batch_size")
-CRITIC_STATE = ("critic_params.safetensors", "critic_optimizer.safetensors")
+ACTOR_OPTIMIZER, CRITIC_OPTIMIZER = "optimizer.safetensors", "critic_optimizer.safetensors"
+CRITIC_STATE = ("critic_params.safetensors", CRITIC_OPTIMIZER)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,9 @@ PER_CONFIG = {
     "inspect_3": "inspect-3.json",
     "summary": "run/summary.json",
     "metrics": "run/metrics.jsonl",
+    "checkpoint_1": "run/checkpoint-1.json",
     "checkpoint_2": "run/checkpoint-2.json",
+    "checkpoint_3": "run/checkpoint-3.json",
     "replay_first_output": "replay/first-output.json",
     "replay_summary": "replay/summary.json",
     "replay_metrics": "replay/metrics.jsonl",
@@ -185,6 +193,13 @@ def _run_config(
     def member(role: str) -> str:
         return f"{c.key}/{PER_CONFIG[role]}"
 
+    def keep_checkpoint(run_dir: Path, step: int, role: str) -> None:
+        """Keep the run's step-``step`` checkpoint.json and take the harness's hashes and optimizer step counters
+        of the files it lists, now (a later resume prunes old checkpoints)."""
+        directory = wt.checkpoint_dir(run_dir, step)
+        keep(c.role(role), wt.keep_file(ctx, directory / "checkpoint.json", member(role)))
+        taken[c.role(role)] = statehash.take(directory, steps=True)
+
     def plan(step: str, source: str, dest: str) -> Any:
         argv = ["plan", "--verl-config", source, *sets, "--out", dest, "--json"]
         return cli(c.step(step), argv, timeout=runs.PLAN_TIMEOUT)
@@ -200,13 +215,13 @@ def _run_config(
     run_dir, replay_dir = work / "runs" / c.run_id, work / "runs" / c.replay_id
     if planned.ok:
         keep(c.role("run_output"), wt.keep_json(ctx, train("run", plan_file, c.run_id), member("run_output")))
-        checkpoint = wt.checkpoint_dir(run_dir, CYCLES) / "checkpoint.json"
-        keep(c.role("checkpoint_2"), wt.keep_file(ctx, checkpoint, member("checkpoint_2")))
-        taken[c.role("checkpoint_2")] = statehash.take(checkpoint.parent)  # before the resume goes on from it
+        for step in range(1, CYCLES + 1):  # before the resume goes on from them (and prunes the first)
+            keep_checkpoint(run_dir, step, f"checkpoint_{step}")
         inspect = ["inspect", f"runs/{c.run_id}", "--json"]
         keep(c.role("inspect_2"), wt.keep_json(ctx, cli(c.step("inspect_2"), inspect), member("inspect_2")))
         resumed = train("resume_extend", plan_file, c.run_id, "--resume", "--extend", str(EXTEND))
         keep(c.role("resume_output"), wt.keep_json(ctx, resumed, member("resume_output")))
+        keep_checkpoint(run_dir, CYCLES + EXTEND, f"checkpoint_{CYCLES + EXTEND}")
         keep(c.role("inspect_3"), wt.keep_json(ctx, cli(c.step("inspect_3"), inspect), member("inspect_3")))
     keep(c.role("summary"), wt.keep_file(ctx, run_dir / "summary.json", member("summary")))
     keep(c.role("metrics"), wt.keep_file(ctx, run_dir / "metrics.jsonl", member("metrics")))
@@ -218,9 +233,7 @@ def _run_config(
             train("resume_replay", replay_plan, c.replay_id, "--resume", "--extend", str(CYCLES - REPLAY_FIRST))
     keep(c.role("replay_summary"), wt.keep_file(ctx, replay_dir / "summary.json", member("replay_summary")))
     keep(c.role("replay_metrics"), wt.keep_file(ctx, replay_dir / "metrics.jsonl", member("replay_metrics")))
-    replay_checkpoint = wt.checkpoint_dir(replay_dir, CYCLES) / "checkpoint.json"
-    keep(c.role("replay_checkpoint_2"), wt.keep_file(ctx, replay_checkpoint, member("replay_checkpoint_2")))
-    taken[c.role("replay_checkpoint_2")] = statehash.take(replay_checkpoint.parent)
+    keep_checkpoint(replay_dir, CYCLES, "replay_checkpoint_2")
     bundle_dir = f"bundle-{c.key}"
     handoff = cli(c.step("handoff"), ["handoff", f"runs/{c.run_id}", "--out", bundle_dir, "--json"], timeout=1800)
     keep(c.role("handoff"), wt.keep_json(ctx, handoff, member("handoff")))
@@ -372,9 +385,45 @@ def _recorded(final: runs.Run, prefix: str) -> list[tuple[float | None, ...]]:
             for line in final.lines]  # fmt: skip
 
 
+# The straight run's kept checkpoints, whose optimizer state is counted: (role of its checkpoint.json, its step).
+# (The replay's step-2 state is the straight run's, byte for byte: resume_tensor_exact.)
+COUNTED = tuple((f"checkpoint_{step}", step) for step in range(1, CYCLES + EXTEND + 1))
+
+
+def _optimizer_steps(evidence: dict[str, Path], c: Config, name: str, per_update: int | None) -> Check:
+    """At each kept checkpoint of step k (the straight run's 1, 2, 3), every parameter slot of the optimizer file
+    ``name`` holds AdamW step k x ``per_update``, as the harness read it from the bytes it hashed; the kept
+    checkpoint.json is the one hashed and lists that file at the harness's sha256."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    found: list[str] = []
+    ok = per_update is not None
+    for role, step in COUNTED:
+        label = c.role(role)
+        bound, bound_why = statehash.listed_as_hashed(hashes, label, evidence.get(label), name)
+        held, _ = statehash.checkpoint(hashes, label)
+        value, why = statehash.optimizer_step_count(hashes, label, name)
+        want = step * per_update if per_update is not None else None
+        good = bound and held is not None and held.step == step and value is not None and value == want
+        ok = ok and good
+        found.append(
+            f"{role} (step {held.step if held else None}): {why} (want {want})" if bound else f"{role}: {bound_why}"
+        )
+    return ok, f"optimizer state {'; '.join(found)}"
+
+
+def _no_critic_state(evidence: dict[str, Path], c: Config) -> Check:
+    """No kept checkpoint holds a critic's files, by the harness's hashes."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    held = [statehash.checkpoint(hashes, c.role(role))[0] for role, _ in COUNTED]
+    critic = sorted({n for h in held if h is not None for n in h.files if n in CRITIC_STATE})
+    ok = all(h is not None for h in held) and not critic
+    return ok, f"critic state files in the kept checkpoints {critic} (want none; all hashed: {None not in held})"
+
+
 def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
     epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), ACTOR_KEYS)
     steps = epochs * minis if epochs and minis else None
+    counted, counted_why = _optimizer_steps(evidence, c, ACTOR_OPTIMIZER, steps)
     planned = _planned(read_json(evidence.get(c.role("plan"))), c.algorithm, "ppo_epochs", "mini_batches")
     recorded = _recorded(final, "actor")
     norms = [finite(v) for v in final.column("grad_norm")]
@@ -392,9 +441,10 @@ def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Chec
         and each
     )
     declared = (epochs, minis) == (ACTOR_EPOCHS, ACTOR_MINI_BATCHES)
-    ok = declared and same == len(ACTOR_KEYS) and planned == (epochs, minis) and lines_ok
+    ok = declared and same == len(ACTOR_KEYS) and planned == (epochs, minis) and lines_ok and counted
     return ok, (
-        f"verl actor steps per training step: {phrase} (want {ACTOR_EPOCHS} x {ACTOR_MINI_BATCHES}); planned "
+        f"verl actor steps per training step: {phrase} (want {ACTOR_EPOCHS} x {ACTOR_MINI_BATCHES}); actor "
+        f"{counted_why}; planned "
         f"passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} (want "
         f"({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); grad norm {_rounded(norms)} (finite, one > 0), "
         f"adapter delta {_rounded(deltas)} (each > 0), changed each update {each}"
@@ -404,12 +454,16 @@ def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Chec
 def _critic_counts(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
     recorded = _recorded(final, "critic")
     if not c.critic:
-        # a GRPO file has no critic (critic.enable false): no line may claim critic steps
-        absent = final.why is None and len(final.lines) == CYCLES + EXTEND
+        # a GRPO file has no critic (critic.enable false): no line may claim critic steps, no checkpoint hold its state
+        no_state, no_state_why = _no_critic_state(evidence, c)
+        absent = final.why is None and len(final.lines) == CYCLES + EXTEND and no_state
         absent = absent and all(r == (None, None, None) for r in recorded)
-        return absent, f"no critic; critic (updates, passes, mini_batches) per line {recorded[:4]} (want none)"
+        return absent, (
+            f"no critic; critic (updates, passes, mini_batches) per line {recorded[:4]} (want none); {no_state_why}"
+        )
     epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), CRITIC_KEYS)
     steps = epochs * minis if epochs and minis else None
+    counted, counted_why = _optimizer_steps(evidence, c, CRITIC_OPTIMIZER, steps)
     planned = _planned(read_json(evidence.get(c.role("plan"))), "ppo", "critic_ppo_epochs", "critic_mini_batches")
     moved = [finite(wt.algo_metric(line, "critic/delta_norm")) for line in final.lines]
     lines_ok = (
@@ -420,9 +474,10 @@ def _critic_counts(evidence: dict[str, Path], c: Config, final: runs.Run) -> Che
         and all(v is not None and v > 0 for v in moved)
     )
     declared = (epochs, minis) == (CRITIC_EPOCHS, CRITIC_MINI_BATCHES)
-    ok = declared and same == len(CRITIC_KEYS) and planned == (epochs, minis) and lines_ok
+    ok = declared and same == len(CRITIC_KEYS) and planned == (epochs, minis) and lines_ok and counted
     return ok, (
-        f"verl critic steps per training step: {phrase} (want {CRITIC_EPOCHS} x {CRITIC_MINI_BATCHES}); planned "
+        f"verl critic steps per training step: {phrase} (want {CRITIC_EPOCHS} x {CRITIC_MINI_BATCHES}); critic "
+        f"{counted_why}; planned "
         f"critic passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} "
         f"(want ({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); critic delta norm {_rounded(moved)}"
     )

@@ -470,12 +470,19 @@ CASE_COMPILERS = {"grpo": wt.VERL_COMPILER_GRPO, "ppo": wt.VERL_COMPILER_PPO}
 
 
 def _compiler_identity(walk: Walkthrough | None, evidence: dict[str, Path]) -> tuple[bool, str]:
-    """Each case's handoff, its diagnosis in verl's environment and the walkthrough name the case's verl compiler."""
+    """Each case's plan (its handoff section, ``compiles``), its handoff, the diagnosis of that bundle in verl's
+    environment and the walkthrough record name the case's verl compiler (harness code, never the evidence), and
+    the compiler's output agrees: the rules digest in plan, handoff and diagnose, the IR digest in handoff and
+    diagnose."""
     problems: list[str] = []
     for case in CASES:
+        planned = runs.section(read_json(evidence.get(f"{case}_plan")), "handoff")
+        handoff = read_json(evidence.get(f"{case}_handoff")) or {}
+        diagnose = read_json(evidence.get(f"{case}_diagnose")) or {}
         named = {
-            "handoff": (read_json(evidence.get(f"{case}_handoff")) or {}).get("compiler"),
-            "diagnose": (read_json(evidence.get(f"{case}_diagnose")) or {}).get("compiler"),
+            "plan": planned.get("compiler") if planned.get("status") == "compiles" else planned.get("status"),
+            "handoff": handoff.get("compiler"),
+            "diagnose": diagnose.get("compiler"),
             "walkthrough": next((c.compiler for c in walk.cases if c.case == case), None) if walk else None,
         }
         wrong = {where: name for where, name in named.items() if name != CASE_COMPILERS[case]}
@@ -484,9 +491,22 @@ def _compiler_identity(walk: Walkthrough | None, evidence: dict[str, Path]) -> t
                 f"{case}: want {CASE_COMPILERS[case]!r}, "
                 + ", ".join(f"{k} {runs.short(v)!r}" for k, v in wrong.items())
             )
+        rules = {planned.get("rules_digest"), handoff.get("rules_digest"), diagnose.get("rules_digest")}
+        ir = {handoff.get("ir_digest"), diagnose.get("ir_digest")}
+        if not all(len(d) == 1 and _sha256(next(iter(d))) for d in (rules, ir)):
+            problems.append(
+                f"{case}: rules digests of plan, handoff, diagnose {sorted(str(d)[:16] for d in rules)} and IR "
+                f"digests of handoff, diagnose {sorted(str(d)[:16] for d in ir)} (want one sha256 each)"
+            )
     return not problems, "compiler: " + (
-        "; ".join(problems) if problems else "handoff, diagnose and walkthrough agree per case"
+        "; ".join(problems)
+        if problems
+        else "plan, handoff, diagnose and walkthrough name the case's compiler, its rules and IR digests agree"
     )
+
+
+def _sha256(value: Any) -> bool:
+    return isinstance(value, str) and wt.SHA256.match(value) is not None
 
 
 def _walkthrough_agrees(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import stat
 import struct
 from collections.abc import Iterable
@@ -30,7 +31,9 @@ from harness.core.records import (
     DTYPE_BYTES,
     CheckpointHashes,
     FileHash,
+    OptimizerSteps,
     StateHashes,
+    StepTally,
     TensorDigest,
 )
 from harness.core.records import (
@@ -139,11 +142,64 @@ def is_adapter(name: str) -> bool:
     return name.endswith("adapter_model.safetensors")
 
 
-def hash_checkpoint(directory: Path, *, tensors: bool = False) -> CheckpointHashes:
-    """Hash every file ``directory/checkpoint.json`` lists, and with ``tensors`` each adapter's tensors (about
-    80 kB of digests per SmolLM2 adapter: kept only where a judge decides parameter change from them).
-    StateHashError if the checkpoint is malformed, a listed file is missing or a symlink, or a safetensors header
-    is bad."""
+def is_optimizer(name: str) -> bool:
+    return name.endswith("optimizer.safetensors")
+
+
+# How each dtype an optimizer's step counter may have is unpacked (little-endian, one element).
+STEP_FORMATS = {"F64": "<d", "F32": "<f", "F16": "<e", "I64": "<q", "I32": "<i", "U64": "<Q", "U32": "<I"}
+
+
+def _step_value(raw: bytes, dtype: str) -> float:
+    if dtype == "BF16":  # the high half of an F32
+        (value,) = struct.unpack("<f", b"\0\0" + raw)
+    else:
+        (value,) = struct.unpack(STEP_FORMATS[dtype], raw)
+    return float(value)
+
+
+def optimizer_steps(data: bytes, name: str) -> OptimizerSteps:
+    """The AdamW ``step`` counters of an optimizer safetensors file's bytes: the optimizer state is one tensor per
+    ``state.<slot>.<key>``; each slot's ``step`` must be one number (a scalar), read here from the raw bytes, never
+    through torch. StateHashError when the file is malformed or a step tensor is not one finite number."""
+    if len(data) < 8:
+        raise StateHashError(f"{name}: shorter than a safetensors header length")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > HEADER_LIMIT_BYTES or 8 + length > len(data):
+        raise StateHashError(f"{name}: safetensors header length {length} does not fit the file")
+    try:
+        header = loads_strict(data[8 : 8 + length], name)
+    except (RecordError, ValueError, RecursionError) as exc:
+        raise StateHashError(f"{name}: safetensors header is not strict JSON ({str(exc)[:120]})") from None
+    start = 8 + length
+    slots: set[str] = set()
+    values: dict[str, float] = {}
+    for tensor, dtype, shape, begin, end in _entries(header, len(data) - start, name):
+        slot, _, key = tensor.rpartition(".")
+        slots.add(slot)
+        if key != "step":
+            continue
+        if any(dim != 1 for dim in shape) or (dtype not in STEP_FORMATS and dtype != "BF16"):
+            raise StateHashError(f"{name}: step tensor {tensor[:80]!r} is {dtype} {shape}, not one number")
+        value = _step_value(data[start + begin : start + end], dtype)
+        if not math.isfinite(value):
+            raise StateHashError(f"{name}: step tensor {tensor[:80]!r} is not finite")
+        values[slot] = value
+    if len(values) != len(slots):
+        raise StateHashError(f"{name}: {len(slots) - len(values)} of {len(slots)} parameter slots have no step tensor")
+    tally = [StepTally(value=v, slots=sum(1 for x in values.values() if x == v)) for v in sorted(set(values.values()))]
+    try:
+        return OptimizerSteps(sha256=hashlib.sha256(data).hexdigest(), slots=len(slots), steps=tally)
+    except ValidationError as exc:
+        raise StateHashError(f"{name}: step counters cannot be recorded: {str(exc.errors()[0]['msg'])[:160]}") from None
+
+
+def hash_checkpoint(directory: Path, *, tensors: bool = False, steps: bool = False) -> CheckpointHashes:
+    """Hash every file ``directory/checkpoint.json`` lists, with ``tensors`` each adapter's tensors (about
+    80 kB of digests per SmolLM2 adapter: kept only where a judge decides parameter change from them), and with
+    ``steps`` each optimizer file's AdamW step counters, read from the very bytes hashed (a few bytes each where
+    the file is megabytes: kept instead of the file). StateHashError if the checkpoint is malformed, a listed
+    file is missing or a symlink, or a safetensors header is bad."""
     listing = directory / "checkpoint.json"
     _regular(listing, directory)
     data = listing.read_bytes()
@@ -157,18 +213,28 @@ def hash_checkpoint(directory: Path, *, tensors: bool = False) -> CheckpointHash
         raise StateHashError("checkpoint.json lists no files or no step")
     hashed: dict[str, FileHash] = {}
     tables: dict[str, dict[str, TensorDigest]] = {}
+    counters: dict[str, OptimizerSteps] = {}
     for name in sorted(files):
         parts = name.split("/")
         if name.startswith("/") or any(p in {"", ".", ".."} for p in parts):
             raise StateHashError(f"checkpoint.json lists {name[:80]!r}, not a relative path inside the checkpoint")
         path = directory.joinpath(*parts)
         _regular(path, directory)
-        hashed[name] = file_hash(path)
+        if steps and is_optimizer(name):
+            raw = path.read_bytes()  # one read: the counters are those of the bytes whose sha256 is recorded
+            counters[name] = optimizer_steps(raw, name)
+            hashed[name] = FileHash(bytes=len(raw), sha256=counters[name].sha256)
+        else:
+            hashed[name] = file_hash(path)
         if tensors and is_adapter(name):
             tables[name] = tensor_digests(path)
     try:
         return CheckpointHashes(
-            step=step, checkpoint_json_sha256=hashlib.sha256(data).hexdigest(), files=hashed, tensors=tables
+            step=step,
+            checkpoint_json_sha256=hashlib.sha256(data).hexdigest(),
+            files=hashed,
+            tensors=tables,
+            optimizer_steps=counters,
         )
     except ValidationError as exc:
         raise StateHashError(f"checkpoint cannot be recorded: {str(exc.errors()[0]['msg'])[:160]}") from None
@@ -177,12 +243,12 @@ def hash_checkpoint(directory: Path, *, tensors: bool = False) -> CheckpointHash
 Taken = CheckpointHashes | str  # a checkpoint's hashes, or why the harness could not hash it
 
 
-def take(directory: Path, *, tensors: bool = False) -> Taken | None:
+def take(directory: Path, *, tensors: bool = False, steps: bool = False) -> Taken | None:
     """Hash one checkpoint directory now (None when it has no checkpoint.json: the judge sees it missing)."""
     if not (directory / "checkpoint.json").exists():
         return None
     try:
-        return hash_checkpoint(directory, tensors=tensors)
+        return hash_checkpoint(directory, tensors=tensors, steps=steps)
     except StateHashError as exc:
         return str(exc)[:300]
     except OSError as exc:  # its message would name a local path: only the reason is recorded
@@ -274,6 +340,26 @@ def product_agrees(hashes: StateHashes | None, label: str, listing: Path | None)
     )  # fmt: skip
 
 
+def listed_as_hashed(hashes: StateHashes | None, label: str, listing: Path | None, name: str) -> tuple[bool, str]:
+    """The kept ``checkpoint.json`` is the one the harness read (its sha256) and lists file ``name`` at the sha256
+    and size the harness took of it: what is judged of that file is of the checkpoint the product describes."""
+    found, why = checkpoint(hashes, label)
+    if found is None:
+        return False, why
+    doc = read_json(listing)
+    files = doc.get("files") if doc is not None else None
+    if listing is None or not isinstance(files, dict):
+        return False, f"checkpoint {label}: the kept checkpoint.json is missing or unreadable"
+    if file_sha256(listing) != found.checkpoint_json_sha256:
+        return False, f"checkpoint {label}: the kept checkpoint.json is NOT the one the harness hashed"
+    stated, hashed = files.get(name), found.files.get(name)
+    said = (stated.get("sha256"), stated.get("bytes")) if isinstance(stated, dict) else None
+    same = hashed is not None and said == (hashed.sha256, hashed.bytes)
+    return same, f"checkpoint {label}: the kept checkpoint.json lists {name} " + (
+        "at the harness's sha256" if same else "NOT as the harness hashed it"
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def _zero_digest(size: int) -> str:
     return hashlib.sha256(bytes(size)).hexdigest()
@@ -313,3 +399,21 @@ def adapter_moved(hashes: StateHashes | None, before: str | None, after: str, na
         f"checkpoint {before} -> {after}: {len(changed)} of {len(table)} adapter tensors changed"
         + ("" if same_layout else "; the tensor layout differs")
     )
+
+
+def optimizer_step_count(hashes: StateHashes | None, label: str, name: str) -> tuple[float | None, str]:
+    """The one AdamW step count every parameter slot of optimizer file ``name`` of checkpoint ``label`` holds, as
+    the harness read it from the bytes whose sha256 it recorded for that file; None and why when it read none,
+    the counters are of other bytes than the file hashed, or the slots disagree."""
+    found, why = checkpoint(hashes, label)
+    if found is None:
+        return None, why
+    counters, hashed = found.optimizer_steps.get(name), found.files.get(name)
+    if counters is None or hashed is None:
+        return None, f"checkpoint {label}: the harness read no {name}" + ("" if hashed is None else " step counters")
+    if counters.sha256 != hashed.sha256:
+        return None, f"checkpoint {label}: {name} step counters read from other bytes than the file hashed"
+    tally = [(t.value, t.slots) for t in counters.steps]
+    if not tally or tally != [(tally[0][0], counters.slots)]:
+        return None, f"checkpoint {label}: {name} step counters (value, slots) {tally[:4]} of {counters.slots} slots"
+    return tally[0][0], f"{name} {counters.slots} slots at step {tally[0][0]:g}"
