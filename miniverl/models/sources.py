@@ -2,7 +2,9 @@
 
 Sources:
 
-- ``hub``: ``snapshot_download(model_id, revision=<40-hex>)`` through huggingface_hub. With
+- ``hub``: a ``model_id`` and revision that miniverl pins file by file (:mod:`miniverl.models.pinned`, e.g. the
+  seed's Qwen3-0.6B) is fetched into the miniverl cache and every file checked against its recorded sha256;
+  any other: ``snapshot_download(model_id, revision=<40-hex>)`` through huggingface_hub. With
   ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set only the local Hugging Face cache is used.
   A mutable revision (allowed only with ``allow_mutable_revision``) is resolved to its commit sha,
   which is what the identity records.
@@ -81,7 +83,7 @@ def resolve(
             raise ModelSourceError("source 'student' needs the student's model spec")
         return resolve(student, fetch=fetch, cache_dir=cache_dir, progress=progress)
     if spec.source == "hub":
-        return _resolve_hub(spec, fetch=fetch)
+        return _resolve_hub(spec, fetch=fetch, cache_dir=cache_dir)
     if spec.source == "local":
         return _resolve_local(spec)
     if spec.source == "gguf":
@@ -94,7 +96,8 @@ def resolve(
 def model_identity(spec: ModelSpec, resolved: ResolvedModel) -> dict[str, Any]:
     """The content identity of the model ``spec`` describes: base digests plus any pinned adapter.
 
-    - hub: ``{source, model_id, revision}`` (revision: the resolved 40-hex commit)
+    - hub: ``{source, model_id, revision}`` (revision: the resolved 40-hex commit), plus ``files_sha256`` (sha256 of
+      the pinned ``{file: sha256}`` map) for a model miniverl pins file by file
     - local: ``{source, tree_sha256, files}``, ``files`` = ``{relative name: sha256}`` and
       ``tree_sha256`` = sha256 of its canonical JSON
     - gguf: ``{source, sha256}``
@@ -182,8 +185,17 @@ def hub_snapshot(repo_id: str, revision: str, *, allow_patterns: list[str], what
     return path
 
 
-def _resolve_hub(spec: ModelSpec, *, fetch: bool) -> ResolvedModel:
+def _resolve_hub(spec: ModelSpec, *, fetch: bool, cache_dir: str | os.PathLike[str] | None = None) -> ResolvedModel:
     assert spec.model_id is not None and spec.revision is not None  # the schema guarantees both
+    from miniverl.models.pinned import fetch_pinned, pin_for, pin_identity
+
+    pin = pin_for(spec.model_id, spec.revision)
+    if pin is not None:
+        # Pinned file by file: fetched (or re-verified) even for a plan, which must not name what it cannot verify.
+        directory = fetch_pinned(pin, cache_dir)
+        config = _read_config(directory / "config.json", label=f"model {pin.label}")
+        files = {name: pinned.sha256 for name, pinned in pin.files.items()}
+        return ResolvedModel("hub", pin_identity(pin), pin.label, directory if fetch else None, config, files)
     patterns = HUB_ALLOW_PATTERNS if fetch else ["config.json"]
     snapshot = hub_snapshot(spec.model_id, spec.revision, allow_patterns=patterns, what="model")
     commit = snapshot.name

@@ -70,7 +70,7 @@ def test_usage_errors_exit_2(cli, tiny_model_dir, prompts, workdir: Path) -> Non
     assert missing.code == 2 and "nothing to resume" in missing.err and missing.err.count("\n") == 1
     unknown = cli("models", "fetch", "no-such-model")
     assert unknown.code == 2 and unknown.err.count("\n") == 1
-    assert "unknown builtin model 'no-such-model'; known: smollm2-135m-instruct" in unknown.err
+    assert "unknown model 'no-such-model'; known: distilbert-sst2, qwen3-0.6b, smollm2-135m-instruct" in unknown.err
 
 
 def test_rewards_list_is_plain_text(cli) -> None:

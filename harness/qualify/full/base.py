@@ -14,6 +14,37 @@ Scalar = int | float | bool | str | None
 
 
 @dataclass(frozen=True)
+class ModelUse:
+    """The model a profile runs in one role, beside the one the seed names for it (``stands_in`` when they differ).
+
+    ``source``: ``hub`` (``model_id`` at the 40-hex ``revision``, every file checked by the product against its
+    shipped sha256 pin), ``builtin`` (the embedded model ``model_id``) or ``tiny`` (the seeded tiny classifier)."""
+
+    role: str
+    requested: str  # what the seed names for the role
+    source: str
+    model_id: str | None = None
+    revision: str | None = None
+
+    @property
+    def used(self) -> str:
+        if self.source == "hub":
+            return f"{self.model_id}@{self.revision}"
+        return f"{self.source}:{self.model_id}" if self.model_id else self.source
+
+    @property
+    def stands_in(self) -> bool:
+        return self.source != "hub" or self.model_id != self.requested
+
+    def sets(self) -> list[str]:
+        """``a=b`` plan overrides that put the declared hub model in the role (none for the YAML's own models)."""
+        if self.source != "hub":
+            return []
+        key = f"models.{self.role}"
+        return [f"{key}.source=hub", f"{key}.model_id={self.model_id}", f"{key}.revision={self.revision}"]
+
+
+@dataclass(frozen=True)
 class Scale:
     """The sizes a profile runs the workloads at, declared in :mod:`harness.qualify.full.scales` (never silently
     reduced)."""
@@ -30,6 +61,12 @@ class Scale:
     # Workloads side by side on one dedicated GPU, their timed steps alone first (harness.qualify.quiet); never on
     # a card whose memory budget is per card rather than per process, nor on a shared CI CPU.
     side_by_side: bool = False
+    # The model of each role the workloads train or score with, and what the seed asks there (never silently
+    # swapped: the judges check the plans used exactly these).
+    models: tuple[ModelUse, ...] = ()
+
+    def model(self, role: str) -> ModelUse | None:
+        return next((use for use in self.models if use.role == role), None)
 
     def overrides(self) -> list[str]:
         """``--set a=b`` argv pairs for ``miniverl plan``."""

@@ -1,7 +1,9 @@
 """``grpo-cycles`` (v0.12, subordinate record v012/grpo-cycles.json): two LoRA GRPO cycles on the profile's model.
 
-The deterministic target-length formatting reward (plus the calculator's exact answer) on the embedded SmolLM2,
-NF4 base weights where the profile's scale declares ``quantization: nf4``. Both updates must change the adapter
+The deterministic target-length formatting reward (plus the calculator's exact answer) on the student the profile's
+scale declares (the seed's Qwen3-0.6B at its pinned revision on the release card; the embedded SmolLM2 standing in
+elsewhere: ``two_updates_changed`` requires the plan to have used exactly that model), NF4 base weights where the
+scale declares ``quantization: nf4``. Both updates must change the adapter
 (the harness's own per-tensor digests of the adapter after each update) after rewards varied within a group and
 advantages were nonzero (re-derived from the kept trajectories the checkpoint commits); on CUDA the peak reserved
 memory stays under the profile's threshold. Then ``miniverl handoff RUN --out bundle --json`` must compile the run
@@ -37,6 +39,7 @@ EVIDENCE = {
     "state_hashes": f"{FOLDER}/state-hashes.json",
 }
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+MODEL_ROLES = ("student",)  # the rewards are rules: no reward model here
 
 
 def run(ctx: Context) -> dict[str, Path]:
@@ -46,7 +49,7 @@ def run(ctx: Context) -> dict[str, Path]:
         "plan",
         YAML,
         "plan.json",
-        [f"train.cycles={CYCLES}", runs.KEEP_BOTH_CHECKPOINTS],
+        [f"train.cycles={CYCLES}", runs.KEEP_BOTH_CHECKPOINTS, *runs.model_sets(ctx.scale, MODEL_ROLES)],
         min_new_tokens=runs.GRPO_MIN_NEW_TOKENS,
         quantize=True,
     )
@@ -82,13 +85,14 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     sizes = runs.declared_sizes(scale, min_new_tokens=runs.GRPO_MIN_NEW_TOKENS)
     sized, sized_why = runs.planned_as_declared(plan, sizes, profile)
     exits = runs.exits(evidence).get("run")
+    modelled, modelled_why = runs.models_as_declared(j, plan, scale, MODEL_ROLES)
     j.check(
         "two_updates_changed",
-        done and changed and moved and len(deltas) == CYCLES and quant_ok and sized and exits == [0],
+        done and changed and moved and len(deltas) == CYCLES and quant_ok and sized and modelled and exits == [0],
         f"run exit {exits}; {done_why}; harness digests: {changed_why}; run reports adapter delta norm per update "
         f"{deltas}; quantization planned "
         f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r}); "
-        f"{sized_why}",
+        f"{sized_why}; {modelled_why}",
     )
     runs.judge_cuda(j, profile, {"run": r.summary}, teardown=False, peak=True)
     out = read_json(evidence.get("handoff_output")) or {}

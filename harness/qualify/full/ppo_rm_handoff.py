@@ -1,8 +1,11 @@
-"""v0.13 PPO/RM/handoff (issue 11): PPO with a critic and a reward-model role on the embedded SmolLM2, through the
-installed CLI; GAE re-derived from the evidence; a real interruption inside the second update's actor pass and a
-tensor-exact resume of actor, critic and optimizers (by the harness's own sha256 of the checkpoint files, taken
-before the work dir goes); a verl 0.9 handoff bundle diagnosed locally. On a CPU profile the reward model's
-offload after each scoring phase measures nothing: ``reward_model_offloaded`` is not applicable there.
+"""v0.13 PPO/RM/handoff (issue 11): PPO with a critic and a reward-model role, through the installed CLI, on the models
+the profile's scale declares (the seed's Qwen3-0.6B and DistilBERT SST-2 classifier at their pinned hub revisions on
+the release card; SmolLM2 and the tiny seeded classifier standing in elsewhere, which the record says: ``actor_updates``
+and ``reward_model`` require the plan to have used exactly the declared student and reward model); GAE re-derived
+from the evidence; a real interruption inside the second update's actor pass and a tensor-exact resume of actor,
+critic and optimizers (by the harness's own sha256 of the checkpoint files, taken before the work dir goes); a verl
+0.9 handoff bundle diagnosed locally. On a CPU profile the reward model's offload after each scoring phase measures
+nothing: ``reward_model_offloaded`` is not applicable there.
 
 Steps: plan (2 cycles) of ``harness/workloads/ppo-rm-handoff.yaml`` at the scale's sizes; run it straight
 (``ppo-two``); run it again (``ppo-resumed``) as a child whose stderr the harness reads, and send it SIGTERM as soon
@@ -39,8 +42,9 @@ CYCLES = 2
 RUN_TWO, RUN_RESUMED = "ppo-two", "ppo-resumed"
 RUN_ARGS = ["run", "--plan", "plan.json", "--output", "runs", "--run-id"]
 INTERRUPTED_STEP = "run_interrupted"
-# The reward model the workload uses (the tiny seeded sequence classifier: what exists offline on every profile).
-REWARD_SOURCE = "tiny"
+# The roles whose model the profile's scale declares: the seed's Qwen3-0.6B and DistilBERT reward model on the release
+# card (fetched at their pinned revisions), SmolLM2 and the tiny seeded classifier standing in elsewhere.
+MODEL_ROLES = ("student", "reward")
 OFFLOAD_NOT_MEASURED = (
     "cpu profile: the reward model never leaves a GPU it was never on, so offloaded_after_phase measures nothing"
 )
@@ -83,7 +87,8 @@ def run(ctx: Context) -> dict[str, Path]:
             out[role] = path
 
     shutil.copyfile(wt.WORKLOADS / YAML, ctx.work / YAML)
-    sets = [*wt.scale_sets(ctx.scale), "--set", f"data.path={ctx.data}"]
+    models = [arg for value in runs.model_sets(ctx.scale, MODEL_ROLES) for arg in ("--set", value)]
+    sets = [*wt.scale_sets(ctx.scale), "--set", f"data.path={ctx.data}", *models]
     cli = ctx.cli
     plan = cli("plan", ["plan", YAML, *sets, "--out", "plan.json", "--json"], timeout=600)
     keep("plan", wt.keep_file(ctx, ctx.work / "plan.json", "plan.json") if plan.ok else None)
@@ -195,6 +200,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         + ("metrics steps 1..2" if lines is not None else "metrics.jsonl missing, unreadable or not steps 1..2")
     )
     ok_base = ran and completed and sized and lines is not None
+    students, students_why = runs.models_as_declared(j, plan, scale, ("student",))
+    rewards, rewards_why = runs.models_as_declared(j, plan, scale, ("reward",))
     rows = lines or []
 
     actor_deltas = [finite(line.get("adapter_delta_norm")) for line in rows]
@@ -202,8 +209,12 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     moved, moved_why = wt.changed(evidence, "checkpoint_1", "checkpoint_2", ACTOR_FILES)
     j.check(
         "actor_updates",
-        ok_base and all(_positive(d) for d in actor_deltas) and all(_positive(s) for s in actor_steps) and moved,
-        f"{base}; adapter_delta_norm {actor_deltas}, actor optimizer steps per update {actor_steps}; "
+        ok_base
+        and students
+        and all(_positive(d) for d in actor_deltas)
+        and all(_positive(s) for s in actor_steps)
+        and moved,
+        f"{base}; {students_why}; adapter_delta_norm {actor_deltas}, actor optimizer steps per update {actor_steps}; "
         f"actor checkpoint step 1 -> 2: {moved_why}",
     )
 
@@ -255,7 +266,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     )
 
     rm_ok, rm_why = _reward_model(evidence, rows, resumed or [])
-    j.check("reward_model", ok_base and resumed is not None and rm_ok, rm_why)
+    j.check("reward_model", ok_base and resumed is not None and rm_ok and rewards, f"{rewards_why}; {rm_why}")
     if profile.device == "cuda":
         off_ok, off_why = _offloaded(rows, resumed or [])
         j.check("reward_model_offloaded", ok_base and resumed is not None and off_ok, off_why)
@@ -267,7 +278,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
 
     diagnosed = read_json(evidence.get("diagnose")) or {}
     j.metrics.update(
-        reward_source=REWARD_SOURCE,
+        reward_source=str(runs.section(plan, "models", "reward").get("source"))[:20] if plan else None,
         launch_status=str(diagnosed.get("launch_status"))[:40] if diagnosed else None,
         verl_version=str(diagnosed.get("verl_version"))[:20] if diagnosed else None,
         updates=count(summary.get("updates")) if summary else None,
@@ -320,7 +331,7 @@ def _reward_model(
         std = [wt.algo_metric(line, "reward_model/std") for line in lines]
         ok = ok and len(lines) == CYCLES and all(_positive(s) for s in std)
         why.append(f"{label}: reward_model/std {std}")
-    return ok, f"reward model {REWARD_SOURCE!r}; " + "; ".join(why)
+    return ok, "; ".join(why)
 
 
 def _offloaded(rows: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> tuple[bool, str]:

@@ -426,6 +426,58 @@ def planned_as_declared(plan: dict[str, Any] | None, sizes: dict[str, int], prof
     )
 
 
+def model_sets(scale: Scale, roles: tuple[str, ...]) -> list[str]:
+    """``a=b`` plan overrides that put the scale's declared hub models in ``roles`` (none where the YAML's own
+    models, SmolLM2 and the tiny classifier, are what the scale declares)."""
+    return [value for role in roles if (use := scale.model(role)) is not None for value in use.sets()]
+
+
+def models_as_declared(j: Judgement, plan: dict[str, Any] | None, scale: Scale, roles: tuple[str, ...]) -> tuple[
+    bool, str]:  # fmt: skip
+    """The plan that ran used exactly the models the scale declares in ``roles``, by the identities the plan
+    pinned (a hub model: its repository, its 40-hex revision in both the config and the identity, and the digest of
+    its per-file sha256 pin; a builtin: its name; the tiny classifier: its source). Records per role what the seed
+    asks for, what was used, and whether it stood in."""
+    ok, why = plan is not None, []
+    for role in roles:
+        use = scale.model(role)
+        identity = section(plan, "models", role)
+        spec = section(plan, "config", "models", role)
+        if use is None:
+            ok = False
+            why.append(f"{role}: the scale declares no model")
+            continue
+        if use.source == "hub":
+            digest = identity.get("files_sha256")
+            same = (
+                identity.get("source") == "hub"
+                and identity.get("model_id") == use.model_id
+                and identity.get("revision") == use.revision
+                and spec.get("revision") == use.revision
+                and isinstance(digest, str)
+                and len(digest) == 64
+                and all(c in "0123456789abcdef" for c in digest)
+            )
+        elif use.source == "builtin":
+            same = identity.get("source") == "builtin" and identity.get("name") == use.model_id
+        else:
+            same = identity.get("source") == use.source
+        ok = ok and same
+        found = identity.get("model_id") or identity.get("name") or identity.get("source")
+        revision = identity.get("revision")
+        used = f"{short(found)}@{short(revision)}" if revision is not None else str(short(found))
+        why.append(
+            f"{role}: the seed asks {use.requested}, the scale declares {use.used}"
+            + (" (a stand-in)" if use.stands_in else "")
+            + f", the plan used {used}"
+            + ("" if same else " - NOT the declared model, or its files are not pinned")
+        )
+        j.metrics[f"model_{role}_requested"] = use.requested
+        j.metrics[f"model_{role}_declared"] = use.used
+        j.metrics[f"model_{role}_stands_in"] = use.stands_in
+    return ok, "models: " + ("no readable plan" if plan is None else "; ".join(why))
+
+
 def summary_metrics(j: Judgement, label: str, run: Run) -> None:
     """A few figures of a run for the record (informational, never judged)."""
     s = run.summary or {}
