@@ -146,6 +146,8 @@ def common_refusals(config: MiniverlConfig, compiler: str) -> None:
         raise refuse("no_chat_template", compiler=compiler)
     if config.train.max_grad_norm is None:
         raise refuse("no_grad_clip", compiler=compiler)
+    if config.algorithm.old_logp == "rollout":
+        raise refuse("old_logp_from_rollout", compiler=compiler)
     if models.reward is not None and models.reward.source == "local":
         raise refuse("reward_model_local", f"models.reward.path: {models.reward.path}", compiler=compiler)
 

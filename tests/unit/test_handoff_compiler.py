@@ -192,6 +192,7 @@ def test_ir_forbids_unknown_fields() -> None:
         ({"algorithm__grpo": {"eps": 1e-8}}, "grpo_eps"),
         ({"rollout__use_chat_template": False}, "no_chat_template"),
         ({"train__max_grad_norm": None}, "no_grad_clip"),
+        ({"algorithm__old_logp": "rollout"}, "old_logp_from_rollout"),
         (
             {
                 "models__student": {

@@ -106,6 +106,7 @@ def test_critic_lora_value_head_is_refused_where_verls_critic_head_is_not_score(
     ("changes", "code"),
     [
         ({"algorithm__ppo__whiten_advantages": False}, "unwhitened_gae"),
+        ({"algorithm__old_logp": "rollout"}, "old_logp_from_rollout"),
         ({"rollout__prompts_per_cycle": 3}, "mini_batch_splits_groups"),
         ({"algorithm__ppo__critic_max_grad_norm": None}, "no_critic_grad_clip"),
         (
