@@ -240,8 +240,29 @@ def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw:
     )
 
 
+def candidate_fixed_under_the_current_policy(candidate: Path, dest: Path) -> Path:
+    """A copy of ``candidate`` whose manifest fixes the criteria of the policy in effect in this process, which is
+    what ``harness build`` writes under it (under :func:`release_card_test_variant`: the release card's required
+    checks without vllm_boundary). The wheel, the sdist and SHA256SUMS are the same bytes."""
+    from harness.build.candidate import MANIFEST
+    from harness.core.policy import fixed_criteria
+    from harness.core.recordio import load_record, record_bytes
+    from harness.core.records import CandidateManifest
+
+    copy_tree(candidate, dest)
+    manifest = load_record(CandidateManifest, dest / MANIFEST)
+    (dest / MANIFEST).write_bytes(record_bytes(manifest.model_copy(update={"criteria": fixed_criteria()})))
+    return dest
+
+
 def relabel_for_profile(
-    full: Path, dest: Path, profile_name: str, descriptor: Path, *, smoke_evidence: bool = False
+    full: Path,
+    dest: Path,
+    profile_name: str,
+    descriptor: Path,
+    *,
+    smoke_evidence: bool = False,
+    candidate: Path | None = None,
 ) -> Path:
     """A fabricated full qualification re-labelled as a run of ``profile_name`` on its GPU, consistent with the
     harness policy for that profile (its CUDA checks executed and passed, measured bytes within thresholds).
@@ -249,7 +270,8 @@ def relabel_for_profile(
     Only the records say so unless ``smoke_evidence``: then the smoke's evidence is re-written too (doctor names the
     GPU, the OPD summary holds a CUDA block, ``full_evidence.CUDA_FIGURES``), as a CUDA run records them. The
     auditor re-judges the smoke from its evidence, so only the deeper stand-in can drive an authorizing path.
-    The stand-in CLI really ran on the CPU and no harness code writes this. Every record is rewritten and re-bound.
+    The stand-in CLI really ran on the CPU and no harness code writes this. Every record is rewritten and re-bound;
+    with ``candidate`` (:func:`candidate_fixed_under_the_current_policy`), the qualification binds its manifest.
     """
     from full_evidence import CUDA_FIGURES
 
@@ -284,6 +306,8 @@ def relabel_for_profile(
         known_good_status="measured",
         can_authorize_release=profile.can_authorize_release,
     )
+    if candidate is not None:
+        value["candidate"]["manifest_sha256"] = sha256_file(candidate / "candidate-manifest.json")
     value["environment"].update(
         device=profile.device,
         known_good_sha256=kg_sha,
@@ -399,7 +423,7 @@ def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path]) -> None:
     """Test stand-ins for what the H200 evidence lacks: interleaved pairs in its bench (it predates them; each pair
     repeats the H200 cells' own median timings). Nothing stands in for vLLM: no vLLM run exists (issue #32), so
     ``vllm_boundary`` stays not_applicable, and on the release card, whose policy requires it, the backend matrix
-    fails (see :func:`policy_without_vllm_boundary` for the tests that need the rest of the path to authorize)."""
+    fails (see :func:`release_card_test_variant` for the tests that need the rest of the path to authorize)."""
     from harness.qualify.full.backend_matrix import load_preregistration
 
     bench = json.loads(evidence["rollout_bench"].read_bytes())
@@ -418,23 +442,29 @@ VLLM_BOUNDARY_ON_THE_RELEASE_CARD = ("backend-matrix", "vllm_boundary")
 
 
 @contextlib.contextmanager
-def policy_without_vllm_boundary() -> Iterator[None]:
-    """TEST-ONLY policy variant: no profile requires ``vllm_boundary`` (the real policy requires it on the release
-    card, and no vLLM run exists yet: issue #32). While it is in effect, in this process only, a release-card
-    chain whose vLLM boundary is honestly not_applicable can reach the rest of the authorization path (the gate,
-    the auditor's re-judging, release assets) without any fake vLLM evidence; under the real policy the same
-    chain is refused naming vllm_boundary (tests assert both). No harness code can select it: it exists only
-    here, and a subprocess never sees it."""
+def release_card_test_variant() -> Iterator[None]:
+    """TEST-ONLY variant of the release card, in this process only, for what this machine cannot run there: no
+    profile requires ``vllm_boundary`` (no vLLM run exists yet: issue #32), and the release card's scale declares the
+    SmolLM2 and tiny-classifier stand-ins instead of the seed's Qwen3-0.6B and DistilBERT (no hub here). While it is
+    in effect, a release-card chain relabelled from the CPU run, whose vLLM boundary is honestly not_applicable, can
+    reach the rest of the authorization path (the gate, the auditor's re-judging, release assets) without any fake
+    vLLM or model evidence; under the real policy and scale the same chain is refused (tests assert both). No harness
+    code can select it: it exists only here, and a subprocess never sees it."""
     with pytest.MonkeyPatch.context() as mp:
-        without_vllm_boundary(mp)
+        use_release_card_test_variant(mp)
         yield
 
 
-def without_vllm_boundary(mp: pytest.MonkeyPatch) -> None:
-    """Put :func:`policy_without_vllm_boundary` in effect until ``mp`` is undone (a test's ``monkeypatch``)."""
+def use_release_card_test_variant(mp: pytest.MonkeyPatch) -> None:
+    """Put :func:`release_card_test_variant` in effect until ``mp`` is undone (a test's ``monkeypatch``)."""
+    from dataclasses import replace
+
     from harness.core import registry
+    from harness.qualify.full.scales import SCALES, STAND_INS
 
     mp.setitem(registry.REQUIRED_ONLY_ON, VLLM_BOUNDARY_ON_THE_RELEASE_CARD, ())
+    card = "rtx4080-wsl2-cu130"
+    mp.setitem(SCALES, card, replace(SCALES[card], models=STAND_INS))
 
 
 def registry_evidence_checks(record: Any) -> list[str]:

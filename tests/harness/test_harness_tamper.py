@@ -936,21 +936,28 @@ def test_authority_comes_from_the_harness_not_the_record(
     """A consistent, passed full qualification on a CUDA profile: the H200 one never authorizes (policy in
     code), and neither does the release card's one without a gpu.yml build; the record's own claim of
     authority is ignored. No vLLM run exists (issue #32): the release card's chain is judged and audited under
-    the test-only policy_without_vllm_boundary (the real policy refuses it: test_release_gate)."""
-    from harness_helpers import relabel_for_profile, without_vllm_boundary
+    the test-only release_card_test_variant (the real policy refuses it: test_release_gate)."""
+    from harness_helpers import (
+        candidate_fixed_under_the_current_policy,
+        relabel_for_profile,
+        use_release_card_test_variant,
+    )
 
     from harness.build.stacks import describe_existing
     from harness.core.profiles import PROFILES
 
     if profile == "rtx4080-wsl2-cu130":
-        without_vllm_boundary(monkeypatch)  # the test-only policy variant, for this test only
+        use_release_card_test_variant(monkeypatch)  # the test-only policy variant, for this test only
+        # and the candidate as `harness build` writes it under the variant (its manifest fixes the variant's criteria)
+        candidate = candidate_fixed_under_the_current_policy(candidate, tmp_path / "candidate")
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / f"{profile}.txt").write_text("# stand-in stack\n")
     describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
     qual = relabel_for_profile(
-        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
-    )
+        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True,
+        candidate=candidate,
+    )  # fmt: skip
     _edit_json(qual / "qualification.json", lambda q: q["profile"].update(can_authorize_release=True))
     c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
     c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})

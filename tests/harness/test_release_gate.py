@@ -21,11 +21,12 @@ import pytest
 from gate_world import REPO, RUN_ID, WORKFLOW_PATH, Servers, World, unzip, zip_dir, zip_members
 from harness_helpers import (
     REPO_ROOT,
+    candidate_fixed_under_the_current_policy,
     fabricate_full,
     git,
     make_repo,
-    policy_without_vllm_boundary,
     relabel_for_profile,
+    release_card_test_variant,
     run_smoke_into,
 )
 
@@ -51,9 +52,12 @@ class Chain:
     candidate_zip: bytes
     smoke_zip: bytes
     full_zip: bytes
-    authorizing_zip: bytes  # judged under the test-only policy_without_vllm_boundary: authorizes only under it
+    authorizing_zip: bytes  # judged under the test-only release_card_test_variant: authorizes only under it
     release_card_zip: bytes  # the same run judged under the real policy: vllm_boundary not applicable, required
     relabelled_zip: bytes  # only the records say RTX 4080; the smoke's evidence is the CPU run's
+    # the candidate as `harness build` writes it under the variant: its manifest fixes the variant's criteria (the
+    # chains judged under the variant bind it; the real candidate's criteria refuse them: criteria_fixed)
+    variant_candidate_zip: bytes
 
 
 @pytest.fixture(scope="session")
@@ -87,12 +91,13 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     # Only the release card's profile may authorize; the fixture relabels the CPU run as one (no harness code does),
     # its records and (for the authorizing one) the smoke evidence the auditor re-judges. No vLLM run exists, so the
     # real policy never authorizes it (release_card); the authorizing chain is judged under the test-only
-    # policy_without_vllm_boundary, and only an auditor running under that variant authorizes it.
+    # release_card_test_variant, and only an auditor running under that variant authorizes it.
     card = ("rtx4080-wsl2-cu130", kg / "rtx4080-wsl2-cu130.json")
     release_card = relabel_for_profile(full, base / "release-card", *card, smoke_evidence=True)
-    with policy_without_vllm_boundary():
-        authorizing = relabel_for_profile(full, base / "authorizing", *card, smoke_evidence=True)
-        relabelled = relabel_for_profile(full, base / "relabelled", *card)
+    with release_card_test_variant():
+        variant = candidate_fixed_under_the_current_policy(candidate, base / "candidate-variant")
+        authorizing = relabel_for_profile(full, base / "authorizing", *card, smoke_evidence=True, candidate=variant)
+        relabelled = relabel_for_profile(full, base / "relabelled", *card, candidate=variant)
     return Chain(
         sha=git(repo, "rev-parse", "HEAD"),
         candidate=candidate,
@@ -104,7 +109,15 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         authorizing_zip=zip_dir(authorizing),
         release_card_zip=zip_dir(release_card),
         relabelled_zip=zip_dir(relabelled),
+        variant_candidate_zip=zip_dir(variant),
     )
+
+
+def serve_variant(world: World, chain: Chain, full_zip: bytes) -> None:
+    """Run 4242 serves a chain judged under the test-only variant, with the candidate whose manifest fixed it."""
+    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] not in {CANDIDATE, FULL}]
+    world.artifact(RUN_ID, CANDIDATE, chain.variant_candidate_zip)
+    world.artifact(RUN_ID, FULL, full_zip)
 
 
 @pytest.fixture
@@ -905,9 +918,8 @@ def test_a_relabelled_stand_in_record_cannot_authorize(
 ) -> None:
     """The records of a CPU run relabelled as an RTX 4080 one claim every CUDA check passed; the auditor re-judges
     the smoke from its evidence (doctor names no GPU, the summary holds no CUDA bytes) and refuses it."""
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
-    world.artifact(RUN_ID, FULL, chain.relabelled_zip)
-    with policy_without_vllm_boundary():  # as the authorizing chain: only the smoke's evidence differs from it
+    serve_variant(world, chain, chain.relabelled_zip)
+    with release_card_test_variant():  # as the authorizing chain: only the smoke's evidence differs from it
         r = gate_inproc(
             world,
             tmp_path / "out",
@@ -936,26 +948,31 @@ def test_without_a_vllm_run_the_release_card_never_authorizes(world: World, chai
     assert not (r.dir / "dist").exists()
     # ... because the release card requires the vLLM boundary, which nothing measured
     qualification = json.loads(dict(unzip(chain.release_card_zip))["qualification.json"])
-    (reason,) = qualification["reasons"]  # the one thing between this chain and an authorized release
-    assert reason.startswith("required check vllm_boundary is not applicable") and "vllm is not installed" in reason
-    # the chain judged under the test-only variant is refused by the real policy too
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
-    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    # what lies between this chain and an authorized release: the vLLM boundary nothing measured, and the seed's
+    # models the release card trains (Qwen3-0.6B, DistilBERT), which the relabelled CPU run never used
+    vllm, grpo, actor, reward = qualification["reasons"]
+    assert vllm.startswith("required check vllm_boundary is not applicable") and "vllm is not installed" in vllm
+    assert grpo.startswith("check two_updates_changed failed")  # its detail names the model past the cut
+    assert actor.startswith("check actor_updates failed") and "Qwen/Qwen3-0.6B" in actor
+    assert reward.startswith("check reward_model failed") and "distilbert" in reward
+    # the chain judged under the test-only variant, with the candidate that fixed the variant's criteria, is refused
+    # by the real policy too: the real required checks are not those the candidate fixed
+    serve_variant(world, chain, chain.authorizing_zip)
     r = gate_subprocess(
         world, tmp_path / "out2", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
     )
-    assert r.rc == 1 and "vllm_boundary" in r.err and r.gate["release_authorized"] is False, r.err
+    assert r.rc == 1 and "[criteria_fixed]" in r.err and r.gate["release_authorized"] is False, r.err
+    assert "the required checks of rtx4080-wsl2-cu130 differ from those the candidate manifest fixed" in r.err
 
 
 def test_an_authorizing_full_qualification_is_released_without_dry_run(
     world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under the test-only policy_without_vllm_boundary (in this process), the rest of the authorization path."""
+    """Under the test-only release_card_test_variant (in this process), the rest of the authorization path."""
     from harness.evidence.layout import TOP_LEVEL
 
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
-    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
-    with policy_without_vllm_boundary():
+    serve_variant(world, chain, chain.authorizing_zip)
+    with release_card_test_variant():
         r = gate_inproc(
             world,
             tmp_path / "out",
@@ -979,8 +996,7 @@ def test_an_authorizing_full_qualification_is_released_without_dry_run(
 def test_an_authorizing_record_still_needs_its_gpu(
     world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
-    world.artifact(RUN_ID, FULL, chain.authorizing_zip)
+    serve_variant(world, chain, chain.authorizing_zip)
     r = gate_inproc(
         world,
         tmp_path / "out",
