@@ -18,13 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ray_subset import check, make  # noqa: E402  (a sibling script, not a package)
+from ray_subset import check, make  # a sibling script, not a package
 
 LEFT_OUT = (
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
     "vllm/vllm-rs",
 )
-
 
 
 def pins(closure: Path, out: Path) -> None:
@@ -43,4 +42,7 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["check"] and len(sys.argv) == 4:
         check(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit("usage: vllm_subset.py pins CLOSURE.json OUT.txt | make VLLM.whl OUT.tar.xz OUT.json | check SITE MANIFEST.json")
+        sys.exit(
+            "usage: vllm_subset.py pins CLOSURE.json OUT.txt | make VLLM.whl OUT.tar.xz OUT.json "
+            "| check SITE MANIFEST.json"
+        )
