@@ -315,7 +315,8 @@ def load_llm(
 ) -> VllmEngine:
     """The colocated engine over the student's base model (a transformers folder), asleep until its first
     rollout. ``gpu_memory_utilization`` is the memory plan's share of the GPU for vLLM; the adapters of each
-    policy version go under ``scratch``."""
+    policy version go under ``scratch``. ``MINIVERL_VLLM_ENFORCE_EAGER=1`` (a device diagnosis switch) builds it
+    without torch.compile and CUDA graphs."""
     if not 0.0 < gpu_memory_utilization < 1.0:
         raise UsageError(f"vllm rollout: gpu_memory_utilization {gpu_memory_utilization} is not in (0, 1)")
     # in this process, beside the trainer: vLLM's default engine-core subprocess would hold its own CUDA context
@@ -334,6 +335,7 @@ def load_llm(
         gpu_memory_utilization=gpu_memory_utilization,
         seed=seed,
         logprobs_mode="processed_logprobs",
+        enforce_eager=os.environ.get("MINIVERL_VLLM_ENFORCE_EAGER") == "1",
     )
     llm.sleep(level=SLEEP_LEVEL)
     return VllmEngine(

@@ -37,7 +37,8 @@ WHEEL_CACHE=${WHEEL_CACHE:-}
 MODEL_FROM=${MODEL_FROM:-}
 # the image's torch family that vllm 0.26.0 pins (its METADATA): carry 1 checks it
 IMAGE_TORCH=2.11.0
-IMAGE_CHECK=${IMAGE_CHECK:-1}    # rehearsal only: 0 where the stand-in python has no torch
+IMAGE_CHECK=${IMAGE_CHECK:-1}
+CALL_END_S=${CALL_END_S:-570}    # rehearsal only: 0 where the stand-in python has no torch
 
 fail() { FAILED_SAID=1; echo "vllm FAILED: $*" >&2; exit 1; }
 trap 'rc=$?; [ $rc -eq 0 ] || [ -n "${FAILED_SAID:-}" ] || echo "vllm FAILED: ${cmd:-?} stopped (exit $rc) after: $BASH_COMMAND" >&2' EXIT
@@ -190,8 +191,10 @@ smoke() {
   fi
   [ -f "$SRC/model/$MODEL_WHEEL" ] || fail "smoke: no $SRC/model/$MODEL_WHEEL (run install first)"
   # shellcheck disable=SC2086  # SMOKE_ARGS: the rehearsal's flags
+  # the smoke ends by CALL_END_S into this call (the call's 600 s less the time to bring $OUT back)
+  local left=$((CALL_END_S - ($(date +%s) - t0)))
   "$PY" scripts/device/vllm_smoke.py --model-wheel "$SRC/model/$MODEL_WHEEL" --work "$T/vllm-smoke" --out "$OUT" \
-    ${SMOKE_ARGS:-} || fail "smoke: vllm_smoke.py: $(tail -1 "$OUT/smoke.log" 2>/dev/null | cut -c1-300)"
+    --deadline-s "${SMOKE_DEADLINE_S:-$left}" ${SMOKE_ARGS:-} || fail "smoke: vllm_smoke.py: $(tail -1 "$OUT/smoke.log" 2>/dev/null | cut -c1-300)"
   echo "smoke done after $(($(date +%s) - t0)) s of this call"
 }
 

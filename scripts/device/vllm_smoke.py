@@ -198,7 +198,7 @@ def main() -> int:
     parser.add_argument("--model-wheel", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--deadline-s", type=float, default=float(os.environ.get("SMOKE_DEADLINE_S", "480")))
+    parser.add_argument("--deadline-s", type=float, default=480.0, help="every step ends within this many seconds")
     parser.add_argument("--cpu-fake", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -217,6 +217,11 @@ def main() -> int:
     except (OSError, subprocess.SubprocessError):
         report["gpu"] = None
     env = dict(os.environ)
+    report["env"] = {
+        key: env[key]
+        for key in sorted(env)
+        if key.startswith(("VLLM_", "MINIVERL_VLLM_")) or key in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+    }
     env.setdefault("MINIVERL_CACHE", str(smoke.work / "cache"))
     report["miniverl_cache"] = env["MINIVERL_CACHE"]
     miniverl = [sys.executable, "-m", "miniverl"]
