@@ -295,7 +295,7 @@ def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
         tensors[name.replace(".base_layer.", ".")] = tensor.detach().to("cpu", torch.bfloat16).contiguous().clone()
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
-    doc = config.to_dict()
+    doc = config.to_diff_dict()
     doc.pop("_name_or_path", None)
     doc["dtype"] = "bfloat16"
     doc.pop("torch_dtype", None)
