@@ -102,7 +102,9 @@ class VllmBackend(RolloutBackend):
     """``rollout.backend: vllm``: sampling in a colocated vLLM, whose log-probs are foreign to the trainer.
 
     Refused before any model loads where vllm is not installed (:func:`check_rollout_backend`). The engine is
-    built at the first rollout, from the student's base model folder and its LoRA rank
+    built at the first rollout, from the student's base model as a transformers folder
+    (:func:`miniverl.rollout.vllm_engine.vllm_model_dir`: the folder it was loaded from, or its weights written
+    once as bf16 safetensors into the run's scratch folder) and its LoRA rank
     (:func:`miniverl.rollout.vllm_engine.load_llm`), or by ``engine_factory`` (tests: a named fake).
     """
 
@@ -123,18 +125,22 @@ class VllmBackend(RolloutBackend):
     def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
         self.save_adapter, self.lora_rank = save_adapter, lora_rank
 
-    def _engine(self, model: Any, seed: int) -> VllmEngine:
+    def _engine(self, model: Any, tokenizer: Any, seed: int) -> VllmEngine:
         if self.engine is None:
             if self._factory is not None:
                 self.engine = self._factory(model)
             else:
-                from miniverl.rollout.vllm_engine import load_llm
+                import tempfile
 
+                from miniverl.rollout.vllm_engine import load_llm, vllm_model_dir
+
+                scratch = Path(tempfile.mkdtemp(prefix="miniverl-vllm-"))
                 self.engine = load_llm(
-                    base_model_dir(model),
+                    vllm_model_dir(model, tokenizer, scratch),
                     gpu_memory_utilization=self.gpu_memory_utilization,
                     max_lora_rank=self.lora_rank if self.lora_rank is not None else lora_rank(model),
                     seed=seed,
+                    scratch=scratch,
                 )
         return self.engine
 
@@ -157,7 +163,7 @@ class VllmBackend(RolloutBackend):
 
         seed, version = int(sampling["seed"]), int(sampling["policy_version"])
         use_chat_template = bool(sampling.get("use_chat_template", True))
-        engine = self._engine(model, seed)
+        engine = self._engine(model, tokenizer, seed)
         rows: list[tuple[Any, int, SampledRow]] = []
         for prompt in prompts:
             ids = encode_prompt(tokenizer, prompt.prompt, use_chat_template=use_chat_template)
@@ -200,19 +206,6 @@ class VllmBackend(RolloutBackend):
             )
             out.append(replace(trajectory, rollout_backend="vllm", rollout_backend_version=engine.version))
         return out
-
-
-def base_model_dir(model: Any) -> Path:
-    """The transformers folder the student's base model was loaded from (vLLM loads it itself)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    where = getattr(getattr(base, "config", None), "_name_or_path", "")
-    path = Path(str(where))
-    if not where or not (path / "config.json").is_file():
-        raise DependencyError(
-            f"rollout.backend vllm: the student was not loaded from a transformers folder ({str(where)[:80]!r}); "
-            "vLLM needs one"
-        )
-    return path
 
 
 def lora_rank(model: Any) -> int:

@@ -18,14 +18,16 @@ Torch-free and vllm-free at import: ``vllm`` is imported only by :func:`load_llm
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from miniverl.errors import MiniverlError, UsageError
+from miniverl.errors import DependencyError, MiniverlError, UsageError
 
 #: the metrics keys of the rollout/trainer mismatch (per step, over every response token of the cycle)
 OLD_LOGP_MAX_ABS_DIFF = "actor/old_logp_max_abs_diff"
@@ -39,6 +41,10 @@ WAKE_SECONDS = "rollout/vllm_wake_seconds"
 SLEEP_SECONDS = "rollout/vllm_sleep_seconds"
 #: sleep level 1: weights to host memory, KV cache dropped (the trainer gets the GPU for its update)
 SLEEP_LEVEL = 1
+#: the folder under the run's vLLM scratch that holds the student's base written for vLLM (where it was not
+#: loaded from a transformers folder: GGUF)
+BASE_FOLDER = "base-bf16"
+BASE_WEIGHTS = "model.safetensors"
 
 
 class VllmRolloutError(MiniverlError):
@@ -238,16 +244,87 @@ def vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def load_llm(model_dir: Path, *, gpu_memory_utilization: float, max_lora_rank: int, seed: int) -> VllmEngine:
-    """The colocated engine over the student's base model (a transformers folder), asleep until its first
-    rollout. ``gpu_memory_utilization`` is the memory plan's share of the GPU for vLLM."""
-    import tempfile
+def _inner(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
+
+def _transformers_folder(where: str) -> Path | None:
+    """``where`` as a transformers folder with safetensors weights, or None."""
+    if not where:
+        return None
+    path = Path(where)
+    if path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return path
+    return None
+
+
+def vllm_model_dir(model: Any, tokenizer: Any, scratch: Path) -> Path:
+    """The transformers folder vLLM loads the student's base from: the one it was loaded from, or (a GGUF, a
+    model built in memory) its base weights written once as bf16 safetensors into ``scratch``
+    (:func:`write_base_folder`)."""
+    base = _inner(model)
+    found = _transformers_folder(str(getattr(getattr(base, "config", None), "_name_or_path", "") or ""))
+    return found if found is not None else write_base_folder(model, tokenizer, scratch / BASE_FOLDER)
+
+
+def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
+    """The student's base model (LoRA layers left out: each policy version reaches vLLM as its own adapter) as a
+    bf16 safetensors transformers folder: config, weights, tokenizer. A quantized base is refused in one line:
+    its weights are not the model's own numbers."""
+    import torch
+    from safetensors.torch import save_file
+
+    base = _inner(model)
+    config = getattr(base, "config", None)
+    if config is None:
+        raise DependencyError("rollout.backend vllm: the student has no model config to write for vLLM")
+    if getattr(config, "quantization_config", None) is not None:
+        raise DependencyError(
+            "rollout.backend vllm: the student's base is quantized and was not loaded from a transformers folder; "
+            "vLLM needs its unquantized weights"
+        )
+    tensors: dict[str, Any] = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        if ".modules_to_save." in name or ".original_module." in name:
+            raise DependencyError(f"rollout.backend vllm: the student trains {name} whole; vLLM takes only LoRA")
+        if not torch.is_floating_point(tensor):
+            raise DependencyError(f"rollout.backend vllm: the student's base tensor {name} is {tensor.dtype}")
+        # a clone per tensor: safetensors refuses tensors that share storage (tied embeddings)
+        tensors[name.replace(".base_layer.", ".")] = tensor.detach().to("cpu", torch.bfloat16).contiguous().clone()
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    doc = config.to_diff_dict()
+    doc.pop("_name_or_path", None)
+    doc["dtype"] = "bfloat16"
+    doc.pop("torch_dtype", None)
+    if not doc.get("architectures"):
+        doc["architectures"] = [type(base).__name__]
+    partial = target.with_name(target.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=False)
+    save_file(tensors, str(partial / BASE_WEIGHTS), metadata={"format": "pt"})
+    (partial / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(str(partial))
+    partial.rename(target)
+    return target
+
+
+def load_llm(
+    model_dir: Path, *, gpu_memory_utilization: float, max_lora_rank: int, seed: int, scratch: Path
+) -> VllmEngine:
+    """The colocated engine over the student's base model (a transformers folder), asleep until its first
+    rollout. ``gpu_memory_utilization`` is the memory plan's share of the GPU for vLLM; the adapters of each
+    policy version go under ``scratch``. ``MINIVERL_VLLM_ENFORCE_EAGER=1`` (a device diagnosis switch) builds it
+    without torch.compile and CUDA graphs."""
+    if not 0.0 < gpu_memory_utilization < 1.0:
+        raise UsageError(f"vllm rollout: gpu_memory_utilization {gpu_memory_utilization} is not in (0, 1)")
+    # in this process, beside the trainer: vLLM's default engine-core subprocess would hold its own CUDA context
+    # and the sleep/wake switches would cross a process boundary
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
     from vllm.lora.request import LoRARequest
 
-    if not 0.0 < gpu_memory_utilization < 1.0:
-        raise UsageError(f"vllm rollout: gpu_memory_utilization {gpu_memory_utilization} is not in (0, 1)")
     llm = vllm.LLM(
         model=str(model_dir),
         dtype="bfloat16",
@@ -258,13 +335,13 @@ def load_llm(model_dir: Path, *, gpu_memory_utilization: float, max_lora_rank: i
         gpu_memory_utilization=gpu_memory_utilization,
         seed=seed,
         logprobs_mode="processed_logprobs",
+        enforce_eager=os.environ.get("MINIVERL_VLLM_ENFORCE_EAGER") == "1",
     )
     llm.sleep(level=SLEEP_LEVEL)
-    root = Path(tempfile.mkdtemp(prefix="miniverl-vllm-adapters-"))
     return VllmEngine(
         llm=llm,
         version=str(vllm.__version__),
-        adapters=AdapterVersions(root),
+        adapters=AdapterVersions(scratch / "adapters"),
         sampling_params=vllm.SamplingParams,
         lora_request=LoRARequest,
         asleep=True,

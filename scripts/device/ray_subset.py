@@ -37,11 +37,11 @@ LEFT_OUT = (
 )
 
 
-def make(wheel: Path, out: Path, manifest: Path) -> None:
+def make(wheel: Path, out: Path, manifest: Path, left_out: tuple[str, ...] = LEFT_OUT) -> None:
     kept: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as z, lzma.open(out, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
         for info in sorted(z.infolist(), key=lambda i: i.filename):
-            if info.is_dir() or info.filename.startswith(LEFT_OUT):
+            if info.is_dir() or info.filename.startswith(left_out):
                 continue
             data = z.read(info)
             kept[info.filename] = hashlib.sha256(data).hexdigest()
@@ -51,11 +51,11 @@ def make(wheel: Path, out: Path, manifest: Path) -> None:
     doc = {
         "wheel": wheel.name,
         "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
-        "left_out": list(LEFT_OUT),
+        "left_out": list(left_out),
         "files": kept,
     }
     manifest.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"ray subset: {len(kept)} files of {wheel.name}, {out.stat().st_size} bytes")
+    print(f"subset: {len(kept)} files of {wheel.name}, {out.stat().st_size} bytes")
 
 
 def check(site: Path, manifest: Path) -> None:
@@ -69,8 +69,8 @@ def check(site: Path, manifest: Path) -> None:
                 recorded[row[0]] = base64.urlsafe_b64decode(row[1][7:] + "==").hex()
     bad += [name for name in doc["files"] if name != record and recorded.get(name) != doc["files"][name]]
     if bad:
-        sys.exit(f"ray subset: {len(bad)} files differ from {doc['wheel']} (first: {bad[0]})")
-    print(f"ray subset: {len(doc['files'])} files equal {doc['wheel']}'s own (RECORD and manifest)")
+        sys.exit(f"subset: {len(bad)} files differ from {doc['wheel']} (first: {bad[0]})")
+    print(f"subset: {len(doc['files'])} files equal {doc['wheel']}'s own (RECORD and manifest)")
 
 
 def _sha256(path: Path) -> str | None:

@@ -352,3 +352,55 @@ def test_a_vllm_run_writes_what_the_harness_vllm_contract_reads(
         why, version = refresh._vllm_cycle(cycle, line, records)
         assert (why, version) == (None, "0.0.0+fake")
     assert sorted(p.name for p in (workdir / "fake-vllm-adapters").iterdir()) == ["policy-v0", "policy-v1"]
+
+
+def test_the_real_vllm_backend_builds_its_engine_from_the_students_folder_and_rank(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``VllmBackend`` without a factory, over a named fake ``vllm`` module (``LLM`` is
+    :class:`tests.unit.test_vllm_engine.FakeVllmLLM`): ``vllm.LLM`` gets the student's transformers folder, its
+    LoRA rank, LoRA and sleep mode on and the backend's memory share, in this process; each policy version's
+    adapter goes under the run's vLLM scratch folder."""
+    import os
+    import sys
+    import tempfile
+    import types
+
+    from tests.unit.test_vllm_engine import FakeVllmLLM
+
+    built: list[dict[str, Any]] = []
+
+    class FakeModuleLLM(FakeVllmLLM):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+            built.append(kwargs)
+
+    fake = types.ModuleType("vllm")
+    fake.__dict__.update(__version__="0.0.0+fake-module", LLM=FakeModuleLLM, SamplingParams=dict)
+    request = types.ModuleType("vllm.lora.request")
+    request.__dict__["LoRARequest"] = lambda name, lora_id, path: (name, lora_id, path)
+    for name, module in (("vllm", fake), ("vllm.lora", types.ModuleType("vllm.lora")), ("vllm.lora.request", request)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    (workdir / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))
+    result = _run(cli, write_config, tiny_model_dir, "grpo", backend="vllm")
+    assert result.code == 0, result.err
+    assert len(built) == 1
+    kwargs = built[0]
+    rank = tiny_config(tiny_model_dir, algorithm="grpo")["models"]["student"]["lora"]["r"]
+    assert kwargs["model"] == str(tiny_model_dir) and kwargs["max_lora_rank"] == rank
+    assert kwargs["enable_lora"] and kwargs["enable_sleep_mode"] and kwargs["gpu_memory_utilization"] == 0.3
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["enforce_eager"] is False
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    (scratch,) = (workdir / "tmp").iterdir()
+    assert sorted(p.name for p in (scratch / "adapters").iterdir()) == ["policy-v0", "policy-v1"]
+    assert [line["rollout_backend"] for line in _metrics(workdir)] == ["vllm", "vllm"]
+    records = [json.loads(r) for r in (workdir / "runs/r/trajectories/cycle-000001.jsonl").open()]
+    assert {r["rollout_backend_version"] for r in records} == {"0.0.0+fake-module"}

@@ -4,6 +4,7 @@ be installed here; the fake never writes harness evidence)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,3 +179,83 @@ def test_the_engine_refuses_what_vllm_returns_wrong_and_still_sleeps(
     with pytest.raises(VllmRolloutError, match=message):
         _sample(engine, 0, [2, 3])
     assert fake.events[-1] == "sleep1" and engine.asleep
+
+
+# -- the student's base as a transformers folder for vLLM -------------------------------------------------------
+
+
+def _tiny_student(tmp_path: Path, loaded_from: str) -> tuple[Any, Any]:
+    """A tiny llama with a trainable LoRA, as the runtime builds it, whose config names ``loaded_from``."""
+    from peft import LoraConfig, get_peft_model
+
+    from tests.helpers.tiny import make_tiny_llama, make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    base = make_tiny_llama(tokenizer, seed=0)
+    base.config._name_or_path = loaded_from
+    student = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), "student")
+    for name, param in student.named_parameters():  # a trained adapter: B no longer zero
+        if "lora_B" in name:
+            param.data.fill_(0.5)
+    return student, tokenizer
+
+
+def test_a_student_loaded_from_gguf_is_written_once_as_a_bf16_transformers_folder(tmp_path: Path) -> None:
+    """What vLLM loads: the base's own weights in bf16 (no LoRA tensor: each version travels as its adapter), the
+    config naming the architecture and bf16, the tokenizer; a transformers load of it gives the base's logits."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from miniverl.rollout.vllm_engine import BASE_FOLDER, BASE_WEIGHTS, vllm_model_dir
+
+    gguf = tmp_path / "gguf-cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    student, tokenizer = _tiny_student(tmp_path, str(gguf.parent))  # what a GGUF load leaves: no config.json there
+    folder = vllm_model_dir(student, tokenizer, tmp_path / "scratch")
+    assert folder == tmp_path / "scratch" / BASE_FOLDER
+    assert not (tmp_path / "scratch" / f"{BASE_FOLDER}.partial").exists()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "_name_or_path" not in config and "quantization_config" not in config
+    base = student.get_base_model()
+    with safe_open(str(folder / BASE_WEIGHTS), "pt") as f:
+        names = set(f.keys())
+        assert all(f.get_tensor(n).dtype == torch.bfloat16 for n in names)
+    assert not any("lora" in n or "base_layer" in n for n in names)
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" not in names  # tied
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16, attn_implementation="eager")
+    with student.disable_adapter():
+        want = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+    got = reloaded.state_dict()
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
+    ids = torch.tensor([[1, 5, 7, 9]])
+    with torch.no_grad(), student.disable_adapter():
+        base_logits = base.to(torch.bfloat16)(ids).logits
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, base_logits, atol=1e-2)
+    assert AutoTokenizer.from_pretrained(str(folder)).get_vocab() == tokenizer.get_vocab()
+
+
+def test_a_student_loaded_from_a_transformers_folder_is_handed_over_as_it_is(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from miniverl.rollout.vllm_engine import vllm_model_dir
+
+    student, tokenizer = _tiny_student(tmp_path, str(tiny_model_dir))
+    assert vllm_model_dir(student, tokenizer, tmp_path / "scratch") == tiny_model_dir
+    assert not (tmp_path / "scratch").exists()
+
+
+def test_a_quantized_base_without_its_folder_is_refused_in_one_line(tmp_path: Path) -> None:
+    from miniverl.errors import DependencyError
+    from miniverl.rollout.vllm_engine import vllm_model_dir
+
+    student, tokenizer = _tiny_student(tmp_path, "")
+    student.get_base_model().config.quantization_config = {"load_in_4bit": True}
+    with pytest.raises(DependencyError, match="the student's base is quantized") as refused:
+        vllm_model_dir(student, tokenizer, tmp_path / "scratch")
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "scratch").exists()
