@@ -341,7 +341,8 @@ alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-cloc
   local site=$T/gpu-site
   [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$site" \
     "$T"/src/harness/*.whl "$T"/src/candidate/*.whl > /dev/null
-  (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$site:$T/checkout MINIVERL_CACHE=$T/miniverl-cache-tests \
+  # exported: both pytest runs need the site (pydantic, gguf, bitsandbytes) and the test model cache
+  (cd "$T/checkout" && setsid bash -c "export PYTHONPATH=$site:$T/checkout MINIVERL_CACHE=$T/miniverl-cache-tests; \
     timeout 900 python3 -m pytest -q -p no:cacheprovider -rfEs $CUDA_TEST_FILES > $RES/cuda-tests.log 2>&1; \
     timeout 600 python3 -m pytest -m gpu -q tests/ -p no:cacheprovider --continue-on-collection-errors \
     > $RES/gpu-tests.log 2>&1; echo \$? > $RES/gpu-tests.rc" &) < /dev/null > /dev/null 2>&1
