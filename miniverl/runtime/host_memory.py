@@ -19,10 +19,27 @@ __all__ = ["peak_rss_bytes", "trim_host_allocator"]
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size so far, in bytes (``getrusage`` ``ru_maxrss``: KiB on Linux,
-    bytes on macOS)."""
+    """The process's peak resident set size so far, in bytes.
+
+    On Linux this is ``VmHWM`` of ``/proc/self/status``, the high-water mark of this process's own memory:
+    ``getrusage``'s ``ru_maxrss`` survives ``exec``, so a CLI started from a large process (a notebook, a test
+    runner) would report its parent's peak. Elsewhere ``ru_maxrss`` (bytes on macOS, KiB on the other Unixes)."""
+    high_water = _linux_high_water_kib()
+    if high_water is not None:
+        return high_water * 1024
     peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _linux_high_water_kib() -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @cache

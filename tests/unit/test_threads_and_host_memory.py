@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from miniverl import threads
@@ -35,3 +39,21 @@ def test_peak_rss_grows_with_an_allocation_and_trim_keeps_values() -> None:
     assert host_memory.peak_rss_bytes() >= before and host_memory.peak_rss_bytes() > 64 * 2**20
     trimmed = host_memory.trim_host_allocator()
     assert isinstance(trimmed, bool) and block[4096] == 1
+
+
+def test_a_child_reports_its_own_peak_not_its_parents(tmp_path: Path) -> None:
+    """``ru_maxrss`` survives exec: a CLI started from a large process would report the parent's peak. The child
+    here loads host_memory by path (stdlib only, no torch) while this process holds 1 GiB it touched."""
+    held = bytearray(1 << 30)
+    held[:: 1 << 12] = b"\1" * len(held[:: 1 << 12])
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('host_memory', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(module.peak_rss_bytes())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, host_memory.__file__], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert int(done.stdout) < 256 * 2**20 < len(held)
