@@ -242,7 +242,8 @@ def main() -> int:
         why = "data sample failed"
     else:
         (smoke.work / "config.yaml").write_text(json.dumps(config(sizes, cpu=args.cpu_fake), indent=1) + "\n")
-        runs = smoke.work / "runs"
+        # a fresh folder per smoke: a second smoke on a warm machine must not meet the first one's run ids
+        runs = smoke.work / f"runs-{sum(1 for _ in smoke.work.glob('runs-*')) + 1}"
         report["runs"] = {}
         for run_id, choice in PATHS.items():
             cli = (
