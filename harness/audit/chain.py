@@ -23,6 +23,8 @@ from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES, profile_sha256
 from harness.core.recordio import load_record, parse_record
 from harness.core.records import (
+    COMMIT_HEX,
+    SHA256_HEX,
     Artifact,
     CandidateManifest,
     GithubActionsBinding,
@@ -53,8 +55,6 @@ from harness.qualify.qualification import EVIDENCE_PATHS, SMOKE_EVIDENCE_PATHS
 from harness.qualify.smoke_judge import SmokeBasis, evidence_checks, judge_smoke
 
 _SCRUB = Redactor({})
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 GPU_NAME = re.compile(r"^[A-Za-z0-9 ._()+-]{1,100}$")
 
 
@@ -75,9 +75,9 @@ class AuditRequest:
 
 def validate_request(req: AuditRequest) -> None:
     """Arguments the auditor can refuse before reading anything (exit 1, one named line)."""
-    if not COMMIT.match(req.commit):
+    if not COMMIT_HEX.match(req.commit):
         raise VerificationError(f"--commit {req.commit[:50]!r} is not a full 40-hex lower-case sha", check="commit")
-    if not SHA256.match(req.known_good_sha256):
+    if not SHA256_HEX.match(req.known_good_sha256):
         raise VerificationError("--known-good-sha256 is not 64 lower-case hex digits", check="known_good_sha256")
     if req.level not in policy.LEVELS:
         raise VerificationError(f"--level {req.level[:40]!r} is not one of {list(policy.LEVELS)}", check="level")

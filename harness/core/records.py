@@ -6,6 +6,7 @@ a test fails when the committed schemas drift from the models.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -15,8 +16,13 @@ from harness.core.jsonio import refuse_local_paths
 
 SCHEMA_VERSION = 1
 
-Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+_SHA256_PATTERN = r"^[0-9a-f]{64}$"
+_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+#: the same forms for plain strings the judges read from evidence
+SHA256_HEX = re.compile(_SHA256_PATTERN)
+COMMIT_HEX = re.compile(_COMMIT_PATTERN)
+Sha256 = Annotated[str, StringConstraints(pattern=_SHA256_PATTERN)]
+GitCommit = Annotated[str, StringConstraints(pattern=_COMMIT_PATTERN)]
 Filename = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$", max_length=255)]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.build.candidate import normalize
 from harness.build.stacks import parse_nvidia_smi_csv, stack_mismatches
-from harness.core.records import GpuFacts
+from harness.core.records import COMMIT_HEX, SHA256_HEX, GpuFacts
 
 # role -> file name under evidence/install/ (the qualification binds each under its role)
 INSTALL_FILES = {
@@ -47,8 +47,6 @@ _PIP_CHECK_LINE = re.compile(
     r"is not supported on this platform)$"
 )
 _PORCELAIN = re.compile(r"^[ MTADRCU?!]{2} \S.*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SYS_VERSION = re.compile(r"^(\d+\.\d+\.\d+)\S* \(.*\)")
 _FREEZE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
 
@@ -133,7 +131,7 @@ def captured_gpu(evidence: dict[str, Path]) -> GpuFacts | None:
 def _worktree(evidence: dict[str, Path], basis: InstallBasis, facts: InstallFacts) -> tuple[bool, str]:
     try:
         head_lines = _lines(_text(evidence.get("git_head"), "git rev-parse HEAD"))
-        if len(head_lines) != 1 or not _COMMIT.match(head_lines[0]):
+        if len(head_lines) != 1 or not COMMIT_HEX.match(head_lines[0]):
             raise Unreadable("git rev-parse HEAD did not print one 40-hex commit")
         status = _lines(_text(evidence.get("git_status"), "git status --porcelain", allow_empty=True))
         odd = [ln for ln in status if not _PORCELAIN.match(ln)]
@@ -153,7 +151,7 @@ def _wheel(evidence: dict[str, Path], basis: InstallBasis) -> tuple[bool, str]:
     try:
         lines = _lines(_text(evidence.get("wheel_sha256"), "wheel-sha256.txt"))
         digest, _, name = lines[0].partition("  ") if len(lines) == 1 else ("", "", "")
-        if not _SHA256.match(digest) or not name:
+        if not SHA256_HEX.match(digest) or not name:
             raise Unreadable("wheel-sha256.txt is not one `<sha256>  <file>` line")
         item = _report_item(evidence.get("pip_report"))
     except Unreadable as exc:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.records import Profile
+from harness.core.records import SHA256_HEX, Profile
 from harness.qualify.full import runs, statehash
 from harness.qualify.full import walkthrough as wt
 from harness.qualify.full.base import Context, Judgement, Scale, Workload, WorkloadFailure
@@ -263,7 +263,7 @@ def _each(judge_one: Callable[[Config], Check]) -> Check:
 
 
 def _hex(value: Any) -> bool:
-    return isinstance(value, str) and wt.SHA256.match(value) is not None
+    return isinstance(value, str) and SHA256_HEX.match(value) is not None
 
 
 def _steps(inv: list[dict[str, Any]] | None, c: Config, names: tuple[str, ...]) -> Check:

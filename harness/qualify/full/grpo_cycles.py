@@ -13,10 +13,9 @@ none (NF4 is not carried over: verl 0.9 receives the full-precision base).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from harness.core.records import Profile
+from harness.core.records import SHA256_HEX, Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
 from harness.qualify.full.reading import read_json
@@ -38,7 +37,6 @@ EVIDENCE = {
     "trajectories_2": f"{FOLDER}/cycle-000002.jsonl",
     "state_hashes": f"{FOLDER}/state-hashes.json",
 }
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 MODEL_ROLES = ("student",)  # the rewards are rules: no reward model here
 
 
@@ -111,7 +109,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     j.metrics["handoff_quantization_carried_over"] = carried if isinstance(carried, bool) else None
     for key in ("ir_digest", "rules_digest"):
         value = out.get(key)
-        j.metrics[f"handoff_{key}"] = value if isinstance(value, str) and _DIGEST.match(value) else None
+        j.metrics[f"handoff_{key}"] = value if isinstance(value, str) and SHA256_HEX.match(value) else None
     runs.summary_metrics(j, "run", r)
     return j
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.jsonio import sha256_file
-from harness.core.records import Profile
+from harness.core.records import SHA256_HEX, Profile
 from harness.qualify.full import gae, interruption, runs, statehash
 from harness.qualify.full import walkthrough as wt
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
@@ -372,7 +372,7 @@ def _handoff(evidence: dict[str, Path], inv: list[dict[str, Any]] | None) -> tup
         ]
         return False, f"{h_why}; {d_why}; missing or unreadable: {missing}"
     digests = [handoff.get(k) for k in ("ir_digest", "rules_digest")]
-    hex_ok = all(isinstance(d, str) and wt.SHA256.match(d) for d in digests)
+    hex_ok = all(isinstance(d, str) and SHA256_HEX.match(d) for d in digests)
     agree = all(
         doc.get(k) == handoff.get(k) for doc in (manifest, diagnose) for k in ("ir_digest", "rules_digest", "compiler")
     )

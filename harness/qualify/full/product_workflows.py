@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.core.jsonio import loads_strict
-from harness.core.records import Profile
+from harness.core.records import SHA256_HEX, Profile
 from harness.qualify.full import runs
 from harness.qualify.full import walkthrough as wt
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
@@ -413,7 +413,7 @@ def _hashed(inv: dict[str, Any]) -> bool:
         isinstance(argv, list)
         and len(argv) >= 2
         and all(isinstance(a, str) for a in argv)
-        and all(isinstance(inv.get(k), str) and wt.SHA256.match(inv[k]) for k in ("stdout_sha256", "stderr_sha256"))
+        and all(isinstance(inv.get(k), str) and SHA256_HEX.match(inv[k]) for k in ("stdout_sha256", "stderr_sha256"))
     )
 
 
@@ -506,7 +506,7 @@ def _compiler_identity(walk: Walkthrough | None, evidence: dict[str, Path]) -> t
 
 
 def _sha256(value: Any) -> bool:
-    return isinstance(value, str) and wt.SHA256.match(value) is not None
+    return isinstance(value, str) and SHA256_HEX.match(value) is not None
 
 
 def _walkthrough_agrees(

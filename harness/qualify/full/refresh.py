@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.proc import HARNESS_DIR
-from harness.core.records import CheckpointHashes, Profile
+from harness.core.records import SHA256_HEX, CheckpointHashes, Profile
 from harness.qualify.full import runs, statehash
 from harness.qualify.full.base import Context, Judgement, Scale, WorkloadFailure
 from harness.qualify.full.reading import count, finite, read_json, read_jsonl
@@ -94,7 +94,6 @@ VLLM_MIN_LOGP_DIFFERENCE = 1e-6
 #: the metrics line's max |sampled - old| must be the judge's own, within this
 VLLM_DIFF_AGREEMENT = 1e-6
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)+[0-9A-Za-z.+-]*")
 
 
@@ -237,7 +236,7 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------------- judge
 def _digest(line: dict[str, Any], key: str) -> str | None:
     value = line.get(key)
-    return value if isinstance(value, str) and _DIGEST.fullmatch(value) else None
+    return value if isinstance(value, str) and SHA256_HEX.match(value) else None
 
 
 def _completed_grpo(summary: dict[str, Any] | None, updates: int) -> str | None:

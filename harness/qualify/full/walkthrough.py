@@ -7,7 +7,6 @@ raises).
 
 from __future__ import annotations
 
-import re
 import shutil
 import stat
 from collections.abc import Iterable
@@ -26,7 +25,6 @@ from harness.qualify.transcript import CliResult, run_captured
 WORKLOADS = HARNESS_DIR / "workloads"
 EVIDENCE = "evidence"  # the folder under ctx.work that holds the files ``run`` returns
 COPY_LIMIT_BYTES = 4 << 20  # a run file bigger than this is not evidence (metrics and trajectories are KBs)
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 TENSOR_SUFFIX = ".safetensors"
 # Checkpoint files whose sha256 must agree between a run and its replay, by algorithm (the actor adapter and its
 # optimizer; PPO adds the critic and its optimizer). Every other tensor file of the checkpoint must agree too.
