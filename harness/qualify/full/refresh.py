@@ -215,7 +215,14 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
             continue
         _keep(found, f"refresh_{engine}_plan", ctx.work / plan)
         _keep_run(ctx, found, engine, _run(ctx, f"refresh_{engine}_run", plan, f"refresh-{engine}"), cycles)
-    # the vLLM boundary: the plan must refuse where vllm is absent, and is run like the engines' where accepted
+    found.update(run_vllm(ctx, cycles))
+    return found
+
+
+def run_vllm(ctx: Context, cycles: int) -> dict[str, Path]:
+    """The vLLM boundary's evidence: the plan must refuse where vllm is absent, and is run like the engines' where
+    accepted (``ctx.work`` must hold :data:`YAML`)."""
+    found: dict[str, Path] = {}
     plan = "plan-refresh-vllm.json"
     result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], cycles)
     inv = result.invocation
