@@ -7,10 +7,14 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.core.errors import HarnessError, UsageError
 from harness.core.proc import REPO_ROOT
 from harness.core.safeio import check_output_dir
+
+if TYPE_CHECKING:
+    from harness.install.vllm_site import VllmSite
 
 DEFAULT_CANDIDATE = REPO_ROOT / "out" / "candidate"
 
@@ -49,6 +53,7 @@ def _smoke(args: argparse.Namespace, level: str) -> int:
         model_cache=Path(args.model_cache).resolve() if args.model_cache else None,
         grpo=not args.skip_grpo,
         verl_python=_verl_python(getattr(args, "verl_python", None), required=level == "full_qualification"),
+        vllm_site=_vllm_site(getattr(args, "vllm_site", None)),
     )
     return run_smoke(opts)  # at the full level it first checks that verl_python imports verl 0.9.1
 
@@ -66,6 +71,13 @@ def _verl_python(value: str | None, *, required: bool) -> Path | None:
     if not path.is_file():
         raise UsageError(f"--verl-python {value!r} is not a file; {MISSING}", check="verl_python")
     return path
+
+
+def _vllm_site(value: str | None) -> VllmSite | None:
+    """The vLLM site's digest, taken before anything is built, installed or written (None: no site given)."""
+    from harness.install.vllm_site import read_site
+
+    return read_site(Path(value).resolve()) if value is not None else None
 
 
 def _dir(value: str | None, flag: str) -> Path | None:
@@ -238,6 +250,11 @@ def parser() -> argparse.ArgumentParser:
                 "--verl-python",
                 help="required: python of verl 0.9.1's own environment (`make verl-env`: .nox/verl_env/bin/python); "
                 "the handoff diagnosis runs there with the candidate overlaid",
+            )
+            s.add_argument(
+                "--vllm-site",
+                help="a vLLM site (pip --target; scripts/device/vllm.sh install) the CLI processes see after the "
+                "venv's own site; its files' digest is recorded in the qualification",
             )
     st = sub.add_parser("stack", help="known-good stacks: check, or record from a live environment")
     st.add_argument("action", choices=["check", "record", "describe"])

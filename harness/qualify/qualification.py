@@ -238,6 +238,8 @@ def write_qualification(q: QualificationInputs) -> str:
                 facts={
                     "cli_invocations": _invocations(staging),
                     "gpu_name_doctor": q.facts.gpu_name,
+                    # which vLLM the workloads could import (only where --vllm-site was given)
+                    **(q.opts.vllm_site.facts() if q.opts.vllm_site is not None else {}),
                 },
             ),
             metrics=dict(q.metrics),

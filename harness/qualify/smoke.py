@@ -40,6 +40,7 @@ from harness.install.venv import (
 )
 from harness.install.verl_env import prepare as prepare_verl
 from harness.install.verl_env import require_verl
+from harness.install.vllm_site import VllmSite, python_path
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
@@ -68,6 +69,9 @@ class SmokeOptions:
     # The python of verl 0.9.1's own environment: the full level refuses to start without it (the handoff
     # diagnosis runs there, with the candidate overlaid by harness.install.verl_env); the smoke does not use it.
     verl_python: Path | None = None
+    # A vLLM site the full workloads' CLI processes see after the venv's own site (harness.install.vllm_site),
+    # digested when the option was read; None: vllm stays absent and plan refuses rollout.backend vllm.
+    vllm_site: VllmSite | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +313,13 @@ def _full_workloads(
     """The candidate overlaid on verl's environment and proven there, then every workload; (outcomes, missing,
     why none ran). An overlay that cannot be proven runs no workload: each is recorded as failed, not run."""
     assert opts.verl_python is not None  # require_verl refused its absence before any work
+    if opts.vllm_site is not None:
+        try:
+            path = python_path(venv_python(work / "venv"), opts.vllm_site.path, work=work)
+        except HarnessError as exc:
+            return [], [], "the vLLM site could not be put on the CLI's path: " + redact.text(exc.line())[:300]
+        env = {**env, "PYTHONPATH": path}
+        _progress(f"vLLM site {opts.vllm_site.sha256[:12]} ({opts.vllm_site.files} files) after the venv's site")
     _progress("overlaying the candidate on verl's environment")
     try:
         verl = prepare_verl(

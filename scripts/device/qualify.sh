@@ -34,6 +34,10 @@ RES=$T/res
 LOGS=$T/qualify-logs
 EXTRA_WHEELS=${EXTRA_WHEELS:-}   # rehearsal only: wheels the CPU stand-in lacks (added to --offline-wheels)
 RECORD_STACK=${RECORD_STACK:-}   # rehearsal only: record the stand-in's stack even where the profile's is measured
+# 1: the qualification runs vLLM too: `vllm.sh carry 1..8` and `vllm.sh install` ran first on this warm machine and
+# left $T/vllm-site; start passes it to `harness full --vllm-site` (after the venv's own site, digest recorded)
+VLLM_STAGE=${VLLM_STAGE:-}
+VLLM_SITE=$T/vllm-site
 
 # Pinned wheels. HARNESS: the harness's own dependency (pydantic) and the pieces of miniverl's closure the image lacks.
 HARNESS_PINS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
@@ -303,10 +307,20 @@ sys.exit(\"; \".join(bad) or None)
   echo "$kg_dir" > "$T/known-good-dir"
 
   # 6. the run, in its own process session so that it outlives this call
+  local vllm_args=
+  if [ "$VLLM_STAGE" = 1 ]; then
+    [ -f "$VLLM_SITE/vllm/__init__.py" ] ||
+      fail "start: VLLM_STAGE=1 but no vllm in $VLLM_SITE (run vllm.sh carry 1..8 and install on this machine first)"
+    # FA3 on Hopper (FA2 was left out of the subset), PyTorch's sampler (no flashinfer), no usage report (no network)
+    vllm_args="--vllm-site $VLLM_SITE"
+    export VLLM_FLASH_ATTN_VERSION=${VLLM_FLASH_ATTN_VERSION:-3} VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+      DO_NOT_TRACK=1
+    echo "vLLM site $VLLM_SITE ($(du -sm "$VLLM_SITE" | cut -f1) MiB) goes to harness full"
+  fi
   (cd "$T/checkout" && setsid bash -c "PYTHONPATH=$T/site:$T/checkout; export PYTHONPATH; \
     python3 -m harness full --profile $PROFILE --candidate out/candidate --system-site-packages \
     --offline-wheels $T/whl --known-good-dir $kg_dir --model-cache $T/miniverl-cache --out $RES/qual --work $T/fullwork --keep-work \
-    --verl-python $VERL_ENV/bin/python > $RES/full.log 2>&1; echo \$? > $RES/rc" &) < /dev/null > /dev/null 2>&1
+    --verl-python $VERL_ENV/bin/python $vllm_args > $RES/full.log 2>&1; echo \$? > $RES/rc" &) < /dev/null > /dev/null 2>&1
   echo "$(date +%s)" > "$RES/started"
   sleep 5
   [ -f "$RES/rc" ] && fail "start: harness full exited at once (rc $(cat "$RES/rc")): $(tail -1 "$RES/full.log")"

@@ -246,6 +246,8 @@ def test_one_bad_value_fails_exactly_its_check(case: str, tmp_path: Path) -> Non
     corrupt(evidence)
     judgement = _judge(evidence)
     expected = sorted({check, "policy_refreshes"} if case in TRAJECTORY_EDITS else {check})
+    if case == "the plan did not refuse":  # accepted: the refresh chains must then hold vllm's run too
+        expected = sorted(CHECKS)
     assert _failed(judgement) == expected, judgement.checks
     assert _decided(judgement) == set(CHECKS) and check not in judgement.inapplicable  # a failure: never n/a
 
@@ -410,34 +412,53 @@ def _accepted(ev: dict[str, Path]) -> None:
 
 
 def _vllm_contract_run(ev: dict[str, Path], version: str = "0.11.0") -> None:
-    """A vLLM run in the shape of the evidence contract (:data:`refresh.VLLM_TRAJECTORY_FIELDS`), built here from
-    the fast engine's cycle 1: no vLLM backend exists yet (issue #32), so nothing has produced such a run. It
-    shows the judge accepts the contract and lets each test below break one part of it. It never reaches a chain
+    """A vLLM refresh run in the shape of the evidence contract (:data:`refresh.VLLM_TRAJECTORY_FIELDS`), built here
+    from the fast engine's 8 cycles: its trajectories given vLLM's fields (each then committed by rewritten
+    checkpoint.json files, re-hashed under vllm's labels as the harness would), its metrics lines saying vllm. No
+    CPU run can produce a real one (vLLM runs only on the GPU machine). It shows the judge accepts the contract and
+    the refresh chain on a third engine and lets each test below break one part of it. It never reaches a chain
     that authorizes (harness_helpers builds none from it)."""
     _accepted(ev)
     folder = ev["refresh_vllm_plan"].parent
     (folder / "trajectories").mkdir(exist_ok=True)
+    (folder / "checkpoints").mkdir(exist_ok=True)
     plan = json.loads(ev["refresh_fast_plan"].read_text())
     plan["config"]["rollout"].update(backend="vllm", engine="auto")
     summary = json.loads(ev["refresh_fast_summary"].read_text())
-    summary["updates"] = refresh.VLLM_CYCLES
-    records = _lines(ev["refresh_fast_trajectories_1"])
-    largest = 0.0
-    for number, record in enumerate(records):
-        record.update(rollout_backend="vllm", rollout_backend_version=version)
-        record["old_logprobs"] = list(record["sampled_logprobs"])
-        # a foreign sampler's log-prob of one token differs from the trainer's recomputed one
-        record["sampled_logprobs"][number % len(record["sampled_logprobs"])] += 0.01 * (number + 1)
-        pairs = zip(record["sampled_logprobs"], record["old_logprobs"], strict=True)
-        largest = max(largest, *(abs(a - b) for a, b in pairs))
-    line = _lines(ev["refresh_fast_metrics"])[0]
-    line["rollout_backend"] = "vllm"
-    line["algorithm_metrics"][refresh.OLD_LOGP_MAX_ABS_DIFF] = largest
+    lines = _lines(ev["refresh_fast_metrics"])
+    committed: dict[str, str] = {}
+    for cycle, line in enumerate(lines, start=1):
+        records = _lines(ev[f"refresh_fast_trajectories_{cycle}"])
+        largest = 0.0
+        for number, record in enumerate(records):
+            record.update(rollout_backend="vllm", rollout_backend_version=version)
+            record["old_logprobs"] = list(record["sampled_logprobs"])
+            # a foreign sampler's log-prob of one token differs from the trainer's recomputed one
+            record["sampled_logprobs"][number % len(record["sampled_logprobs"])] += 0.01 * (number + cycle)
+            pairs = zip(record["sampled_logprobs"], record["old_logprobs"], strict=True)
+            largest = max(largest, *(abs(a - b) for a, b in pairs))
+        line["rollout_backend"] = "vllm"
+        line["algorithm_metrics"][refresh.OLD_LOGP_MAX_ABS_DIFF] = largest
+        name = f"cycle-{cycle:06d}.jsonl"
+        _write_lines(folder / "trajectories" / name, records)
+        ev[f"refresh_vllm_trajectories_{cycle}"] = folder / "trajectories" / name
+        committed[name] = sha256_file(folder / "trajectories" / name)
+    hashes = _hashes(ev, "fast")
+    relabelled: dict[str, Any] = {}
+    for k in range(1, len(lines) + 1):
+        listing = json.loads(ev[f"refresh_fast_checkpoint_{k}"].read_text())
+        listing["trajectories"] = {n: d for n, d in committed.items() if int(n[6:12]) <= k}
+        path = folder / "checkpoints" / f"checkpoint-{k}.json"
+        path.write_text(json.dumps(listing))
+        ev[f"refresh_vllm_checkpoint_{k}"] = path
+        entry = hashes["checkpoints"][f"refresh_fast_checkpoint_{k}"]
+        relabelled[f"refresh_vllm_checkpoint_{k}"] = {**entry, "checkpoint_json_sha256": sha256_file(path)}
+    hashes["checkpoints"] = relabelled
     files = {
         "refresh_vllm_run_plan": (folder / "plan.json", [plan]),
         "refresh_vllm_summary": (folder / "summary.json", [summary]),
-        "refresh_vllm_metrics": (folder / "metrics.jsonl", [line]),
-        "refresh_vllm_trajectories_1": (folder / "trajectories" / "cycle-000001.jsonl", records),
+        "refresh_vllm_metrics": (folder / "metrics.jsonl", lines),
+        "refresh_vllm_state_hashes": (folder / "state-hashes.json", [hashes]),
     }
     for role, (path, docs) in files.items():
         _write_lines(path, docs)
@@ -450,7 +471,130 @@ def test_a_run_meeting_the_vllm_contract_passes_the_boundary(tmp_path: Path) -> 
     judgement = _judge(evidence)
     assert _failed(judgement) == [] and "vllm_boundary" in judgement.checks, judgement.checks
     assert judgement.metrics["vllm_backend"] == "passed" and judgement.metrics["vllm_version"] == "0.11.0"
-    assert set(refresh.VLLM_TRAJECTORY_FIELDS) <= set(_lines(evidence["refresh_vllm_trajectories_1"])[0])
+    assert judgement.metrics["refresh_vllm_chain_ok"] is True
+    for check in ("policy_refreshes", "grouped_trajectory_identity"):
+        assert "engine vllm: 8" in judgement.checks[check][1], judgement.checks[check]
+    for cycle in range(1, 9):
+        assert set(refresh.VLLM_TRAJECTORY_FIELDS) <= set(_lines(evidence[f"refresh_vllm_trajectories_{cycle}"])[0])
+
+
+def test_a_refused_vllm_leaves_the_chains_to_the_in_process_engines(tmp_path: Path) -> None:
+    """Where vllm was refused, its run's files (had any been kept) are not judged: the chains are fast's and hf's and
+    vllm_boundary is not applicable, as on the captured CPU evidence."""
+    evidence = _evidence(tmp_path)
+    _vllm_contract_run(evidence)
+    refusal = json.loads((FIXTURES / refresh.REFRESH_EVIDENCE["refresh_vllm_plan"]).read_text())
+    evidence["refresh_vllm_plan"].write_text(json.dumps(refusal))
+    judgement = _judge(evidence)
+    assert _failed(judgement) == [] and list(judgement.inapplicable) == ["vllm_boundary"]
+    assert "engine vllm" not in judgement.checks["policy_refreshes"][1]
+
+
+def _vllm_hashes(edit: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Path]], None]:
+    return _edit_json("refresh_vllm_state_hashes", edit)
+
+
+def _fast_files_as_vllm(*kinds: str) -> Callable[[dict[str, Path]], None]:
+    """The fast run's own files of ``kinds`` (checkpoints, trajectories, state hashes) passed off as vllm's."""
+
+    def apply(ev: dict[str, Path]) -> None:
+        for k in range(1, 9):
+            for kind in kinds:
+                if kind in ("checkpoint", "trajectories"):
+                    ev[f"refresh_vllm_{kind}_{k}"].write_bytes(ev[f"refresh_fast_{kind}_{k}"].read_bytes())
+        if "state_hashes" in kinds:
+            doc = _hashes(ev, "fast")
+            doc["checkpoints"] = {k.replace("_fast_", "_vllm_"): v for k, v in doc["checkpoints"].items()}
+            _write_hashes(ev, "vllm", doc)
+
+    return apply
+
+
+def _swap_vllm_checkpoints(ev: dict[str, Path]) -> None:
+    a, b = ev["refresh_vllm_checkpoint_2"], ev["refresh_vllm_checkpoint_3"]
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def _hf_plan_as_vllm(ev: dict[str, Path]) -> None:
+    ev["refresh_vllm_run_plan"].write_bytes(ev["refresh_hf_plan"].read_bytes())
+
+
+# case -> (edit, the checks it must fail, what the policy_refreshes failure must name (None: that check passes))
+VLLM_CHAIN_BAD: dict[str, tuple[Callable[[dict[str, Path]], None], set[str], str | None]] = {
+    "no state hashes": (_drop("refresh_vllm_state_hashes"), {"policy_refreshes"}, "engine vllm: state-hashes.json"),
+    "a kept checkpoint missing": (_drop("refresh_vllm_checkpoint_5"), {"policy_refreshes"}, "engine vllm update 5"),
+    "swapped kept checkpoints": (_swap_vllm_checkpoints, {"policy_refreshes"}, "engine vllm update 2"),
+    "an edited adapter hash": (
+        _vllm_hashes(
+            lambda d: d["checkpoints"]["refresh_vllm_checkpoint_4"]["files"][ADAPTER].update(sha256="ab" * 32)
+        ),
+        {"policy_refreshes"},
+        "engine vllm update 4",
+    ),
+    "the fast run's checkpoints and hashes": (
+        _fast_files_as_vllm("checkpoint", "state_hashes"),
+        {"policy_refreshes"},
+        "NOT the ones the checkpoint commits",
+    ),
+    "the fast run's hashes only": (
+        _fast_files_as_vllm("state_hashes"),
+        {"policy_refreshes"},
+        "is NOT the one the harness hashed",
+    ),
+    "the fast run's whole chain relabelled": (
+        _fast_files_as_vllm("checkpoint", "trajectories", "state_hashes"),
+        {"vllm_boundary"},
+        None,
+    ),
+    "a stale rollout digest": (
+        _edit_lines("refresh_vllm_metrics", _stale_rollout),
+        {"policy_refreshes"},
+        "engine vllm step",
+    ),
+    "seven of eight updates": (
+        _edit_json("refresh_vllm_summary", lambda d: d.update(updates=7)),
+        {"policy_refreshes", "vllm_boundary"},
+        "engine vllm: 7 updates",
+    ),
+    "the hf plan as vllm's": (_hf_plan_as_vllm, {"policy_refreshes", "vllm_boundary"}, "rollout.backend vllm"),
+    "a cycle's trajectories missing": (
+        _drop("refresh_vllm_trajectories_6"),
+        {"policy_refreshes", "grouped_trajectory_identity", "vllm_boundary"},
+        "engine vllm update 6",
+    ),
+    "a mixed policy_version": (
+        _edit_lines("refresh_vllm_trajectories_4", _mixed_version),
+        {"policy_refreshes", "grouped_trajectory_identity"},
+        "engine vllm update 4",
+    ),
+    "a later cycle from another backend": (
+        _edit_lines("refresh_vllm_trajectories_8", _set("rollout_backend", "hf", 2)),
+        {"policy_refreshes", "vllm_boundary"},
+        "engine vllm update 8",
+    ),
+    "a later cycle's stated difference wrong": (
+        _edit_lines(
+            "refresh_vllm_metrics",
+            lambda lines: lines[6]["algorithm_metrics"].update({refresh.OLD_LOGP_MAX_ABS_DIFF: 0.5}),
+        ),
+        {"vllm_boundary"},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VLLM_CHAIN_BAD))
+def test_the_vllm_refresh_chain_is_judged_like_the_engines(case: str, tmp_path: Path) -> None:
+    corrupt, checks, named = VLLM_CHAIN_BAD[case]
+    evidence = _evidence(tmp_path)
+    _vllm_contract_run(evidence)
+    corrupt(evidence)
+    judgement = _judge(evidence)
+    assert _failed(judgement) == sorted(checks), judgement.checks
+    if named is not None:
+        assert named in judgement.checks["policy_refreshes"][1], judgement.checks["policy_refreshes"][1]
 
 
 def test_old_logp_recomputed_alone_never_passes_the_vllm_boundary(tmp_path: Path) -> None:
@@ -469,7 +613,8 @@ def test_old_logp_recomputed_alone_never_passes_the_vllm_boundary(tmp_path: Path
         (folder / name).write_bytes(evidence[source].read_bytes())
         evidence[role] = folder / name
     judgement = _judge(evidence)
-    assert _failed(judgement) == ["vllm_boundary"] and judgement.metrics["vllm_backend"] == "failed"
+    # (no vllm trajectories or harness hashes were kept either, so its refresh chain fails with it)
+    assert _failed(judgement) == sorted(CHECKS) and judgement.metrics["vllm_backend"] == "failed"
 
 
 def _vllm_records(edit: Callable[[list[dict[str, Any]]], None]) -> Callable[[dict[str, Path]], None]:
@@ -540,20 +685,24 @@ VLLM_BAD: dict[str, Callable[[dict[str, Path]], None]] = {
 
 @pytest.mark.parametrize("case", sorted(VLLM_BAD))
 def test_each_way_the_vllm_evidence_can_be_wrong_fails_the_boundary(case: str, tmp_path: Path) -> None:
+    """(An edited trajectory file is also no longer what vllm's checkpoints commit, so policy_refreshes fails
+    with it; see VLLM_CHAIN_BAD for the chain's own cases.)"""
     evidence = _evidence(tmp_path)
     _vllm_contract_run(evidence)
     VLLM_BAD[case](evidence)
     judgement = _judge(evidence)
-    assert _failed(judgement) == ["vllm_boundary"], judgement.checks
+    assert "vllm_boundary" in _failed(judgement), judgement.checks
     assert "vllm_boundary" not in judgement.inapplicable and judgement.metrics["vllm_backend"] == "failed"
 
 
 def test_a_plan_accepted_without_a_run_fails_the_boundary(tmp_path: Path) -> None:
-    """exit 0 and a plan written, but nothing of a run kept (it crashed before writing, or never ran)."""
+    """exit 0 and a plan written, but nothing of a run kept (it crashed before writing, or never ran): the boundary
+    fails, and so do the refresh chains, which the accepted vllm must have run too."""
     evidence = _evidence(tmp_path)
     _accepted(evidence)
     judgement = _judge(evidence)
-    assert _failed(judgement) == ["vllm_boundary"] and "vllm_boundary" not in judgement.inapplicable
+    assert _failed(judgement) == sorted(CHECKS) and "vllm_boundary" not in judgement.inapplicable
+    assert "engine vllm: no readable summary.json" in judgement.checks["policy_refreshes"][1]
 
 
 def _hostile_files() -> dict[str, Callable[[Path], None]]:

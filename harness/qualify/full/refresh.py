@@ -10,11 +10,14 @@ size keeps it cheap on every profile), with the scale's device and quantization,
 metrics, per-cycle trajectories and each update's ``checkpoint.json`` (``refresh-grpo.yaml`` checkpoints every
 update and keeps all 8). While the work dir exists the harness hashes every file each checkpoint lists into the
 engine's ``state-hashes.json`` (:mod:`harness.qualify.full.statehash`; for update 1 also the adapter's lora_B
-tensors). Then ``miniverl plan`` with ``rollout.backend=vllm``, whose result (exit code, last stderr line, whether
-a plan was written) it saves; where the plan is accepted it runs it for :data:`VLLM_CYCLES` cycle and keeps its
-plan, summary, metrics and trajectories. ``judge_refreshes`` decides, from those files only:
+tensors). Then ``miniverl plan`` with ``rollout.backend=vllm`` at the same cycles and sizes, whose result (exit code,
+last stderr line, whether a plan was written) it saves; where the plan is accepted (vllm importable: on the GPU
+machine, a ``--vllm-site`` given to ``harness full``) it runs it like the engines' and keeps the same files and
+state hashes under ``vllm/``. ``judge_refreshes`` decides, from those files only:
 
-* ``policy_refreshes``: per engine, one metrics line per update with ``rollout_backend`` the engine asked for;
+* ``policy_refreshes``: per engine (and vllm, where its plan was accepted; where it was refused the chain is
+  fast's and hf's and ``vllm_boundary`` says why), one metrics line per update with ``rollout_backend`` the engine
+  asked for;
   from the harness's own hashes, the checkpoint of every update k (its ``step`` k, read by the harness), whose
   kept ``checkpoint.json`` is the one the harness hashed, states exactly the harness's digests and commits exactly
   the kept trajectories of cycles 1..k (so hashes or checkpoints of another run or engine fail); update 1 moved a
@@ -24,13 +27,15 @@ plan, summary, metrics and trajectories. ``judge_refreshes`` decides, from those
   ``policy_digest_before[1]`` none of them), and chain: ``policy_digest_rollout[k] == policy_digest_before[k] ==
   policy_digest_after[k-1]``. So the weights the harness hashed after update k are the ones rollout k+1 says it
   sampled with; what a rollout used inside the process is the one fact only the product can report.
-* ``grouped_trajectory_identity``: per engine and cycle, ``prompts_per_cycle`` groups of ``samples_per_prompt``
+* ``grouped_trajectory_identity``: per engine (and vllm where accepted) and cycle, ``prompts_per_cycle`` groups of
+  ``samples_per_prompt``
   trajectories; a group's trajectories share ``group_id``, ``prompt_id``, prompt tokens and ``policy_version``
   (the updates before the cycle, as its metrics line says); sample indices 0..n-1 once each; group ids distinct
   across every group of the run;
 * ``vllm_boundary``: judged only on evidence of a real vLLM run. Where the plan was accepted, the run must meet
   the vLLM evidence contract (:data:`VLLM_TRAJECTORY_FIELDS`, which the product's vLLM rollout path must write,
-  issue #32): the plan it ran names ``rollout.backend: vllm``; the run completed its GRPO updates; every metrics
+  issue #32) on every cycle: the plan it ran names ``rollout.backend: vllm``; the run completed its
+  ``scale.policy_refreshes`` GRPO updates; every metrics
   line says ``rollout_backend`` ``vllm`` and ``actor/old_logp_recomputed`` 1.0; every trajectory carries
   ``rollout_backend`` ``vllm``, the engine's own ``rollout_backend_version`` (``vllm.__version__``, one version
   for the run), and per response token both the sampler's ``sampled_logprobs`` and the trainer's recomputed
@@ -79,9 +84,9 @@ VLLM_ABSENT_REASON = "vllm is not installed"
 OLD_LOGP_RECOMPUTED = "actor/old_logp_recomputed"
 #: the algorithm_metrics key a vLLM run reports: max |sampled_logprobs - old_logprobs| over the cycle's tokens
 OLD_LOGP_MAX_ABS_DIFF = "actor/old_logp_max_abs_diff"
-#: the GRPO cycles of the vLLM run (where vllm is installed and the plan accepted)
-VLLM_CYCLES = 1
 VLLM_BACKEND = "vllm"
+#: every refresh chain the layout declares: the in-process engines, then the vLLM backend (run where accepted)
+REFRESH_RUNS = (*ENGINES, VLLM_BACKEND)
 #: what every trajectory of a vLLM run must carry (the contract issue #32's vLLM rollout path must meet)
 VLLM_TRAJECTORY_FIELDS = {
     "rollout_backend": "the literal 'vllm': the engine that sampled it",
@@ -106,22 +111,22 @@ def _checkpoint_role(engine: str, cycle: int) -> str:
     return f"refresh_{engine}_checkpoint_{cycle}"
 
 
+def _plan_role(engine: str) -> str:
+    """The role of the plan a refresh run ran (for vllm ``refresh_vllm_plan`` is the probe's result)."""
+    return "refresh_vllm_run_plan" if engine == VLLM_BACKEND else f"refresh_{engine}_plan"
+
+
 def _evidence() -> dict[str, str]:
     members: dict[str, str] = {}
-    for engine in ENGINES:
-        members[f"refresh_{engine}_plan"] = f"{ROOT}/{engine}/plan.json"
+    members["refresh_vllm_plan"] = f"{ROOT}/vllm/plan-result.json"
+    for engine in REFRESH_RUNS:
+        members[_plan_role(engine)] = f"{ROOT}/{engine}/plan.json"
         members[f"refresh_{engine}_summary"] = f"{ROOT}/{engine}/summary.json"
         members[f"refresh_{engine}_metrics"] = f"{ROOT}/{engine}/metrics.jsonl"
         members[f"refresh_{engine}_state_hashes"] = f"{ROOT}/{engine}/state-hashes.json"
         for cycle in range(1, MAX_REFRESHES + 1):
             members[_trajectory_role(engine, cycle)] = f"{ROOT}/{engine}/trajectories/cycle-{cycle:06d}.jsonl"
             members[_checkpoint_role(engine, cycle)] = f"{ROOT}/{engine}/checkpoints/checkpoint-{cycle}.json"
-    members["refresh_vllm_plan"] = f"{ROOT}/vllm/plan-result.json"
-    members["refresh_vllm_run_plan"] = f"{ROOT}/vllm/plan.json"
-    members["refresh_vllm_summary"] = f"{ROOT}/vllm/summary.json"
-    members["refresh_vllm_metrics"] = f"{ROOT}/vllm/metrics.jsonl"
-    for cycle in range(1, VLLM_CYCLES + 1):
-        members[_trajectory_role(VLLM_BACKEND, cycle)] = f"{ROOT}/vllm/trajectories/cycle-{cycle:06d}.jsonl"
     return members
 
 
@@ -185,15 +190,19 @@ def _hash_checkpoints(ctx: Context, engine: str, run_dir: Path, cycles: int) -> 
     return statehash.write_taken(ctx.work / f"refresh-{engine}-state-hashes.json", taken)
 
 
-def _keep_run(found: dict[str, Path], prefix: str, run_dir: Path, cycles: int) -> None:
-    _keep(found, f"refresh_{prefix}_summary", run_dir / "summary.json")
-    _keep(found, f"refresh_{prefix}_metrics", run_dir / "metrics.jsonl")
+def _keep_run(ctx: Context, found: dict[str, Path], engine: str, run_dir: Path, cycles: int) -> None:
+    """Keep a refresh run's summary, metrics, trajectories and checkpoints, and the harness's hashes of them."""
+    _keep(found, f"refresh_{engine}_summary", run_dir / "summary.json")
+    _keep(found, f"refresh_{engine}_metrics", run_dir / "metrics.jsonl")
     for cycle in range(1, cycles + 1):
-        _keep(found, _trajectory_role(prefix, cycle), run_dir / "trajectories" / f"cycle-{cycle:06d}.jsonl")
+        _keep(found, _trajectory_role(engine, cycle), run_dir / "trajectories" / f"cycle-{cycle:06d}.jsonl")
+        _keep(found, _checkpoint_role(engine, cycle), runs.checkpoint_json(run_dir, cycle))
+    found[f"refresh_{engine}_state_hashes"] = _hash_checkpoints(ctx, engine, run_dir, cycles)
 
 
 def run_refreshes(ctx: Context) -> dict[str, Path]:
-    """The refresh runs per engine and the vllm plan probe; returns the evidence files they produced."""
+    """The refresh runs per engine, the vllm plan probe and (where it was accepted) the same refresh run on vllm;
+    returns the evidence files they produced."""
     cycles = ctx.scale.policy_refreshes
     if not 1 <= cycles <= MAX_REFRESHES:
         raise WorkloadFailure(f"scale {ctx.scale.name} asks for {cycles} policy refreshes; the layout holds 1..8")
@@ -204,14 +213,17 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
         if not _plan(ctx, f"refresh_{engine}_plan", plan, ["--set", f"rollout.engine={engine}"], cycles).ok:
             continue
         _keep(found, f"refresh_{engine}_plan", ctx.work / plan)
-        run_dir = _run(ctx, f"refresh_{engine}_run", plan, f"refresh-{engine}")
-        _keep_run(found, engine, run_dir, cycles)
-        for cycle in range(1, cycles + 1):
-            _keep(found, _checkpoint_role(engine, cycle), runs.checkpoint_json(run_dir, cycle))
-        found[f"refresh_{engine}_state_hashes"] = _hash_checkpoints(ctx, engine, run_dir, cycles)
-    # the vLLM boundary: the plan must refuse where vllm is absent (and is run where it was accepted)
+        _keep_run(ctx, found, engine, _run(ctx, f"refresh_{engine}_run", plan, f"refresh-{engine}"), cycles)
+    found.update(run_vllm(ctx, cycles))
+    return found
+
+
+def run_vllm(ctx: Context, cycles: int) -> dict[str, Path]:
+    """The vLLM boundary's evidence: the plan must refuse where vllm is absent, and is run like the engines' where
+    accepted (``ctx.work`` must hold :data:`YAML`)."""
+    found: dict[str, Path] = {}
     plan = "plan-refresh-vllm.json"
-    result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], VLLM_CYCLES)
+    result = _plan(ctx, "refresh_vllm_plan", plan, ["--set", "rollout.backend=vllm"], cycles)
     inv = result.invocation
     stderr = result.stderr.decode("utf-8", errors="replace")
     probe = {
@@ -229,7 +241,7 @@ def run_refreshes(ctx: Context) -> dict[str, Path]:
     found["refresh_vllm_plan"] = probe_path
     if result.ok:
         _keep(found, "refresh_vllm_run_plan", ctx.work / plan)
-        _keep_run(found, VLLM_BACKEND, _run(ctx, "refresh_vllm_run", plan, "refresh-vllm"), VLLM_CYCLES)
+        _keep_run(ctx, found, VLLM_BACKEND, _run(ctx, "refresh_vllm_run", plan, "refresh-vllm"), cycles)
     return found
 
 
@@ -322,9 +334,12 @@ def _refreshes_of(engine: str, evidence: dict[str, Path], scale: Scale) -> tuple
     why = _completed_grpo(summary, cycles)
     if why is not None:
         return False, f"{where}: {why}"
-    plan = read_json(evidence.get(f"refresh_{engine}_plan"))
+    plan = read_json(evidence.get(_plan_role(engine)))
     rollout = _rollout_config(plan)
-    if rollout is None or rollout.get("engine") != engine or rollout.get("backend") != "hf":
+    if engine == VLLM_BACKEND:
+        if rollout is None or rollout.get("backend") != VLLM_BACKEND:
+            return False, f"{where}: the plan does not ask for rollout.backend vllm"
+    elif rollout is None or rollout.get("engine") != engine or rollout.get("backend") != "hf":
         return False, f"{where}: the plan does not ask for rollout.backend hf with rollout.engine {engine}"
     other = [f"{k} {rollout.get(k)!r} (declared {v})" for k, v in REFRESH_SIZES.items() if count(rollout.get(k)) != v]
     if other:
@@ -466,19 +481,19 @@ def _vllm_cycle(cycle: int, line: dict[str, Any], records: list[dict[str, Any]] 
     return None, versions.pop()
 
 
-def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any]) -> tuple[str | None, str]:
+def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any], cycles: int) -> tuple[str | None, str]:
     """Why the accepted vLLM plan's run is not evidence of a real vLLM run (None: it is), and vllm's version."""
     if probe.get("plan_written") is not True:
         return "plan exited 0 but wrote no plan", ""
     rollout = _rollout_config(read_json(evidence.get("refresh_vllm_run_plan")))
     if rollout is None or rollout.get("backend") != VLLM_BACKEND:
         return "the kept plan does not name rollout.backend vllm", ""
-    why = _completed_grpo(read_json(evidence.get("refresh_vllm_summary")), VLLM_CYCLES)
+    why = _completed_grpo(read_json(evidence.get("refresh_vllm_summary")), cycles)
     if why is not None:
         return f"the vllm run: {why}", ""
     lines = read_jsonl(evidence.get("refresh_vllm_metrics"))
-    if lines is None or len(lines) != VLLM_CYCLES:
-        return f"the vllm run's metrics.jsonl is missing or unreadable or not {VLLM_CYCLES} lines", ""
+    if lines is None or len(lines) != cycles:
+        return f"the vllm run's metrics.jsonl is missing or unreadable or not {cycles} lines", ""
     version = ""
     for cycle, line in enumerate(lines, start=1):
         at = f"vllm step {cycle}"
@@ -493,7 +508,13 @@ def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any]) -> tuple[str | N
     return None, version
 
 
-def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
+def _vllm_accepted(probe: dict[str, Any] | None) -> bool:
+    """``miniverl plan`` accepted ``rollout.backend: vllm`` (vllm importable): its run is then judged like the
+    engines' and must meet the contract; anything else is the boundary's to judge (refusal or failure)."""
+    return probe is not None and count(probe.get("exit_code")) == 0 and probe.get("timed_out") is False
+
+
+def _vllm(evidence: dict[str, Path], judgement: Judgement, cycles: int) -> None:
     probe = read_json(evidence.get("refresh_vllm_plan"))
     if probe is None:
         judgement.metrics["vllm_backend"] = "failed"
@@ -501,9 +522,9 @@ def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
         return
     code, line = probe.get("exit_code"), probe.get("stderr_last_line")
     line = line if isinstance(line, str) else ""
-    if count(code) == 0 and probe.get("timed_out") is False:
+    if _vllm_accepted(probe):
         # vllm was importable and the plan accepted it: only the run's own evidence of vLLM can pass the check
-        why, version = _vllm_run(evidence, probe)
+        why, version = _vllm_run(evidence, probe, cycles)
         judgement.metrics["vllm_backend"] = "passed" if why is None else "failed"
         if why is None:
             judgement.metrics["vllm_version"] = version
@@ -512,8 +533,8 @@ def _vllm(evidence: dict[str, Path], judgement: Judgement) -> None:
             why is None,
             f"vllm accepted: {why}"
             if why is not None
-            else f"vllm {version} sampled every trajectory; the trainer recomputed old_logp on every update and its "
-            "log-probs differ from the sampler's, as the metrics state",
+            else f"vllm {version} sampled every trajectory of {cycles} cycles; the trainer recomputed old_logp on "
+            "every update and its log-probs differ from the sampler's, as the metrics state",
         )
         return
     refused = (
@@ -553,12 +574,14 @@ def judge_refreshes(evidence: dict[str, Path], judgement: Judgement, profile: Pr
     if not 1 <= cycles <= MAX_REFRESHES:
         judgement.check("policy_refreshes", False, f"the scale asks for {cycles} refreshes; the layout holds 1..8")
         judgement.check("grouped_trajectory_identity", False, "no evidence layout for this scale")
-        _vllm(evidence, judgement)
+        _vllm(evidence, judgement, cycles)
         return
-    refreshes = [_refreshes_of(engine, evidence, scale) for engine in ENGINES]
-    for engine, (ok, _) in zip(ENGINES, refreshes, strict=True):
+    # vllm's refresh run is judged where the plan accepted vllm; where it refused, vllm_boundary says why
+    engines = REFRESH_RUNS if _vllm_accepted(read_json(evidence.get("refresh_vllm_plan"))) else ENGINES
+    refreshes = [_refreshes_of(engine, evidence, scale) for engine in engines]
+    for engine, (ok, _) in zip(engines, refreshes, strict=True):
         judgement.metrics[f"refresh_{engine}_chain_ok"] = ok
     judgement.check("policy_refreshes", all(ok for ok, _ in refreshes), "; ".join(d for _, d in refreshes))
-    grouped = [_groups_of(engine, evidence, scale) for engine in ENGINES]
+    grouped = [_groups_of(engine, evidence, scale) for engine in engines]
     judgement.check("grouped_trajectory_identity", all(ok for ok, _ in grouped), "; ".join(d for _, d in grouped))
-    _vllm(evidence, judgement)
+    _vllm(evidence, judgement, cycles)
