@@ -84,8 +84,8 @@ class Grpo(Algorithm):
         if g.ppo_epochs * g.mini_batches == 1:
             stats = grpo_update(self.runtime, sequences, self.config, rollout_logp=rollout_logp)
             grad_norm, delta = self.actor.step()
-            assert stats.trainer_logp is not None  # one step on fresh trajectories: the forward is the old_logp
-            metrics.update(agreement_metrics(sampled_logp, stats.trainer_logp))
+            if stats.trainer_logp is not None:  # one step on fresh trajectories: the loss's forward is the old_logp
+                metrics.update(agreement_metrics(sampled_logp, stats.trainer_logp))
             # One step on fresh trajectories: the ratio is exactly 1, so the clip fraction is 0 by
             # construction and not logged; the loss is the policy-gradient surrogate, not a learning curve.
         else:
