@@ -187,7 +187,11 @@ class MetricsLine(Record):
     algorithm_metrics: dict[str, float] = Field(
         default_factory=dict,
         description="the algorithm's own metrics under verl's names (PPO: actor/pg_clipfrac, actor/ppo_kl, "
-        "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); finite values only",
+        "actor/entropy, critic/vf_loss, critic/vf_clipfrac, critic/vf_explained_var, ...); GRPO and PPO, every "
+        "backend: the rollout/trainer agreement over the cycle's response tokens "
+        "(rollout/mismatch_ratio_outside_frac: the fraction whose exp(trainer - rollout log-prob) is outside "
+        "[0.9, 1.1]; actor/old_logp_max_abs_diff and rollout/mismatch_mean_abs_logp_diff: the max and mean "
+        "|difference|; rollout/mismatch_tokens); finite values only",
     )
     rollout_backend: Literal["fast", "hf", "vllm"] | None = Field(
         default=None,

@@ -9,7 +9,8 @@ rollout; both switches are timed into the metrics (:data:`WAKE_SECONDS`, :data:`
 vLLM's own log-prob of each sampled token (``logprobs_mode="processed_logprobs"``: of the distribution it
 drew from, as ``sampled_logprobs`` means everywhere in miniverl) goes into the trajectory. They are foreign
 to the trainer: a policy-gradient update always recomputes ``old_logp`` with the training model, and the
-controller records both per token and the per-step mismatch (:func:`mismatch_metrics`).
+controller records both per token and the per-step mismatch
+(:func:`miniverl.rollout.agreement.mismatch_metrics`).
 
 Torch-free and vllm-free at import: ``vllm`` is imported only by :func:`load_llm` and
 :func:`vllm_version`. Tests drive :class:`VllmEngine` with a named fake of the ``vllm.LLM`` surface it uses
@@ -29,13 +30,6 @@ from typing import Any, Protocol
 
 from miniverl.errors import DependencyError, MiniverlError, UsageError
 
-#: the metrics keys of the rollout/trainer mismatch (per step, over every response token of the cycle)
-OLD_LOGP_MAX_ABS_DIFF = "actor/old_logp_max_abs_diff"
-MISMATCH_MEAN_ABS_DIFF = "rollout/mismatch_mean_abs_logp_diff"
-MISMATCH_OUTSIDE_FRACTION = "rollout/mismatch_ratio_outside_frac"
-MISMATCH_TOKENS = "rollout/mismatch_tokens"
-#: the probability ratio trainer / sampler a token may have and still count as matched
-MISMATCH_RATIO_BAND = (0.9, 1.1)
 #: the switch times of one cycle, seconds
 WAKE_SECONDS = "rollout/vllm_wake_seconds"
 SLEEP_SECONDS = "rollout/vllm_sleep_seconds"
@@ -49,32 +43,6 @@ BASE_WEIGHTS = "model.safetensors"
 
 class VllmRolloutError(MiniverlError):
     """vLLM returned something a trajectory cannot be built from."""
-
-
-def mismatch_metrics(sampled: Sequence[Sequence[float]], old: Sequence[Sequence[float]]) -> dict[str, float]:
-    """The rollout/trainer mismatch of one step: per response token, ``delta = old - sampled`` (trainer minus
-    sampler log-prob); the fraction of tokens whose ratio ``exp(delta)`` lies outside
-    :data:`MISMATCH_RATIO_BAND`, the max and the mean of ``|delta|``."""
-    if len(sampled) != len(old):
-        raise ValueError(f"{len(sampled)} sampled trajectories, {len(old)} recomputed")
-    deltas: list[float] = []
-    for number, (s, o) in enumerate(zip(sampled, old, strict=True), start=1):
-        if len(s) != len(o):
-            raise ValueError(f"trajectory {number}: {len(s)} sampled log-probs, {len(o)} recomputed")
-        deltas += [b - a for a, b in zip(s, o, strict=True)]
-    if not deltas:
-        raise ValueError("no response tokens: the mismatch is undefined")
-    if not all(math.isfinite(d) for d in deltas):
-        raise ValueError("a log-prob is not finite")
-    low, high = MISMATCH_RATIO_BAND
-    outside = sum(1 for d in deltas if not low <= math.exp(d) <= high)
-    magnitudes = [abs(d) for d in deltas]
-    return {
-        OLD_LOGP_MAX_ABS_DIFF: max(magnitudes),
-        MISMATCH_MEAN_ABS_DIFF: sum(magnitudes) / len(magnitudes),
-        MISMATCH_OUTSIDE_FRACTION: outside / len(deltas),
-        MISMATCH_TOKENS: float(len(deltas)),
-    }
 
 
 @dataclass(frozen=True)

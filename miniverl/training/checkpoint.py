@@ -92,6 +92,10 @@ def restore_rng(tensors: dict[str, torch.Tensor], json_part: dict[str, Any]) -> 
     np.random.set_state((npart["name"], keys, npart["pos"], npart["has_gauss"], npart["gauss"]))
 
 
+#: the AdamW param-group flags that pick an implementation (same math, float tolerance apart)
+IMPLEMENTATION_FLAGS = ("fused", "foreach")
+
+
 def optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
@@ -109,7 +113,13 @@ def optimizer_from_tensors(
     for name, tensor in tensors.items():
         _, index, key = name.split(".", 2)
         slots.setdefault(int(index), {})[key] = tensor
-    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    # the implementation (fused, foreach) is this process's choice for its device, not the checkpoint's: a run
+    # saved by the other implementation resumes on this one; torch places the step tensors by these flags
+    groups = [
+        {**saved, **{k: live[k] for k in IMPLEMENTATION_FLAGS if k in live}}
+        for saved, live in zip(meta["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    optimizer.load_state_dict({"state": slots, "param_groups": groups})
 
 
 def write_checkpoint(

@@ -29,10 +29,10 @@ from miniverl.evaluation import periodic_evaluator
 from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
+from miniverl.rollout.agreement import mismatch_metrics
 from miniverl.rollout.backends import RolloutBackend, rollout_backend
 from miniverl.rollout.hf import RolloutReport, Trajectory
 from miniverl.rollout.records import TokenGae, TrajectoryRecord, write_trajectories_jsonl
-from miniverl.rollout.vllm_engine import mismatch_metrics
 from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt

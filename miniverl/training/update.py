@@ -53,6 +53,22 @@ class UpdateStats:
     #: against given old log-probs (a later pass or mini-batch): the clipped token fraction and verl's k1 ppo_kl
     clip_fraction: float | None = None
     ppo_kl: float | None = None
+    #: per sequence, the trainer's log-prob of each response token from the loss's own forward, where that forward
+    #: ran on the rollout's weights (one step on fresh trajectories): the recomputed old_logp the agreement needs
+    trainer_logp: list[tuple[float, ...]] | None = None
+
+
+def host_logprobs(pieces: Sequence[torch.Tensor]) -> list[tuple[float, ...]]:
+    """Per-sequence device log-probs as host floats, in one device read (not one per sequence)."""
+    if not pieces:
+        return []
+    flat = torch.cat([p.detach().float() for p in pieces]).cpu().tolist()
+    out: list[tuple[float, ...]] = []
+    start = 0
+    for piece in pieces:
+        out.append(tuple(flat[start : start + piece.numel()]))
+        start += piece.numel()
+    return out
 
 
 def physical_batches(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from harness.qualify.full.statehash import optimizer_steps
 from tests.conftest import CliResult, tiny_config
 
 PLUGIN = [{"name": "tests.helpers.rewards:digit_fraction", "weight": 1.0}]
@@ -104,6 +105,12 @@ def test_interrupted_then_resumed_is_bit_identical(cli, write_config, tiny_model
     for name in opt_a:
         assert opt_a[name].equal(opt_b[name]), name
     assert (workdir / "runs/straight/metrics.jsonl").read_text().count("\n") == 3
+    # the multi-tensor AdamW keeps torch's per-slot state: the harness still reads one step counter per slot
+    last = sorted((workdir / "runs/cut/checkpoints").glob("step-*"))[-1]
+    steps = optimizer_steps((last / "optimizer.safetensors").read_bytes(), "optimizer.safetensors")
+    assert [(t.value, t.slots) for t in steps.steps] == [(3.0, steps.slots)] and steps.slots == len(params_a)
+    groups = json.loads((last / "state.json").read_text())["optimizer"]["param_groups"]
+    assert [g["foreach"] for g in groups] == [True]
 
 
 def test_corrupt_checkpoint_is_refused(cli, write_config, tiny_model_dir, prompts, workdir: Path) -> None:

@@ -1,11 +1,10 @@
-"""The vLLM rollout backend's CPU-side parts (issue #32): the mismatch math, one adapter per policy version, and the
+"""The vLLM rollout backend's CPU-side parts (issue #32): one adapter per policy version, and the
 engine driven through :class:`FakeVllmLLM`, a named fake of the ``vllm.LLM`` surface the engine uses (vllm cannot
 be installed here; the fake never writes harness evidence)."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,48 +13,15 @@ import pytest
 
 from miniverl.errors import UsageError
 from miniverl.rollout.vllm_engine import (
-    MISMATCH_MEAN_ABS_DIFF,
-    MISMATCH_OUTSIDE_FRACTION,
-    MISMATCH_TOKENS,
-    OLD_LOGP_MAX_ABS_DIFF,
     SLEEP_SECONDS,
     WAKE_SECONDS,
     AdapterVersions,
     SampledRow,
     VllmEngine,
     VllmRolloutError,
-    mismatch_metrics,
 )
 
 EOS = 2
-
-
-def test_mismatch_metrics_count_tokens_outside_the_ratio_band() -> None:
-    sampled = [[-1.0, -2.0], [-0.5]]
-    old = [[-1.0 + math.log(1.2), -2.0 + math.log(0.95)], [-0.5 - math.log(1.05)]]
-    got = mismatch_metrics(sampled, old)
-    assert got[MISMATCH_OUTSIDE_FRACTION] == pytest.approx(1 / 3)  # only exp(delta) = 1.2 is outside [0.9, 1.1]
-    assert got[OLD_LOGP_MAX_ABS_DIFF] == pytest.approx(math.log(1.2))
-    assert got[MISMATCH_MEAN_ABS_DIFF] == pytest.approx((math.log(1.2) - math.log(0.95) + math.log(1.05)) / 3)
-    assert got[MISMATCH_TOKENS] == 3.0
-    assert mismatch_metrics([[-1.0]], [[-1.0]])[MISMATCH_OUTSIDE_FRACTION] == 0.0
-    assert mismatch_metrics([[-1.0]], [[-1.0 + math.log(0.85)]])[MISMATCH_OUTSIDE_FRACTION] == 1.0
-
-
-@pytest.mark.parametrize(
-    ("sampled", "old", "message"),
-    [
-        ([[-1.0]], [[-1.0], [-1.0]], "1 sampled trajectories, 2 recomputed"),
-        ([[-1.0, -1.0]], [[-1.0]], "trajectory 1: 2 sampled log-probs, 1 recomputed"),
-        ([[]], [[]], "no response tokens"),
-        ([[-1.0]], [[math.nan]], "not finite"),
-    ],
-)
-def test_mismatch_metrics_refuse_what_they_cannot_measure(
-    sampled: list[list[float]], old: list[list[float]], message: str
-) -> None:
-    with pytest.raises(ValueError, match=message):
-        mismatch_metrics(sampled, old)
 
 
 def _save(path: Path) -> None:

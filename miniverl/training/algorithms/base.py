@@ -94,6 +94,20 @@ def resolve_adapter_precision(config: MiniverlConfig, device: torch.device) -> A
     return "bf16_master" if config.models.dtype == "bfloat16" and device.type == "cuda" else "fp32"
 
 
+#: the parameter dtypes torch's fused CUDA AdamW is used for
+FUSED_ADAMW_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def adamw_implementation(params: Sequence[torch.Tensor]) -> dict[str, bool]:
+    """torch's fused AdamW where every parameter is a CUDA fp32/bf16 tensor, its foreach (multi-tensor) one
+    otherwise: one kernel (or one per group) instead of a dozen per tensor. Same math as the per-tensor loop: on
+    CPU foreach is bitwise the same; fused differs by float rounding. The state (``step`` included) keeps its
+    keys and shapes, so the checkpoint's optimizer file does not change."""
+    if params and all(p.device.type == "cuda" and p.dtype in FUSED_ADAMW_DTYPES for p in params):
+        return {"fused": True}
+    return {"foreach": True}
+
+
 def _is_adapter_tensor(name: str) -> bool:
     """LoRA tensors go bf16 with fp32 masters; anything else (PPO's value head) stays its own fp32 master."""
     return "lora_" in name
@@ -127,7 +141,9 @@ class TrainedParameters:
             master_of = {id(p): m for p, m in zip(self.master.params, self.master.masters, strict=True)}
             self.params = [master_of.get(id(p), p) for p in self.params]
         self.max_grad_norm = max_grad_norm
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_implementation(self.params)
+        )
         self.steps_taken = 0  # optimizer steps so far (an algorithm reports its steps per update from it)
         self._update_steps: list[int] = []  # this update's optimizer steps, one entry per pass
 

@@ -29,6 +29,7 @@ from miniverl.algorithms import (
     ppo_clip_token_losses,
 )
 from miniverl.config.schema import MiniverlConfig
+from miniverl.rollout.agreement import agreement_metrics
 from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
 from miniverl.runtime.base import RoleName, RoleRuntime, SequenceRows
 from miniverl.runtime.batching import to_device
@@ -36,6 +37,7 @@ from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBat
 from miniverl.training.update import (
     UpdateSequence,
     UpdateStats,
+    host_logprobs,
     mini_batches,
     pass_order_seed,
     physical_batches,
@@ -75,12 +77,15 @@ class Grpo(Algorithm):
             eps=g.eps,
         )
         advantages = [float(a) for a in adv]
-        rollout_logp = [t.sampled_logprobs for t in batch.trajectories] if origin == "rollout" else None
+        sampled_logp = [t.sampled_logprobs for t in batch.trajectories]
+        rollout_logp = sampled_logp if origin == "rollout" else None
         sequences = batch.sequences(advantages)
         self.actor.begin_update()
         if g.ppo_epochs * g.mini_batches == 1:
             stats = grpo_update(self.runtime, sequences, self.config, rollout_logp=rollout_logp)
             grad_norm, delta = self.actor.step()
+            if stats.trainer_logp is not None:  # one step on fresh trajectories: the loss's forward is the old_logp
+                metrics.update(agreement_metrics(sampled_logp, stats.trainer_logp))
             # One step on fresh trajectories: the ratio is exactly 1, so the clip fraction is 0 by
             # construction and not logged; the loss is the policy-gradient surrogate, not a learning curve.
         else:
@@ -115,6 +120,7 @@ class Grpo(Algorithm):
         old_logp, ref_logp = rollout_token_logprobs(
             self.runtime, sequences, self.config, with_reference=g.kl_coef > 0 and g.kl_mode == "loss"
         )
+        metrics.update(agreement_metrics([t.sampled_logprobs for t in batch.trajectories], host_logprobs(old_logp)))
         if rollout_logp is not None:
             old_logp = [
                 torch.tensor(lp, dtype=o.dtype, device=o.device) for lp, o in zip(rollout_logp, old_logp, strict=True)
@@ -212,6 +218,7 @@ def grpo_update(
     # loop below never waits for the GPU, so the host keeps launching the next forward.
     inputs = [_batch_inputs([sequences[i] for i in index_list], runtime.device) for index_list in batches]
     sums = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, kl, entropy, clipped, drift
+    trainer_logp: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for index_list, (rows, targets, advantages_per_token) in zip(batches, inputs, strict=True):
         part_ref = None
         if use_kl and ref_logp is not None:
@@ -227,6 +234,10 @@ def grpo_update(
             )
         if entropy is not None:
             sums[2] += entropy.detach().sum().double()
+        if old_logp is None:  # no step yet: this forward is the trainer's log-prob under the rollout's weights
+            sizes = [sequences[i].response_len for i in index_list]
+            for i, piece in zip(index_list, logp.detach().split(sizes), strict=True):
+                trainer_logp[i] = piece
         if old_logp is not None:
             part_old = torch.cat([old_logp[i] for i in index_list]).to(logp.dtype)
         elif rollout_logp is None:
@@ -266,6 +277,7 @@ def grpo_update(
         entropy=entropy_sum / total_tokens,
         clip_fraction=clipped / total_tokens if old_logp is not None else None,
         ppo_kl=drift_sum / total_tokens if old_logp is not None else None,
+        trainer_logp=host_logprobs(trainer_logp) if old_logp is None else None,
     )
 
 

