@@ -204,8 +204,8 @@ def run_smoke(opts: SmokeOptions) -> int:
             ),
         )
         facts.evidence["wheel_sha256"] = captured / INSTALL_FILES["wheel_sha256"]
-        keep("pip_report", (work / "pip-report.json").read_text(encoding="utf-8"))
-        keep("pip_inspect", _without_descriptions(pip_output(python, work, "inspect")))
+        keep("pip_report", without_descriptions((work / "pip-report.json").read_text(encoding="utf-8"), "install"))
+        keep("pip_inspect", without_descriptions(pip_output(python, work, "inspect"), "installed"))
         keep("pip_check", pip_output(python, work, "check"))
         packages, missing, python_version = installed_closure(python, profile.install_extras, work)
         mismatches = stack_mismatches(read_pins(txt), packages) + [
@@ -353,17 +353,18 @@ def _full_workloads(
     return outcomes, absent, None
 
 
-def _without_descriptions(inspect: str) -> str:
-    """``pip inspect``'s output without each package's long description (its README: megabytes over a machine's
-    site-packages, of text that judges nothing and may quote paths such as ``~/.cache``); all else as printed."""
+def without_descriptions(report: str, key: str) -> str:
+    """pip's JSON (``inspect``: ``installed``, ``install --report``: ``install``) without each package's long
+    ``description`` (its README: megabytes over a machine's site-packages, of text that judges nothing and may quote
+    paths such as ``~/.cache``, which evidence_portable refuses); all else as printed."""
     import json
 
     try:
-        doc = json.loads(inspect)
-        for item in doc.get("installed", []):
+        doc = json.loads(report)
+        for item in doc.get(key, []):
             item.get("metadata", {}).pop("description", None)
     except (ValueError, AttributeError, TypeError):
-        return inspect  # not pip inspect's JSON: kept as printed, and the judge refuses it
+        return report  # not pip's JSON: kept as printed, and the judge refuses it
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 

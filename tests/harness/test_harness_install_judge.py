@@ -276,3 +276,22 @@ def test_markers_and_closure_follow_pep_508() -> None:
     }
     assert installed_closure(inspect, "root", ["train"]) == ({"a": "2", "c": "3"}, [])
     assert installed_closure(inspect, "root", ["cuda"]) == ({"a": "2", "c": "3"}, ["b"])
+
+
+@pytest.mark.parametrize(("key", "name"), [("install", "pip-install-report.json"), ("installed", "pip-inspect.json")])
+def test_pip_json_is_kept_without_descriptions_that_quote_paths(tmp_path: Path, key: str, name: str) -> None:
+    """A package's README (pip's ``description``) may quote paths (torch's does): kept as printed, pip's report and
+    inspect output would fail evidence_portable on any machine that installs such a package into the venv."""
+    from harness.qualify.smoke import without_descriptions
+    from harness.qualify.smoke_judge import portable
+
+    item = {"metadata": {"name": "torch", "version": "2.11.0", "description": "cache in ~/.cache/torch\n/usr/lib"}}
+    raw = json.dumps({"version": "1", key: [item]})
+    printed = tmp_path / "printed" / name
+    printed.parent.mkdir()
+    printed.write_text(raw)
+    assert not portable(printed)
+    kept = tmp_path / name
+    kept.write_text(without_descriptions(raw, key))
+    assert portable(kept)
+    assert json.loads(kept.read_text())[key][0]["metadata"] == {"name": "torch", "version": "2.11.0"}
