@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from steps import Steps  # a sibling script, not a package
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 CYCLES = 2
@@ -193,37 +195,6 @@ def unpack() -> tuple[Path, Path]:
 
 
 # ---------------------------------------------------------------- measure
-class Steps:
-    def __init__(self, work: Path, out: Path, deadline: float) -> None:
-        self.work, self.out, self.deadline = work, out, deadline
-        self.report: dict[str, Any] = {"steps": {}}
-        self.log = (out / "agreement.log").open("a", encoding="utf-8")
-
-    def say(self, line: str) -> None:
-        print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
-
-    def save(self) -> None:
-        (self.out / "agreement.json").write_text(json.dumps(self.report, indent=1, sort_keys=True) + "\n")
-
-    def step(self, name: str, argv: list[str], env: dict[str, str], *, cap_s: float) -> bool:
-        timeout = max(5.0, min(cap_s, self.deadline - time.monotonic()))
-        self.say(f"$ {' '.join(argv)}  (timeout {timeout:.0f} s)")
-        started = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, text=True, timeout=timeout)
-            code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as exc:
-            partial = b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x)
-            code, output = 124, f"{partial.decode(errors='replace')}\ntimed out after {timeout:.0f} s"
-        seconds = time.monotonic() - started
-        self.report["steps"][name] = {"exit_code": code, "seconds": round(seconds, 2)}
-        tail = [line for line in str(output).splitlines() if line.strip()][-40:]
-        self.log.write("".join(f"  | {line}\n" for line in tail))
-        self.say(f"{name}: exit {code} after {seconds:.1f} s")
-        self.save()
-        return code == 0
 
 
 def config(sizes: dict[str, int], *, device: str, dtype: str) -> dict[str, Any]:
@@ -304,7 +275,7 @@ def measure(args: argparse.Namespace) -> int:
         [str(p) for p in (site, REPO) if p is not None] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.setdefault("MINIVERL_CACHE", str(work / "cache"))
-    steps = Steps(work, out, time.monotonic() + args.deadline_s)
+    steps = Steps(work, out, time.monotonic() + args.deadline_s, "agreement")
     sizes = CPU_SIZES if args.device == "cpu" else GPU_SIZES
     report = steps.report
     report.update(

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from steps import Steps  # a sibling script, not a package
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 PATHS = {  # run id -> the --set values that pick its rollout path
@@ -49,38 +51,6 @@ WAKE, SLEEP = "rollout/vllm_wake_seconds", "rollout/vllm_sleep_seconds"
 OUTSIDE, MAX_DIFF = "rollout/mismatch_ratio_outside_frac", "actor/old_logp_max_abs_diff"
 MEAN_DIFF, RECOMPUTED = "rollout/mismatch_mean_abs_logp_diff", "actor/old_logp_recomputed"
 BAND = (0.9, 1.1)
-
-
-class Smoke:
-    def __init__(self, work: Path, out: Path, deadline: float) -> None:
-        self.work, self.out, self.deadline = work, out, deadline
-        self.log = (out / "smoke.log").open("a")
-        self.report: dict[str, Any] = {"steps": {}, "passed": False}
-
-    def say(self, line: str) -> None:
-        print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
-
-    def save(self) -> None:
-        (self.out / "smoke.json").write_text(json.dumps(self.report, indent=1, sort_keys=True) + "\n")
-
-    def step(self, name: str, argv: list[str], env: dict[str, str], *, cap_s: float) -> bool:
-        timeout = max(5.0, min(cap_s, self.deadline - time.monotonic()))
-        self.say(f"$ {' '.join(argv)}  (timeout {timeout:.0f} s)")
-        started = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, text=True, timeout=timeout)
-            code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, output = 124, f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {timeout:.0f} s"
-        seconds = time.monotonic() - started
-        self.report["steps"][name] = {"exit_code": code, "seconds": round(seconds, 2)}
-        tail = [line for line in str(output).splitlines() if line.strip()][-40:]
-        self.log.write("".join(f"  | {line}\n" for line in tail))
-        self.say(f"{name}: exit {code} after {seconds:.1f} s")
-        self.save()
-        return code == 0
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -203,7 +173,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    smoke = Smoke(args.work.resolve(), args.out.resolve(), time.monotonic() + args.deadline_s)
+    smoke = Steps(args.work.resolve(), args.out.resolve(), time.monotonic() + args.deadline_s, "smoke", passed=False)
     sizes = CPU_SIZES if args.cpu_fake else GPU_SIZES
     report = smoke.report
     report.update({"cycles": CYCLES, "sizes": sizes, "cpu_fake": args.cpu_fake, "paths": list(PATHS)})
