@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+
 from harness.build.candidate import normalize
 from harness.build.stacks import parse_nvidia_smi_csv, stack_mismatches
 from harness.core.records import COMMIT_HEX, SHA256_HEX, GpuFacts
@@ -421,8 +424,6 @@ def _dict(value: Any) -> dict[str, Any]:
 
 # -- miniverl's installed closure from pip inspect's metadata -------------------------------------------------
 
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
-
 
 def installed_closure(
     inspect: dict[str, Any], root: str, extras: tuple[str, ...] | list[str]
@@ -449,90 +450,24 @@ def installed_closure(
         seen[name] = seen.get(name, set()) | want
         requires = meta.get("requires_dist")
         for text in requires if isinstance(requires, list) else []:
-            spec, _, marker = str(text).partition(";")
-            matched = _REQUIREMENT.match(spec)
-            if matched is None:
+            try:
+                requirement = Requirement(str(text))
+            except InvalidRequirement:
                 continue
-            if marker.strip() and not any(marker_holds(marker, {**env, "extra": e}) for e in (seen[name] or {""})):
+            marker = requirement.marker
+            if marker is not None and not any(
+                marker_holds(str(marker), {**env, "extra": e}) for e in (seen[name] or {""})
+            ):
                 continue
-            todo.append(
-                (normalize(matched.group(1)), {normalize(x) for x in (matched.group(2) or "").split(",") if x.strip()})
-            )
+            todo.append((normalize(requirement.name), {normalize(x) for x in requirement.extras}))
     versions = {n: str(dists[n].get("version")) for n in sorted(seen) if n != normalize(root)}
     return versions, sorted(missing)
 
 
-_TOKEN = re.compile(r"\s*(\(|\)|===|==|!=|~=|<=|>=|<|>|not\s+in\b|in\b|and\b|or\b|'[^']*'|\"[^\"]*\"|[A-Za-z_.]+)")
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
-
-
 def marker_holds(marker: str, env: dict[str, str]) -> bool:
-    """A PEP 508 environment marker, evaluated (an unparsable marker holds: its requirement is kept, so a package
-    it names that is installed must be pinned)."""
-    tokens: list[str] = []
-    pos, text = 0, marker.strip()
-    while pos < len(text):
-        matched = _TOKEN.match(text, pos)
-        if matched is None:
-            return True
-        tokens.append(re.sub(r"\s+", " ", matched.group(1)))
-        pos = matched.end()
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
+    """A PEP 508 environment marker, evaluated by ``packaging`` against ``env`` (an unparsable marker holds: its
+    requirement is kept, so a package it names that is installed must be pinned)."""
     try:
-        value, rest = _or(tokens, env)
-    except (IndexError, ValueError):
+        return Marker(marker).evaluate(env)
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
         return True
-    return value if not rest else True
-
-
-def _or(tokens: list[str], env: dict[str, str]) -> tuple[bool, list[str]]:
-    value, tokens = _and(tokens, env)
-    while tokens and tokens[0] == "or":
-        right, tokens = _and(tokens[1:], env)
-        value = value or right
-    return value, tokens
-
-
-def _and(tokens: list[str], env: dict[str, str]) -> tuple[bool, list[str]]:
-    value, tokens = _atom(tokens, env)
-    while tokens and tokens[0] == "and":
-        right, tokens = _atom(tokens[1:], env)
-        value = value and right
-    return value, tokens
-
-
-def _atom(tokens: list[str], env: dict[str, str]) -> tuple[bool, list[str]]:
-    if tokens[0] == "(":
-        value, rest = _or(tokens[1:], env)
-        if not rest or rest[0] != ")":
-            raise ValueError("unbalanced")
-        return value, rest[1:]
-    left, op, right = tokens[0], tokens[1], tokens[2]
-    return _compare(_operand(left, env), op, _operand(right, env), "extra" in (left, right)), tokens[3:]
-
-
-def _operand(token: str, env: dict[str, str]) -> str:
-    if token[:1] in {"'", '"'}:
-        return token[1:-1]
-    if token not in env:
-        raise ValueError(f"unknown marker variable {token}")
-    return env[token]
-
-
-def _compare(left: str, op: str, right: str, is_extra: bool) -> bool:
-    if is_extra:
-        left, right = normalize(left), normalize(right)
-    if op == "in":
-        return left in right
-    if op == "not in":
-        return left not in right
-    if _VERSION.match(left) and _VERSION.match(right) and op != "===":
-        a, b = [int(x) for x in left.split(".")], [int(x) for x in right.split(".")]
-        width = max(len(a), len(b))
-        a, b = a + [0] * (width - len(a)), b + [0] * (width - len(b))
-        if op == "~=":
-            prefix = len(right.split(".")) - 1
-            return a >= b and a[:prefix] == b[:prefix]
-        return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
-    return {"==": left == right, "===": left == right, "!=": left != right}.get(op, False)
