@@ -41,11 +41,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from miniverl.errors import DependencyError, MiniverlError
+from miniverl.errors import DependencyError, MiniverlError, UsageError
 
 if TYPE_CHECKING:
     from miniverl.config.schema import MiniverlConfig, RolloutSection
     from miniverl.rollout.vllm_engine import VllmEngine
+    from miniverl.runtime.memory_plan import VllmMemory
 
 LogprobSource = Literal["trainer", "foreign"]
 OldLogpOrigin = Literal["trainer", "rollout"]
@@ -111,19 +112,20 @@ class VllmBackend(RolloutBackend):
     name = "vllm"
     logprob_source = "foreign"
 
-    def __init__(
-        self, engine_factory: Callable[[Any], VllmEngine] | None = None, *, gpu_memory_utilization: float = 0.3
-    ) -> None:
+    def __init__(self, engine_factory: Callable[[Any], VllmEngine] | None = None) -> None:
         if engine_factory is None:
             check_vllm()
         self._factory = engine_factory
-        self.gpu_memory_utilization = gpu_memory_utilization
+        self.memory: VllmMemory | None = None  # the memory plan's share and limits (:meth:`configure`)
         self.engine: VllmEngine | None = None
         self.save_adapter: Callable[[str], None] | None = None
         self.lora_rank: int | None = None
 
     def bind(self, save_adapter: Callable[[str], None], lora_rank: int | None) -> None:
         self.save_adapter, self.lora_rank = save_adapter, lora_rank
+
+    def configure(self, memory: VllmMemory | None) -> None:
+        self.memory = memory
 
     def _engine(self, model: Any, tokenizer: Any, seed: int) -> VllmEngine:
         if self.engine is None:
@@ -134,10 +136,15 @@ class VllmBackend(RolloutBackend):
 
                 from miniverl.rollout.vllm_engine import load_llm, vllm_model_dir
 
+                if self.memory is None:
+                    raise UsageError(
+                        "rollout.backend vllm: no memory plan for vLLM (it runs on a CUDA device, where the plan "
+                        "sizes its share of the GPU)"
+                    )
                 scratch = Path(tempfile.mkdtemp(prefix="miniverl-vllm-"))
                 self.engine = load_llm(
                     vllm_model_dir(model, tokenizer, scratch),
-                    gpu_memory_utilization=self.gpu_memory_utilization,
+                    memory=self.memory,
                     max_lora_rank=self.lora_rank if self.lora_rank is not None else lora_rank(model),
                     seed=seed,
                     scratch=scratch,
@@ -151,8 +158,9 @@ class VllmBackend(RolloutBackend):
         return lambda path: model.save_pretrained(str(path))
 
     def switch_metrics(self) -> dict[str, float]:
-        """The last rollout's wake and sleep seconds."""
-        return dict(self.engine.switch_seconds) if self.engine is not None else {}
+        """The last rollout's wake and sleep seconds, and the share of the GPU the memory plan gave vLLM."""
+        planned = self.memory.metrics() if self.memory is not None else {}
+        return {**planned, **(self.engine.switch_seconds if self.engine is not None else {})}
 
     def generate(self, model: Any, tokenizer: Any, prompts: Any, **sampling: Any) -> list[Any]:
         from dataclasses import replace

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from miniverl.errors import DependencyError, MiniverlError, UsageError
+from miniverl.runtime.memory_plan import VllmMemory
 
 #: the switch times of one cycle, seconds
 WAKE_SECONDS = "rollout/vllm_wake_seconds"
@@ -278,15 +279,14 @@ def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
     return target
 
 
-def load_llm(
-    model_dir: Path, *, gpu_memory_utilization: float, max_lora_rank: int, seed: int, scratch: Path
-) -> VllmEngine:
+def load_llm(model_dir: Path, *, memory: VllmMemory, max_lora_rank: int, seed: int, scratch: Path) -> VllmEngine:
     """The colocated engine over the student's base model (a transformers folder), asleep until its first
-    rollout. ``gpu_memory_utilization`` is the memory plan's share of the GPU for vLLM; the adapters of each
-    policy version go under ``scratch``. ``MINIVERL_VLLM_ENFORCE_EAGER=1`` (a device diagnosis switch) builds it
-    without torch.compile and CUDA graphs."""
-    if not 0.0 < gpu_memory_utilization < 1.0:
-        raise UsageError(f"vllm rollout: gpu_memory_utilization {gpu_memory_utilization} is not in (0, 1)")
+    rollout. ``memory`` is the memory plan's share of the GPU for vLLM (``gpu_memory_utilization``) and the
+    longest row and batch it is built for; the adapters of each policy version go under ``scratch``.
+    ``MINIVERL_VLLM_ENFORCE_EAGER=1`` (a device diagnosis switch) builds it without torch.compile and CUDA
+    graphs."""
+    if not 0.0 < memory.share < 1.0:
+        raise UsageError(f"vllm rollout: gpu_memory_utilization {memory.share} is not in (0, 1)")
     # in this process, beside the trainer: vLLM's default engine-core subprocess would hold its own CUDA context
     # and the sleep/wake switches would cross a process boundary
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -300,7 +300,9 @@ def load_llm(
         max_loras=1,
         max_lora_rank=max_lora_rank,
         enable_sleep_mode=True,
-        gpu_memory_utilization=gpu_memory_utilization,
+        gpu_memory_utilization=memory.share,
+        max_model_len=memory.max_model_len,
+        max_num_seqs=memory.max_num_seqs,
         seed=seed,
         logprobs_mode="processed_logprobs",
         enforce_eager=os.environ.get("MINIVERL_VLLM_ENFORCE_EAGER") == "1",

@@ -153,6 +153,7 @@ class Workload:
     fast_engine: bool  # the folded copy and static cache stay resident between cycles
     extra_models: int = 0  # frozen/critic models loaded beside the student (dual_model, resident)
     quantized: bool = False  # NF4 student base
+    vllm_engine: bool = False  # a colocated vLLM samples: awake in the rollout phase, asleep (level 1) in the update
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,16 @@ def estimate(
     adapter_optimizer = lora * (16.0 if work.adapter_precision == "fp32" else 20.0)
     rollout_kv = kv_cache_bytes(dims, work.rollout_rows, work.rollout_capacity, 2.0 if work.fast_engine else element)
     sampling_logits = work.rollout_rows * dims.vocab * 4.0 * 2
-    if work.fast_engine:
+    if work.vllm_engine:  # asleep at level 1 through the update: its weights on the host, its cache dropped
+        rollout_engine = 0.0
+        rollout_phase = vllm_need_bytes(
+            dims,
+            rollout_rows=work.rollout_rows,
+            capacity=work.rollout_capacity,
+            lora_rank=work.lora_rank,
+            targets=work.lora_targets,
+        )
+    elif work.fast_engine:
         capacity = -(-work.rollout_capacity // KV_SPAN_QUANTUM) * KV_SPAN_QUANTUM
         folded = dims.base_params() * 2.0  # bf16 rollout copy of the policy, LoRA folded in
         rollout_engine = folded + kv_cache_bytes(dims, work.rollout_rows, capacity, 2.0) + sampling_logits
@@ -249,6 +259,67 @@ def estimate(
         layer_backward=layer_backward,
         workspaces=constants.cublas_workspace * (2 if work.fast_engine else 1),
         rollout_released=release_rollout,
+    )
+
+
+#: What a colocated vLLM holds beyond its weights, adapter slot and rollout KV cache while it is awake: the profile
+#: run's activations at max_num_seqs rows, its sampler's buffers, CUDA graphs and the non-torch memory it counts
+#: (cuBLAS, NCCL). An upper bound, not a fit: the H100 smoke ran at 0.3 of 80 GiB; each run's metrics carry the
+#: share this plan gave (``rollout/vllm_memory_share``) so the bound can be fitted to measured runs.
+VLLM_RUNTIME_BYTES = 3.0 * GIB
+#: the KV cache vLLM must be able to hold: the rollout's rows at their full length, twice over (vLLM allocates
+#: in 16-token blocks and keeps a prefix cache beside the running rows)
+VLLM_KV_MARGIN = 2.0
+VLLM_MAX_SHARE = 0.9  # vLLM's own default ceiling: the trainer keeps the rest
+
+
+@dataclass(frozen=True)
+class VllmMemory:
+    """What the memory plan gives a colocated vLLM: ``gpu_memory_utilization`` and the limits it is built with."""
+
+    share: float  # vLLM's gpu_memory_utilization: its bytes over the device's total
+    need_bytes: float
+    max_model_len: int  # the longest row (prompt + new tokens): vLLM profiles and reserves for no more
+    max_num_seqs: int  # one rollout batch
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/vllm_memory_share": self.share, "rollout/vllm_planned_gib": self.need_bytes / GIB}
+
+
+def vllm_need_bytes(
+    dims: DecoderDims, *, rollout_rows: int, capacity: int, lora_rank: int, targets: Sequence[str]
+) -> float:
+    """Bytes a colocated vLLM holds awake: bf16 weights, one bf16 LoRA slot, the rollout's KV cache (with
+    :data:`VLLM_KV_MARGIN`) and :data:`VLLM_RUNTIME_BYTES`."""
+    weights = dims.base_params() * 2.0
+    adapter = dims.lora_params(lora_rank, targets) * 2.0
+    kv = VLLM_KV_MARGIN * kv_cache_bytes(dims, max(1, rollout_rows), capacity, 2.0)
+    return weights + adapter + kv + VLLM_RUNTIME_BYTES
+
+
+def vllm_memory(
+    dims: DecoderDims, work: Workload, *, device_bytes: float, lora_targets: Sequence[str] | None = None
+) -> VllmMemory:
+    """vLLM's share of a ``device_bytes`` GPU for ``work``'s rollout: what it needs, rounded up to a hundredth.
+
+    Raises ``ValueError`` where that is more than :data:`VLLM_MAX_SHARE` of the device."""
+    if device_bytes <= 0:
+        raise ValueError("device_bytes must be positive")
+    need = vllm_need_bytes(
+        dims,
+        rollout_rows=work.rollout_rows,
+        capacity=work.rollout_capacity,
+        lora_rank=work.lora_rank,
+        targets=work.lora_targets if lora_targets is None else lora_targets,
+    )
+    share = -(-round(need / device_bytes * 1e6) // 10_000) / 100  # up to the next hundredth (1e-6 absorbs float noise)
+    if share > VLLM_MAX_SHARE:
+        raise ValueError(
+            f"vLLM needs {need / GIB:.2f} GiB for this rollout, more than {VLLM_MAX_SHARE:.0%} of the device's "
+            f"{device_bytes / GIB:.2f} GiB"
+        )
+    return VllmMemory(
+        share=share, need_bytes=need, max_model_len=work.rollout_capacity, max_num_seqs=max(1, work.rollout_rows)
     )
 
 

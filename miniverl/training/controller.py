@@ -30,14 +30,16 @@ from miniverl.records import MetricsLine, PlanRecord
 from miniverl.rewards import RewardScore
 from miniverl.rewards.reward_model import MixedReward, RewardModel
 from miniverl.rollout.agreement import mismatch_metrics
-from miniverl.rollout.backends import RolloutBackend, rollout_backend
+from miniverl.rollout.backends import RolloutBackend, VllmBackend, rollout_backend
 from miniverl.rollout.hf import RolloutReport, Trajectory
 from miniverl.rollout.records import TokenGae, TrajectoryRecord, write_trajectories_jsonl
 from miniverl.rollout.weights import policy_digest
 from miniverl.runtime.base import RoleRuntime
 from miniverl.training import checkpoint as ckpt
 from miniverl.training.algorithms import AlgorithmStep, CycleBatch, build_algorithm
+from miniverl.training.algorithms.base import resolve_adapter_precision
 from miniverl.training.checkpoint_files import prune_checkpoints, trajectory_file_name
+from miniverl.training.memory import plan_vllm
 from miniverl.training.update import rollout_token_logprobs
 
 
@@ -88,6 +90,8 @@ class Controller:
         self.backend = backend if backend is not None else rollout_backend(config.rollout)
         lora = config.models.student.lora
         self.backend.bind(runtime.save_student_adapter, lora.r if lora is not None else None)
+        if isinstance(self.backend, VllmBackend):
+            self.backend.configure(plan_vllm(config, runtime, rows, resolve_adapter_precision(config, runtime.device)))
         self.plan = plan
         self.runtime = runtime
         self.rows = list(rows)

@@ -15,8 +15,9 @@ from typing import Any
 
 from miniverl.config.schema import OFFLINE_ALGORITHMS, MiniverlConfig
 from miniverl.data import PromptRow
+from miniverl.errors import UsageError
 from miniverl.runtime.base import RoleRuntime
-from miniverl.runtime.memory_plan import DecoderDims, MemoryPlan, Workload, choose_plan
+from miniverl.runtime.memory_plan import DecoderDims, MemoryPlan, VllmMemory, Workload, choose_plan, vllm_memory
 from miniverl.training.algorithms.base import AdapterPrecision
 
 
@@ -85,6 +86,7 @@ def workload_of(
         rollout_rows=rollout_rows,
         rollout_capacity=row_tokens,
         fast_engine=fast,
+        vllm_engine=not offline and r.backend == "vllm",
         extra_models=extra_models(config, runtime),
         quantized=config.models.student.quantization != "none",
     )
@@ -112,3 +114,30 @@ def plan_memory(
     )
     train.logprob_chunk_size = plan.logprob_chunk  # the configured chunk, or the half of it the plan chose
     return plan
+
+
+def device_total_bytes(device: Any) -> float | None:
+    """The CUDA device's memory in bytes (``None`` off CUDA)."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return float(torch.cuda.get_device_properties(device).total_memory)
+
+
+def plan_vllm(
+    config: MiniverlConfig, runtime: RoleRuntime, rows: Sequence[PromptRow], precision: AdapterPrecision
+) -> VllmMemory | None:
+    """A colocated vLLM's share of the GPU and its limits, from the same workload as the memory plan (``None``
+    unless ``rollout.backend`` is vllm on a CUDA device: vLLM runs nowhere else)."""
+    total = device_total_bytes(runtime.device)
+    if config.rollout.backend != "vllm" or total is None:
+        return None
+    try:
+        return vllm_memory(
+            DecoderDims.from_hf_config(runtime.student_config()),
+            workload_of(config, runtime, rows, precision),
+            device_bytes=total,
+        )
+    except ValueError as exc:
+        raise UsageError(f"rollout.backend vllm: {exc}") from None

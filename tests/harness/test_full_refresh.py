@@ -459,6 +459,11 @@ def _vllm_contract_run(ev: dict[str, Path], version: str = "0.11.0") -> None:
         "refresh_vllm_summary": (folder / "summary.json", [summary]),
         "refresh_vllm_metrics": (folder / "metrics.jsonl", lines),
         "refresh_vllm_state_hashes": (folder / "state-hashes.json", [hashes]),
+        # as the harness reads it from the run's interpreter (importlib.metadata): the version the run installed
+        "refresh_vllm_engine": (
+            folder / "engine.json",
+            [{"vllm_version": version, "vllm_importable": True, "exit_code": 0, "stderr_last_line": ""}],
+        ),
     }
     for role, (path, docs) in files.items():
         _write_lines(path, docs)
@@ -655,6 +660,17 @@ def _metrics_set(key: str, value: Any) -> Callable[[dict[str, Path]], None]:
 
 
 VLLM_BAD: dict[str, Callable[[dict[str, Path]], None]] = {
+    "no engine record": _drop("refresh_vllm_engine"),
+    "another vllm installed than the trajectories name": _edit_json(
+        "refresh_vllm_engine", lambda d: d.update(vllm_version="0.26.0")
+    ),
+    "vllm not importable by the run's interpreter": _edit_json(
+        "refresh_vllm_engine", lambda d: d.update(vllm_importable=False)
+    ),
+    "the engine record could not read a version": _edit_json(
+        "refresh_vllm_engine", lambda d: d.update(vllm_version=None, exit_code=1)
+    ),
+    "trajectories of another vllm than installed": _vllm_records(_each("rollout_backend_version", "0.10.2")),
     "missing trajectories": _drop("refresh_vllm_trajectories_1"),
     "empty trajectories": lambda ev: ev["refresh_vllm_trajectories_1"].write_text(""),
     "backend field fast": _vllm_records(_each("rollout_backend", "fast")),
@@ -840,3 +856,34 @@ def test_the_auditor_requires_the_record_to_say_not_applicable_where_the_evidenc
     assert auditor_main(args) == 1
     err = capsys.readouterr().err
     assert "[workload_rejudged]" in err and "vllm_boundary" in err and "vllm is not installed" in err, err
+
+
+def test_the_engine_record_is_what_the_runs_interpreter_has_installed(tmp_path: Path) -> None:
+    """``_installed_vllm`` asks the venv's interpreter, in the CLI's environment, which vllm it would import: a
+    named fake distribution here (vllm cannot be installed on CPU), seen through a site on PYTHONPATH as the
+    qualification's --vllm-site is; without it the record says vllm is not importable."""
+    import sys
+    from types import SimpleNamespace
+
+    from harness.core.proc import Redactor
+
+    site = tmp_path / "vllm-site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("raise RuntimeError('the harness never imports vllm')\n")
+    (site / "vllm-9.9.9.dist-info").mkdir()
+    (site / "vllm-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def record(extra_env: dict[str, str]) -> dict[str, Any]:
+        cli = SimpleNamespace(venv=venv, extra_env=extra_env, redact=Redactor({"work": work}))
+        return json.loads(refresh._installed_vllm(SimpleNamespace(cli=cli, work=work)).read_text())
+
+    seen = record({"PYTHONPATH": str(site)})
+    assert (seen["vllm_version"], seen["vllm_importable"], seen["exit_code"]) == ("9.9.9", True, 0)
+    absent = record({})
+    assert "vllm_version" not in absent and absent["exit_code"] != 0
+    assert "PackageNotFoundError" in absent["stderr_last_line"]

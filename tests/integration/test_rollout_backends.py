@@ -25,6 +25,7 @@ from miniverl.rollout.backends import (
     InProcessBackend,
     old_logp_origin,
 )
+from miniverl.training import memory as training_memory
 from tests.conftest import CliResult, tiny_config
 
 FOREIGN_LOGPROB = -0.321  # what the double claims every sampled token had: wrong for any real model
@@ -390,13 +391,22 @@ def test_the_real_vllm_backend_builds_its_engine_from_the_students_folder_and_ra
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     (workdir / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))
+    # vLLM runs on CUDA only: the plan reads the device's memory there (an 80 GiB card stands in for it here)
+    monkeypatch.setattr(training_memory, "device_total_bytes", lambda device: 80.0 * (1 << 30))
     result = _run(cli, write_config, tiny_model_dir, "grpo", backend="vllm")
     assert result.code == 0, result.err
     assert len(built) == 1
     kwargs = built[0]
-    rank = tiny_config(tiny_model_dir, algorithm="grpo")["models"]["student"]["lora"]["r"]
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    rank = config["models"]["student"]["lora"]["r"]
     assert kwargs["model"] == str(tiny_model_dir) and kwargs["max_lora_rank"] == rank
-    assert kwargs["enable_lora"] and kwargs["enable_sleep_mode"] and kwargs["gpu_memory_utilization"] == 0.3
+    assert kwargs["enable_lora"] and kwargs["enable_sleep_mode"]
+    # the memory plan's share: a tiny model's weights, cache and vLLM's runtime bound, a few hundredths of 80 GiB
+    share = kwargs["gpu_memory_utilization"]
+    assert 0.0 < share <= 0.05 and round(share * 100) == share * 100
+    assert kwargs["max_num_seqs"] == 4  # one rollout batch: batch_size 4 of the cycle's 2 x 3 rows
+    assert kwargs["max_model_len"] > config["rollout"]["max_new_tokens"]
+    assert {line["algorithm_metrics"]["rollout/vllm_memory_share"] for line in _metrics(workdir)} == {share}
     assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["enforce_eager"] is False
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     (scratch,) = (workdir / "tmp").iterdir()
@@ -404,3 +414,19 @@ def test_the_real_vllm_backend_builds_its_engine_from_the_students_folder_and_ra
     assert [line["rollout_backend"] for line in _metrics(workdir)] == ["vllm", "vllm"]
     records = [json.loads(r) for r in (workdir / "runs/r/trajectories/cycle-000001.jsonl").open()]
     assert {r["rollout_backend_version"] for r in records} == {"0.0.0+fake-module"}
+
+
+def test_the_real_vllm_backend_off_cuda_is_refused_in_one_line(
+    workdir: Path,
+    prompts: Path,
+    tiny_model_dir: Path,
+    cli: Callable[..., CliResult],
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a CUDA device there is no memory plan for vLLM: the run stops in one line before vLLM is built."""
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)
+    result = _run(cli, write_config, tiny_model_dir, "grpo", backend="vllm")
+    assert result.code != 0
+    assert "no memory plan for vLLM" in result.err and "Traceback" not in result.err
+    assert len([line for line in result.err.splitlines() if line.strip()]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,55 @@ def test_a_budget_nothing_fits_is_said_not_to_fit() -> None:
     plan = choose_plan(SMOLLM2, _work(), 0.5, activation_checkpointing="auto", trajectory_batch_size="auto")
     assert not plan.fits and plan.micro_rows == 1 and plan.checkpointed_layers == 30
     assert "DOES NOT FIT" in plan.describe() and plan.metrics()["memory_plan/fits"] == 0.0
+
+
+def _vllm_work(rows: int = 32, capacity: int = 512) -> Any:
+    from miniverl.runtime.memory_plan import Workload
+
+    return Workload(
+        dtype="bfloat16",
+        adapter_precision="fp32",
+        lora_rank=16,
+        lora_targets=("q_proj", "v_proj"),
+        row_tokens=capacity,
+        update_rows=rows,
+        logprob_chunk=1024,
+        rollout_rows=rows,
+        rollout_capacity=capacity,
+        fast_engine=False,
+        vllm_engine=True,
+    )
+
+
+def test_vllms_share_is_what_it_needs_rounded_up_to_a_hundredth() -> None:
+    from miniverl.runtime.memory_plan import GIB, VLLM_RUNTIME_BYTES, kv_cache_bytes, vllm_memory
+
+    dims = SMOLLM2
+    memory = vllm_memory(dims, _vllm_work(), device_bytes=80 * GIB)
+    weights = dims.base_params() * 2.0
+    kv = 2.0 * kv_cache_bytes(dims, 32, 512, 2.0)
+    assert memory.need_bytes > weights + kv + VLLM_RUNTIME_BYTES  # plus the adapter slot
+    assert memory.share * 80 * GIB >= memory.need_bytes > (memory.share - 0.01) * 80 * GIB
+    assert (memory.max_model_len, memory.max_num_seqs) == (512, 32)
+    assert memory.metrics()["rollout/vllm_memory_share"] == memory.share
+    # a longer rollout needs a larger share; a smaller card gives it a larger fraction
+    assert vllm_memory(dims, _vllm_work(capacity=4096), device_bytes=80 * GIB).share > memory.share
+    assert vllm_memory(dims, _vllm_work(), device_bytes=16 * GIB).share > memory.share
+
+
+def test_vllm_beyond_the_ceiling_is_refused() -> None:
+    from miniverl.runtime.memory_plan import GIB, vllm_memory
+
+    with pytest.raises(ValueError, match=r"vLLM needs .* GiB for this rollout, more than 90% of the device"):
+        vllm_memory(SMOLLM2, _vllm_work(rows=4096, capacity=8192), device_bytes=16 * GIB)
+
+
+def test_the_plan_counts_vllm_awake_in_the_rollout_and_asleep_in_the_update() -> None:
+    from miniverl.runtime.memory_plan import estimate, vllm_need_bytes
+
+    work = _vllm_work()
+    plan = estimate(SMOLLM2, work, micro_rows=4, checkpointed_layers=0)
+    need = vllm_need_bytes(SMOLLM2, rollout_rows=32, capacity=512, lora_rank=16, targets=("q_proj", "v_proj"))
+    assert plan.rollout_engine == 0.0 and plan.rollout_phase == need
+    hf = estimate(SMOLLM2, dataclasses.replace(work, vllm_engine=False), micro_rows=4, checkpointed_layers=0)
+    assert plan.peak > hf.peak and plan.resident == hf.resident

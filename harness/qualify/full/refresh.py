@@ -38,8 +38,10 @@ state hashes under ``vllm/``. ``judge_refreshes`` decides, from those files only
   ``scale.policy_refreshes`` GRPO updates; every metrics
   line says ``rollout_backend`` ``vllm`` and ``actor/old_logp_recomputed`` 1.0; every trajectory carries
   ``rollout_backend`` ``vllm``, the engine's own ``rollout_backend_version`` (``vllm.__version__``, one version
-  for the run), and per response token both the sampler's ``sampled_logprobs`` and the trainer's recomputed
-  ``old_logprobs``. The judge compares them itself: they must differ somewhere by more than
+  for the run, and the one the run's interpreter has installed: ``engine.json``, which the harness writes from
+  that interpreter's own package metadata before the run), and per response token both the sampler's
+  ``sampled_logprobs`` and the trainer's recomputed ``old_logprobs``. The judge compares them itself: they must
+  differ somewhere by more than
   :data:`VLLM_MIN_LOGP_DIFFERENCE` (equal log-probs are the trainer's own, not a foreign engine's), and each
   metrics line's ``actor/old_logp_max_abs_diff`` must be the judge's own maximum over that cycle's tokens
   (within :data:`VLLM_DIFF_AGREEMENT`), which binds the metrics to those trajectories. ``old_logp_recomputed``
@@ -58,10 +60,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.core.proc import HARNESS_DIR
+from harness.core.proc import HARNESS_DIR, clean_env, run
 from harness.core.records import SHA256_HEX, CheckpointHashes, Profile
 from harness.qualify.full import runs, statehash
 from harness.qualify.full.base import Context, Judgement, Scale, WorkloadFailure
@@ -119,6 +122,7 @@ def _plan_role(engine: str) -> str:
 def _evidence() -> dict[str, str]:
     members: dict[str, str] = {}
     members["refresh_vllm_plan"] = f"{ROOT}/vllm/plan-result.json"
+    members["refresh_vllm_engine"] = f"{ROOT}/vllm/engine.json"
     for engine in REFRESH_RUNS:
         members[_plan_role(engine)] = f"{ROOT}/{engine}/plan.json"
         members[f"refresh_{engine}_summary"] = f"{ROOT}/{engine}/summary.json"
@@ -240,9 +244,41 @@ def run_vllm(ctx: Context, cycles: int) -> dict[str, Path]:
     probe_path.write_text(json.dumps(probe, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     found["refresh_vllm_plan"] = probe_path
     if result.ok:
+        found["refresh_vllm_engine"] = _installed_vllm(ctx)
         _keep(found, "refresh_vllm_run_plan", ctx.work / plan)
         _keep_run(ctx, found, VLLM_BACKEND, _run(ctx, "refresh_vllm_run", plan, "refresh-vllm"), cycles)
     return found
+
+
+#: run by the venv's interpreter in the CLI's environment: which vllm distribution it would import (vllm itself is
+#: never imported: that would build nothing here but take seconds and a CUDA context)
+_INSTALLED_VLLM = (
+    "import importlib.metadata as m, importlib.util as u, json; spec = u.find_spec('vllm'); "
+    "print(json.dumps({'vllm_version': m.version('vllm'), 'vllm_importable': spec is not None}))"
+)
+
+
+def _installed_vllm(ctx: Context) -> Path:
+    """``engine.json``: the vllm version the run's interpreter finds installed, read by the harness from the venv's
+    own metadata (the version the trajectories must name), with the exit code and last stderr line where it could
+    not be read."""
+    python = ctx.cli.venv / "bin" / "python"
+    env = clean_env(ctx.cli.extra_env, path_prefix=ctx.cli.venv / "bin")
+    try:
+        done = run([str(python), "-c", _INSTALLED_VLLM], cwd=ctx.work, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess([], 124, b"", b"timed out after 120 s")
+    try:
+        doc = json.loads(done.stdout.decode("utf-8")) if done.returncode == 0 else {}
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    lines = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    doc.update(exit_code=done.returncode, stderr_last_line=ctx.cli.redact.text(lines[-1])[:300] if lines else "")
+    path = ctx.work / "refresh-vllm-engine.json"
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------- judge
@@ -494,7 +530,7 @@ def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any], cycles: int) -> 
     lines = read_jsonl(evidence.get("refresh_vllm_metrics"))
     if lines is None or len(lines) != cycles:
         return f"the vllm run's metrics.jsonl is missing or unreadable or not {cycles} lines", ""
-    version = ""
+    versions: list[str] = []
     for cycle, line in enumerate(lines, start=1):
         at = f"vllm step {cycle}"
         metrics = line.get("algorithm_metrics")
@@ -505,6 +541,19 @@ def _vllm_run(evidence: dict[str, Path], probe: dict[str, Any], cycles: int) -> 
         why, version = _vllm_cycle(cycle, line, read_jsonl(evidence.get(_trajectory_role(VLLM_BACKEND, cycle))))
         if why is not None:
             return why, ""
+        versions.append(version)
+    if len(set(versions)) != 1:
+        return f"the run's cycles name vllm versions {sorted(set(versions))[:4]} (one engine samples a run)", ""
+    version = versions[0]
+    engine = read_json(evidence.get("refresh_vllm_engine"))
+    installed = engine.get("vllm_version") if engine is not None else None
+    if engine is None or engine.get("vllm_importable") is not True or not isinstance(installed, str):
+        return "no engine.json naming the vllm the run's interpreter has installed (read by the harness)", ""
+    if installed != version:
+        return (
+            f"the trajectories name vllm {version[:40]!r}; the run's interpreter has vllm {installed[:40]!r} "
+            "installed (its own metadata, read by the harness)"
+        ), ""
     return None, version
 
 
