@@ -18,6 +18,10 @@ from harness.core.proc import Redactor, clean_env
 from harness.core.records import InstalledFrom, Invocation, Transcript
 from harness.qualify.quiet import QuietGate
 
+#: where a failed step's output is kept, under the driver's work dir (``scripts/device/qualify.sh`` brings it back)
+FAILED_STEPS = "failed-steps"
+MAX_KEPT_OUTPUT = 1 << 20  # the last MiB of each stream
+
 
 @dataclass
 class CliResult:
@@ -225,7 +229,20 @@ class CliDriver:
         )
         result = CliResult(invocation, out, err)
         self.results.append(result)
+        if code != 0:
+            self._keep_failed_output(step, out, err)
         return result
+
+    def _keep_failed_output(self, step: str, out: bytes, err: bytes) -> None:
+        """A failed step's whole output, beside the work (never evidence: unredacted, and no judge reads it), so
+        that a failure on a lent machine can be diagnosed from what comes back (``failed-steps/<step>.*``)."""
+        folder = self.work / FAILED_STEPS
+        try:
+            folder.mkdir(exist_ok=True)
+            for suffix, data in (("stdout", out), ("stderr", err)):
+                (folder / f"{step}.{suffix}").write_bytes(data[-MAX_KEPT_OUTPUT:])
+        except OSError:
+            pass  # a diagnosis aid only: the transcript still records the step
 
     def transcript(self) -> Transcript:
         return Transcript(

@@ -281,8 +281,8 @@ def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
 
 def load_llm(model_dir: Path, *, memory: VllmMemory, max_lora_rank: int, seed: int, scratch: Path) -> VllmEngine:
     """The colocated engine over the student's base model (a transformers folder), asleep until its first
-    rollout. ``memory`` is the memory plan's share of the GPU for vLLM (``gpu_memory_utilization``) and the
-    longest row and batch it is built for; the adapters of each policy version go under ``scratch``.
+    rollout. ``memory`` is the memory plan's share of the GPU for vLLM (``gpu_memory_utilization``), its KV cache
+    in bytes and the longest row and batch it is built for; the adapters of each policy version go under ``scratch``.
     ``MINIVERL_VLLM_ENFORCE_EAGER=1`` (a device diagnosis switch) builds it without torch.compile and CUDA
     graphs."""
     if not 0.0 < memory.share < 1.0:
@@ -301,6 +301,7 @@ def load_llm(model_dir: Path, *, memory: VllmMemory, max_lora_rank: int, seed: i
         max_lora_rank=max_lora_rank,
         enable_sleep_mode=True,
         gpu_memory_utilization=memory.share,
+        kv_cache_memory_bytes=memory.kv_cache_bytes,
         max_model_len=memory.max_model_len,
         max_num_seqs=memory.max_num_seqs,
         seed=seed,

@@ -35,6 +35,7 @@ estimate beside the measured peak per path so they can be checked (and corrected
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -279,6 +280,9 @@ class VllmMemory:
 
     share: float  # vLLM's gpu_memory_utilization: its bytes over the device's total
     need_bytes: float
+    #: vLLM's KV cache, given outright (``kv_cache_memory_bytes``) rather than left to vLLM's profiling, which reads
+    #: the whole device's free memory and so miscounts (or asserts) when another process allocates or frees meanwhile
+    kv_cache_bytes: int
     max_model_len: int  # the longest row (prompt + new tokens): vLLM profiles and reserves for no more
     max_num_seqs: int  # one rollout batch
 
@@ -286,14 +290,19 @@ class VllmMemory:
         return {"rollout/vllm_memory_share": self.share, "rollout/vllm_planned_gib": self.need_bytes / GIB}
 
 
+def vllm_kv_cache_bytes(dims: DecoderDims, *, rollout_rows: int, capacity: int) -> int:
+    """vLLM's bf16 KV cache for the rollout's rows at full length, with :data:`VLLM_KV_MARGIN`."""
+    return math.ceil(VLLM_KV_MARGIN * kv_cache_bytes(dims, max(1, rollout_rows), capacity, 2.0))
+
+
 def vllm_need_bytes(
     dims: DecoderDims, *, rollout_rows: int, capacity: int, lora_rank: int, targets: Sequence[str]
 ) -> float:
-    """Bytes a colocated vLLM holds awake: bf16 weights, one bf16 LoRA slot, the rollout's KV cache (with
-    :data:`VLLM_KV_MARGIN`) and :data:`VLLM_RUNTIME_BYTES`."""
+    """Bytes a colocated vLLM holds awake: bf16 weights, one bf16 LoRA slot, the rollout's KV cache
+    (:func:`vllm_kv_cache_bytes`) and :data:`VLLM_RUNTIME_BYTES`."""
     weights = dims.base_params() * 2.0
     adapter = dims.lora_params(lora_rank, targets) * 2.0
-    kv = VLLM_KV_MARGIN * kv_cache_bytes(dims, max(1, rollout_rows), capacity, 2.0)
+    kv = vllm_kv_cache_bytes(dims, rollout_rows=rollout_rows, capacity=capacity)
     return weights + adapter + kv + VLLM_RUNTIME_BYTES
 
 
@@ -319,7 +328,11 @@ def vllm_memory(
             f"{device_bytes / GIB:.2f} GiB"
         )
     return VllmMemory(
-        share=share, need_bytes=need, max_model_len=work.rollout_capacity, max_num_seqs=max(1, work.rollout_rows)
+        share=share,
+        need_bytes=need,
+        kv_cache_bytes=vllm_kv_cache_bytes(dims, rollout_rows=work.rollout_rows, capacity=work.rollout_capacity),
+        max_model_len=work.rollout_capacity,
+        max_num_seqs=max(1, work.rollout_rows),
     )
 
 

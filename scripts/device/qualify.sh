@@ -313,6 +313,7 @@ sys.exit(\"; \".join(bad) or None)
       fail "start: VLLM_STAGE=1 but no vllm in $VLLM_SITE (run vllm.sh carry 1..8 and install on this machine first)"
     # FA3 on Hopper (FA2 was left out of the subset), PyTorch's sampler (no flashinfer), no usage report (no network)
     vllm_args="--vllm-site $VLLM_SITE"
+    touch "$RES/vllm-stage"   # for `wait` too: the CUDA tests start after vLLM's run
     export VLLM_FLASH_ATTN_VERSION=${VLLM_FLASH_ATTN_VERSION:-3} VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
       DO_NOT_TRACK=1
     echo "vLLM site $VLLM_SITE ($(du -sm "$VLLM_SITE" | cut -f1) MiB) goes to harness full"
@@ -351,6 +352,9 @@ tests/unit/test_adapter_precision.py tests/unit/test_models_loading.py"
 alongside() {  # the CUDA tests, once the timed rollout bench (the one wall-clock check) has run
   [ "$PROFILE" != cpu-reference ] && [ ! -e "$RES/gpu-tests.started" ] || return 0
   [ -f "$T/fullwork/full/backend-matrix/rollout-bench.json" ] || return 0
+  # and after vLLM's refresh run (its state hashes follow it): the tests allocate and free GPU memory in bursts
+  [ ! -f "$RES/vllm-stage" ] || [ -f "$T/fullwork/full/backend-matrix/refresh-vllm-state-hashes.json" ] ||
+    [ -f "$RES/rc" ] || return 0
   touch "$RES/gpu-tests.started"
   local site=$T/gpu-site
   [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$site" \
@@ -391,6 +395,9 @@ wait_run() {
   tail -4 "$RES/auditor.log"
   echo "auditor rc=$audit_rc" | tee -a "$RES/auditor.log"
   cp "$LOGS"/*.log "$RES/" 2>/dev/null || true
+  # every failed CLI step's whole output (the harness keeps it beside each workload's work, never as evidence)
+  (cd "$T/fullwork" && find . -type d -name failed-steps -print0 | tar czf "$RES/failed-steps.tgz" --null -T -) ||
+    true
   cp "$T/checkout/out/candidate/candidate-manifest.json" "$T/checkout/out/candidate/SHA256SUMS" "$RES/" 2>/dev/null || true
   tar czf "$OUT/results.tgz" -C "$RES" .
   echo "results.tgz: $(stat -c %s "$OUT/results.tgz") bytes"

@@ -25,6 +25,7 @@ from miniverl.rollout.backends import (
     InProcessBackend,
     old_logp_origin,
 )
+from miniverl.runtime.memory_plan import DecoderDims, kv_cache_bytes
 from miniverl.training import memory as training_memory
 from tests.conftest import CliResult, tiny_config
 
@@ -406,6 +407,12 @@ def test_the_real_vllm_backend_builds_its_engine_from_the_students_folder_and_ra
     assert 0.0 < share <= 0.05 and round(share * 100) == share * 100
     assert kwargs["max_num_seqs"] == 4  # one rollout batch: batch_size 4 of the cycle's 2 x 3 rows
     assert kwargs["max_model_len"] > config["rollout"]["max_new_tokens"]
+    # the KV cache is the plan's (vLLM's own profiling reads the whole device's free memory): 4 rows at full length
+    from transformers import AutoConfig
+
+    dims = DecoderDims.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir))
+    rows_kv = kv_cache_bytes(dims, 4, kwargs["max_model_len"], 2.0)
+    assert rows_kv < kwargs["kv_cache_memory_bytes"] < share * 80 * (1 << 30)
     assert {line["algorithm_metrics"]["rollout/vllm_memory_share"] for line in _metrics(workdir)} == {share}
     assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["enforce_eager"] is False
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -257,6 +258,7 @@ def test_vllms_share_is_what_it_needs_rounded_up_to_a_hundredth() -> None:
     assert memory.need_bytes > weights + kv + VLLM_RUNTIME_BYTES  # plus the adapter slot
     assert memory.share * 80 * GIB >= memory.need_bytes > (memory.share - 0.01) * 80 * GIB
     assert (memory.max_model_len, memory.max_num_seqs) == (512, 32)
+    assert memory.kv_cache_bytes == math.ceil(kv) and memory.kv_cache_bytes < memory.need_bytes
     assert memory.metrics()["rollout/vllm_memory_share"] == memory.share
     # a longer rollout needs a larger share; a smaller card gives it a larger fraction
     assert vllm_memory(dims, _vllm_work(capacity=4096), device_bytes=80 * GIB).share > memory.share
