@@ -42,7 +42,13 @@ EXPECTED = {
         "0d8711ee0d1fb8e36da9971eb97d3bb4a3a32113",
         "e1d42b5b1d399be57992db7dbfe0ecefd499faab",
         "ed645e05489b479ac3d2db3394f60b802762163f46e2930076bb96f75254a635",
-    )
+    ),
+    "2026-12-06-h100-cu130-02b33ed-vllm-full": Run(
+        "h100-cu130",
+        "02b33edf2930da166eb029bfa48ca43c5f7b4f89",
+        "4149486b2540955ae6216cbb6fedc33a37c539d6",
+        "125efe344b6c80cecd2820603a27c883e816d481886ddcbcd20d0acff655f0b2",
+    ),
 }
 
 
