@@ -44,7 +44,8 @@ def make_repo(dest: Path) -> Path:
 
 def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke") -> int:
     from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],

@@ -71,7 +71,8 @@ def test_full_fails_closed_when_the_workloads_cannot_pass(
 
     from harness.core import registry
     from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -129,7 +130,8 @@ def test_skip_grpo_is_recorded_as_skipped_not_hidden(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
     from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -150,7 +152,8 @@ def test_offline_wheels_over_system_site_packages_are_recorded(
 ) -> None:
     """The H200 mode: no index, a carried wheel dir, a venv over the machine's own site-packages."""
     from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
