@@ -8,8 +8,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from harness.audit.chain import Auditor, AuditRequest, chain_checks, require
+from harness.audit.chain import Auditor, chain_checks
+from harness.audit.findings import require
 from harness.audit.gate_record import GateRecordChecks
+from harness.audit.request import AuditRequest
 from harness.audit.statements import PROVENANCE_PARTS, RESULT_PARTS, verify_statement
 from harness.build.candidate import MANIFEST, SUMS, sums_text
 from harness.core.errors import VerificationError

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.audit.auditor import audit
-from harness.audit.chain import AuditRequest
+from harness.audit.request import AuditRequest
 from harness.core.errors import HarnessError, UsageError
 from harness.core.recordio import record_bytes, write_record
 from harness.core.records import ReleaseVerification

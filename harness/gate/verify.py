@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.audit.auditor import audit
-from harness.audit.chain import AuditRequest
 from harness.audit.release_assets import build_release_assets
+from harness.audit.request import AuditRequest
 from harness.build.candidate import MANIFEST, check_candidate
 from harness.build.known_good import read_known_good
 from harness.core.errors import HarnessError

@@ -557,7 +557,7 @@ def test_candidate_and_qualification_from_two_runs(
     assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "candidate_run")
     # and with the candidate taken as the truth, the auditor's own same-run check refuses the pair
     from harness.audit.auditor import audit
-    from harness.audit.chain import AuditRequest
+    from harness.audit.request import AuditRequest
 
     qual = tmp_path / "q"
     qual.mkdir()
