@@ -14,8 +14,9 @@ from full_evidence import HOSTILE, EvidenceKit, forge_checkpoint
 
 from harness.core import policy, registry
 from harness.core.profiles import PROFILES
-from harness.qualify.full import product_workflows
-from harness.qualify.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
+from harness.qualify.full.product_workflows import WORKLOAD
+from harness.qualify.full.product_workflows_judge import VRAM_NOT_MEASURED
+from harness.qualify.full.product_workflows_layout import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, Walkthrough
 from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
@@ -223,7 +224,7 @@ def test_one_bad_value_fails_exactly_its_check(
 
 def test_on_cpu_vram_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
     judged = WORKLOAD.judge(_copy(tmp_path), CPU, SCALES[CPU.name])
-    assert judged.inapplicable == {"vram_measured": product_workflows.VRAM_NOT_MEASURED}
+    assert judged.inapplicable == {"vram_measured": VRAM_NOT_MEASURED}
     assert "vram_measured" not in CHECKS and "vram_measured" in policy.required_checks(
         PROFILES["h200-cu130"], "product-workflows"
     )
