@@ -18,17 +18,11 @@ from harness.audit.state import AuditState
 from harness.build.candidate import check_candidate
 from harness.build.known_good import read_known_good
 from harness.core import policy
+from harness.core.audit_records import ReleaseVerification, VerificationCheck
 from harness.core.jsonio import loads_strict, sha256_bytes
 from harness.core.profiles import PROFILES, profile_sha256
 from harness.core.recordio import parse_record
-from harness.core.records import (
-    Artifact,
-    GithubActionsBinding,
-    KnownGoodDescriptor,
-    Qualification,
-    ReleaseVerification,
-    VerificationCheck,
-)
+from harness.core.records import Artifact, GithubActionsBinding, KnownGoodDescriptor, Qualification
 from harness.core.safeio import MANIFEST_MAX_BYTES, RECORD_MAX_BYTES, read_regular
 from harness.evidence.archive import ARCHIVE_MEMBERS
 from harness.evidence.statements import workload_records as bound_workload_records

@@ -11,6 +11,7 @@ from typing import Literal
 from harness.audit.findings import require, verify_file
 from harness.audit.request import AuditRequest
 from harness.core import policy
+from harness.core.audit_records import ReleaseVerification, VerificationCheck
 from harness.core.errors import HarnessError, VerificationError
 from harness.core.jsonio import sha256_bytes
 from harness.core.proc import Redactor
@@ -21,8 +22,6 @@ from harness.core.records import (
     KnownGoodDescriptor,
     Profile,
     Qualification,
-    ReleaseVerification,
-    VerificationCheck,
     WorkloadRecord,
 )
 from harness.core.safeio import path_below
