@@ -90,6 +90,25 @@ def forge_checkpoint(
     state_hashes.write_text(json.dumps(record))
 
 
+Edit = Callable[[Path], None]
+
+
+def bad_value_cases(bad: dict[str, list[Edit]]) -> list[tuple[str, int]]:
+    """``(check, index)`` of every edit of ``bad`` (check -> the edits that must fail exactly it), to parametrize."""
+    return [(check, i) for check, changes in bad.items() for i in range(len(changes))]
+
+
+def same_rewards(rows: list[dict[str, Any]]) -> None:
+    """Trajectories whose rewards do not vary (edit for :meth:`EvidenceKit.forge_trajectories`)."""
+    for row in rows:
+        row["reward"] = 0.5
+
+
+def one_advantage_zero(rows: list[dict[str, Any]]) -> None:
+    """One nonzero advantage set to zero (edit for :meth:`EvidenceKit.forge_trajectories`)."""
+    next(row for row in rows if row["advantage"] != 0)["advantage"] = 0.0
+
+
 @dataclass(frozen=True)
 class EvidenceKit:
     """``workload``'s real cpu-reference evidence (tests/harness/full_fixtures/<name>/) and edits of one value."""
@@ -103,6 +122,13 @@ class EvidenceKit:
     def copy(self, dest: Path) -> Path:
         shutil.copytree(self.fixture, dest)
         return dest
+
+    def members(self) -> list[str]:
+        """The fixture's files, as archive members (sorted)."""
+        return sorted(p.relative_to(self.fixture).as_posix() for p in self.fixture.rglob("*") if p.is_file())
+
+    def fixture_bytes(self) -> int:
+        return sum((self.fixture / m).stat().st_size for m in self.members())
 
     def as_cuda(self, root: Path, dest: Path, profile: Profile = CUDA) -> Path:
         """A copy of ``root`` as a CUDA run on ``profile`` records it (:func:`as_cuda_bytes`)."""

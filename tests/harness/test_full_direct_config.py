@@ -36,11 +36,6 @@ _edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT
 Edit = Callable[[Path], None]
 
 
-@pytest.fixture
-def ev(tmp_path: Path) -> Path:
-    return KIT.copy(tmp_path / "ev")
-
-
 @pytest.mark.parametrize("profile", [CPU, CUDA], ids=["cpu", "cuda"])
 def test_the_evidence_passes_every_required_check(profile: Any, tmp_path: Path) -> None:
     root = FIXTURE if profile is CPU else KIT.as_cuda(FIXTURE, tmp_path / "cuda")
@@ -54,9 +49,9 @@ def test_cpu_evidence_does_not_pass_for_a_cuda_profile() -> None:
 
 
 def test_the_evidence_members_are_declared_small_and_portable() -> None:
-    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    members = KIT.members()
     assert members == sorted(W.evidence.values())
-    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert KIT.fixture_bytes() < 300_000
     for member in members:
         text = (FIXTURE / member).read_text()
         assert "/tmp/" not in text and "/work/" not in text and "/root" not in text, member
