@@ -154,6 +154,11 @@ def _gate_json(out: Path) -> dict[str, Any]:
     return json.loads(path.read_bytes()) if path.is_file() else {}
 
 
+def full_on(gpu: str) -> tuple[str, ...]:
+    """The gate's arguments for a full qualification on ``gpu``."""
+    return ("--level", "full_qualification", "--required-gpu-name", gpu)
+
+
 def gate_inproc(
     w: World, out: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *extra: str
 ) -> Result:
@@ -920,16 +925,7 @@ def test_a_relabelled_stand_in_record_cannot_authorize(
     the smoke from its evidence (doctor names no GPU, the summary holds no CUDA bytes) and refuses it."""
     serve_variant(world, chain, chain.relabelled_zip)
     with release_card_test_variant():  # as the authorizing chain: only the smoke's evidence differs from it
-        r = gate_inproc(
-            world,
-            tmp_path / "out",
-            capsys,
-            monkeypatch,
-            "--level",
-            "full_qualification",
-            "--required-gpu-name",
-            "NVIDIA GeForce RTX 4080",
-        )
+        r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, *full_on("NVIDIA GeForce RTX 4080"))
     assert r.rc == 1 and "[smoke_rejudged]" in r.err, r.err
     assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
     assert not (r.dir / "dist").exists()
@@ -940,9 +936,7 @@ def test_without_a_vllm_run_the_release_card_never_authorizes(world: World, chai
     whose every other check passes, with the boundary honestly not applicable, is refused by the real gate."""
     world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
     world.artifact(RUN_ID, FULL, chain.release_card_zip)
-    r = gate_subprocess(
-        world, tmp_path / "out", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
-    )
+    r = gate_subprocess(world, tmp_path / "out", *full_on("NVIDIA GeForce RTX 4080"))
     assert r.rc == 1 and "[qualification_status]" in r.err and "backend-matrix is failed" in r.err, r.err
     assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
     assert not (r.dir / "dist").exists()
@@ -958,9 +952,7 @@ def test_without_a_vllm_run_the_release_card_never_authorizes(world: World, chai
     # the chain judged under the test-only variant, with the candidate that fixed the variant's criteria, is refused
     # by the real policy too: the real required checks are not those the candidate fixed
     serve_variant(world, chain, chain.authorizing_zip)
-    r = gate_subprocess(
-        world, tmp_path / "out2", "--level", "full_qualification", "--required-gpu-name", "NVIDIA GeForce RTX 4080"
-    )
+    r = gate_subprocess(world, tmp_path / "out2", *full_on("NVIDIA GeForce RTX 4080"))
     assert r.rc == 1 and "[criteria_fixed]" in r.err and r.gate["release_authorized"] is False, r.err
     assert "the required checks of rtx4080-wsl2-cu130 differ from those the candidate manifest fixed" in r.err
 
@@ -973,16 +965,7 @@ def test_an_authorizing_full_qualification_is_released_without_dry_run(
 
     serve_variant(world, chain, chain.authorizing_zip)
     with release_card_test_variant():
-        r = gate_inproc(
-            world,
-            tmp_path / "out",
-            capsys,
-            monkeypatch,
-            "--level",
-            "full_qualification",
-            "--required-gpu-name",
-            "NVIDIA GeForce RTX 4080",
-        )
+        r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, *full_on("NVIDIA GeForce RTX 4080"))
     assert r.rc == 0, r.err
     assert r.gate["status"] == "passed" and r.gate["release_authorized"] is True
     assert r.gate["authorization_reasons"] == []
@@ -997,16 +980,7 @@ def test_an_authorizing_record_still_needs_its_gpu(
     world: World, chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serve_variant(world, chain, chain.authorizing_zip)
-    r = gate_inproc(
-        world,
-        tmp_path / "out",
-        capsys,
-        monkeypatch,
-        "--level",
-        "full_qualification",
-        "--required-gpu-name",
-        "NVIDIA H200",
-    )
+    r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, *full_on("NVIDIA H200"))
     assert_rejected(r, "gpu_name")
 
 
