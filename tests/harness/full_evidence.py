@@ -93,6 +93,20 @@ def forge_checkpoint(
 Edit = Callable[[Path], None]
 
 
+def edit_json_file(path: Path, edit: Callable[[Any], None]) -> None:
+    """``edit`` the JSON document at ``path`` in place."""
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def edit_jsonl_line(path: Path, index: int, edit: Callable[[dict[str, Any]], None]) -> None:
+    """``edit`` line ``index`` of the JSON-lines file at ``path`` in place."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(lines[index])
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
 def bad_value_cases(bad: dict[str, list[Edit]]) -> list[tuple[str, int]]:
     """``(check, index)`` of every edit of ``bad`` (check -> the edits that must fail exactly it), to parametrize."""
     return [(check, i) for check, changes in bad.items() for i in range(len(changes))]
@@ -122,6 +136,10 @@ class EvidenceKit:
     def copy(self, dest: Path) -> Path:
         shutil.copytree(self.fixture, dest)
         return dest
+
+    def evidence_copy(self, dest: Path) -> dict[str, Path]:
+        """A fresh copy of the fixture at ``dest``, as the evidence a judge is given."""
+        return self.evidence(self.copy(dest))
 
     def members(self) -> list[str]:
         """The fixture's files, as archive members (sorted)."""
@@ -160,16 +178,10 @@ class EvidenceKit:
         return root / self.workload.evidence[role]
 
     def edit_json(self, root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
-        path = self.path(root, role)
-        doc = json.loads(path.read_text())
-        change(doc)
-        path.write_text(json.dumps(doc))
+        edit_json_file(self.path(root, role), change)
 
     def edit_line(self, root: Path, role: str, index: int, key: str, value: Any) -> None:
-        path = self.path(root, role)
-        lines = [json.loads(x) for x in path.read_text().splitlines()]
-        lines[index][key] = value
-        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        edit_jsonl_line(self.path(root, role), index, lambda line: line.update({key: value}))
 
     def exit(self, step: str, code: int) -> Callable[[Path], None]:
         """An edit: every invocation of ``step`` in the transcript exits ``code``."""
