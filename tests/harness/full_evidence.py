@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core import policy
 from harness.core.profiles import PROFILES
 from harness.core.records import Profile
 from harness.qualify.full import runs
@@ -173,6 +174,21 @@ class EvidenceKit:
 
     def failed(self, root: Path, profile: Profile = CPU) -> set[str]:
         return {name for name, ok in self.judge(root, profile).items() if not ok}
+
+    def judged(self, evidence: dict[str, Path], profile: Profile = CPU) -> dict[str, tuple[bool, str]]:
+        """The judge's checks of ``evidence`` on ``profile``, which must be exactly the profile's required ones."""
+        checks = self.workload.judge(evidence, profile, SCALES[profile.name]).checks
+        assert set(checks) == set(policy.required_checks(profile, self.workload.name))
+        return checks
+
+    def failed_checks(self, evidence: dict[str, Path], profile: Profile = CPU) -> set[str]:
+        return {name for name, (ok, _) in self.judged(evidence, profile).items() if not ok}
+
+    def assert_small_and_portable(self) -> None:
+        """The fixture is under 300 kB and no JSON file of it names a local path."""
+        assert self.fixture_bytes() < 300_000
+        for path in self.fixture.rglob("*.json"):
+            assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
 
     def path(self, root: Path, role: str) -> Path:
         return root / self.workload.evidence[role]

@@ -11,25 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import CUDA, HOSTILE, EvidenceKit, edit_json_file, edit_jsonl_line, forge_checkpoint
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit, edit_json_file, edit_jsonl_line, forge_checkpoint
 
 from harness.core import policy
-from harness.core.profiles import PROFILES
 from harness.qualify.full import gae, ppo_rm_handoff
 from harness.qualify.full.ppo_rm_handoff import WORKLOAD
 from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
 FIXTURES = KIT.fixture
-CPU = PROFILES["cpu-reference"]
-SCALE = SCALES["cpu-reference"]
+SCALE = SCALES[CPU.name]
 CHECKS = policy.required_checks(CPU, "ppo-rm-handoff")
-
-
-def _failed(evidence: dict[str, Path]) -> set[str]:
-    judged = WORKLOAD.judge(evidence, CPU, SCALE)
-    assert set(judged.checks) == set(CHECKS)
-    return {name for name, (ok, _) in judged.checks.items() if not ok}
 
 
 def _invocation(step: str, **values: Any) -> Callable[[Any], None]:
@@ -257,10 +249,7 @@ def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None
 
 
 def test_the_fixtures_are_small_and_portable() -> None:
-    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 300_000
-    for path in FIXTURES.rglob("*.json"):
-        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+    KIT.assert_small_and_portable()
 
 
 @pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
@@ -269,7 +258,7 @@ def test_one_bad_value_fails_exactly_its_check(
 ) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {check}
+    assert KIT.failed_checks(evidence) == {check}
 
 
 @pytest.mark.parametrize(
@@ -285,7 +274,7 @@ def test_a_plan_not_at_the_declared_scale_fails_every_check_of_that_run(
 ) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
+    assert KIT.failed_checks(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
 
 
 @pytest.mark.parametrize(
@@ -302,7 +291,7 @@ def test_a_checkpoint_the_harness_cannot_vouch_for_fails_every_check_that_reads_
 ) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {
+    assert KIT.failed_checks(evidence) == {
         "actor_updates", "critic_updates", "gae_nontrivial", "resume_tensor_exact", "reward_model"
     }  # fmt: skip
 
@@ -311,13 +300,13 @@ def test_a_trajectories_file_from_another_run_fails_the_checks_that_read_it(tmp_
     """Update 2's records replaced by update 1's file (swapped, not re-bound): the checkpoint does not commit it."""
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     evidence["trajectories_2"].write_bytes(evidence["trajectories_1"].read_bytes())
-    assert {"gae_nontrivial", "reward_model"} <= _failed(evidence)
+    assert {"gae_nontrivial", "reward_model"} <= KIT.failed_checks(evidence)
 
 
 def test_the_interruption_evidence_of_another_role_fails_the_resume(tmp_path: Path) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     evidence["interrupted_stderr"].write_bytes(evidence["interrupt"].read_bytes())
-    assert _failed(evidence) == {"resume_tensor_exact"}
+    assert KIT.failed_checks(evidence) == {"resume_tensor_exact"}
 
 
 def test_the_judges_gae_matches_the_products_formulas_on_a_hand_worked_row() -> None:
@@ -357,8 +346,8 @@ def test_every_check_is_seen_failing() -> None:
 def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, kind: str) -> None:
     root = KIT.copy(tmp_path / "evidence")
     KIT.spoil(root, role, kind)
-    assert _failed(KIT.evidence(root)), f"{kind} {role} passed every check"
+    assert KIT.failed_checks(KIT.evidence(root)), f"{kind} {role} passed every check"
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
-    assert _failed({}) == set(CHECKS)
+    assert KIT.failed_checks({}) == set(CHECKS)

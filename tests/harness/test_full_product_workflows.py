@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import HOSTILE, EvidenceKit, edit_json_file, forge_checkpoint
+from full_evidence import CPU, HOSTILE, EvidenceKit, edit_json_file, forge_checkpoint
 
 from harness.core import policy, registry
 from harness.core.profiles import PROFILES
@@ -20,21 +20,8 @@ from harness.qualify.full.product_workflows_layout import CASE_STEPS, PRODUCT_WO
 from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
-FIXTURES = KIT.fixture
-CPU = PROFILES["cpu-reference"]
-SCALE = SCALES["cpu-reference"]
 CHECKS = policy.required_checks(CPU, "product-workflows")
 CUDA_PEAKS = {"peak_reserved_bytes": 1 << 30, "peak_allocated_bytes": 1 << 29}
-
-
-def _judged(evidence: dict[str, Path], profile: Any = CPU) -> dict[str, tuple[bool, str]]:
-    judged = WORKLOAD.judge(evidence, profile, SCALES[profile.name])
-    assert set(judged.checks) == set(policy.required_checks(profile, "product-workflows"))
-    return judged.checks
-
-
-def _failed(evidence: dict[str, Path], profile: Any = CPU) -> set[str]:
-    return {name for name, (ok, _) in _judged(evidence, profile).items() if not ok}
 
 
 def _fetch(**values: Any) -> Callable[[dict[str, Path]], None]:
@@ -187,7 +174,7 @@ def test_the_declared_invocations_are_25_distinct_steps() -> None:
 def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     assert set(evidence) == set(WORKLOAD.evidence)
-    checks = _judged(evidence)
+    checks = KIT.judged(evidence)
     assert {n: ok for n, (ok, _) in checks.items()} == dict.fromkeys(CHECKS, True), checks
     walk = Walkthrough.model_validate_json(evidence["walkthrough"].read_bytes())
     assert [c.case for c in walk.cases] == ["ppo", "grpo"]
@@ -197,10 +184,7 @@ def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None
 
 
 def test_the_fixtures_are_small_and_portable() -> None:
-    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 300_000
-    for path in FIXTURES.rglob("*.json"):
-        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+    KIT.assert_small_and_portable()
 
 
 @pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
@@ -209,7 +193,7 @@ def test_one_bad_value_fails_exactly_its_check(
 ) -> None:
     evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {check}
+    assert KIT.failed_checks(evidence) == {check}
 
 
 def test_on_cpu_vram_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
@@ -229,12 +213,12 @@ def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
     (what a CUDA run records) it passes."""
     cuda = PROFILES["h200-cu130"]
     evidence = KIT.evidence_copy(tmp_path / "evidence")
-    assert "vram_measured" in _failed(evidence, cuda)
+    assert "vram_measured" in KIT.failed_checks(evidence, cuda)
     for role in [r for r in evidence if r.endswith("summary")]:
         edit_json_file(evidence[role], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
-    assert "vram_measured" not in _failed(evidence, cuda)
+    assert "vram_measured" not in KIT.failed_checks(evidence, cuda)
     edit_json_file(evidence["grpo_summary"], lambda doc: doc["cuda"].update(peak_reserved_bytes=0))
-    assert "vram_measured" in _failed(evidence, cuda)
+    assert "vram_measured" in KIT.failed_checks(evidence, cuda)
 
 
 @pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
@@ -242,8 +226,8 @@ def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
 def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, kind: str) -> None:
     root = KIT.copy(tmp_path / "evidence")
     KIT.spoil(root, role, kind)
-    assert _failed(KIT.evidence(root)), f"{kind} {role} passed every check"
+    assert KIT.failed_checks(KIT.evidence(root)), f"{kind} {role} passed every check"
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
-    assert _failed({}) == set(CHECKS)
+    assert KIT.failed_checks({}) == set(CHECKS)
