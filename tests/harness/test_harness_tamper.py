@@ -90,18 +90,21 @@ def _smoke_record(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
     return tamper
 
 
+def _file(c: Chain, rel: str) -> Path:
+    """``rel`` in the qualification dir, or, prefixed ``cand:``, in the candidate dir."""
+    return c.candidate / rel.removeprefix("cand:") if rel.startswith("cand:") else c.qual / rel
+
+
 def _raw(rel: str, data: bytes) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        (root / rel.removeprefix("cand:")).write_bytes(data)
+        _file(c, rel).write_bytes(data)
 
     return tamper
 
 
 def _fifo(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         path.unlink()
         os.mkfifo(path)
 
@@ -110,8 +113,7 @@ def _fifo(rel: str) -> Callable[[Chain], None]:
 
 def _symlink(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         copy = path.with_name(path.name + ".real")
         path.rename(copy)
         path.symlink_to(copy.name)
@@ -121,8 +123,7 @@ def _symlink(rel: str) -> Callable[[Chain], None]:
 
 def _directory(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         path.unlink()
         path.mkdir()
 
@@ -154,8 +155,7 @@ def _dir_to_file(rel: str) -> Callable[[Chain], None]:
 
 def _flip(rel: str, offset: int = -10) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         data = bytearray(path.read_bytes())
         data[offset] ^= 1
         path.write_bytes(bytes(data))

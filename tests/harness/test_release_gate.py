@@ -115,9 +115,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
 
 def serve_variant(world: World, chain: Chain, full_zip: bytes) -> None:
     """Run 4242 serves a chain judged under the test-only variant, with the candidate whose manifest fixed it."""
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] not in {CANDIDATE, FULL}]
-    world.artifact(RUN_ID, CANDIDATE, chain.variant_candidate_zip)
-    world.artifact(RUN_ID, FULL, full_zip)
+    world.replace(RUN_ID, CANDIDATE, chain.variant_candidate_zip)
+    world.replace(RUN_ID, FULL, full_zip)
 
 
 @pytest.fixture
@@ -514,7 +513,7 @@ def test_expires_at_in_the_past(
 def test_artifact_missing_from_the_run(
     world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
+    world.drop(RUN_ID, SMOKE)
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "artifact_missing")
     assert SMOKE in r.err
@@ -704,8 +703,7 @@ def test_unsafe_zip_is_refused(
 ) -> None:
     extra, links, check = ZIP_CASES[case]
     blob = zip_members([*unzip(chain.candidate_zip), *extra], links)
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
-    world.artifact(RUN_ID, CANDIDATE, blob)
+    world.replace(RUN_ID, CANDIDATE, blob)
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, check)
     assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/evil.txt").exists()
@@ -719,8 +717,7 @@ def test_zip_bomb_is_bounded(world: World, chain: Chain, tmp_path: Path, capsys:
 
     bomb = zip_members([*unzip(chain.candidate_zip), ("bomb.bin", b"\0" * (64 << 20))])
     assert len(bomb) < (1 << 20)
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
-    world.artifact(RUN_ID, CANDIDATE, bomb)
+    world.replace(RUN_ID, CANDIDATE, bomb)
     from harness.cli import parser
 
     out = tmp_path / "out"
@@ -746,8 +743,7 @@ def test_tampered_wheel_fails_the_candidate_check(
 ) -> None:
     wheel = json.loads((chain.candidate / "candidate-manifest.json").read_bytes())["wheel"]["filename"]
     blob = _replace_member(chain.candidate_zip, wheel, lambda d: d[:-1] + bytes([d[-1] ^ 1]))
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != CANDIDATE]
-    world.artifact(RUN_ID, CANDIDATE, blob)  # the API digest matches the tampered zip: only the manifest can tell
+    world.replace(RUN_ID, CANDIDATE, blob)  # the API digest matches the tampered zip: only the manifest can tell
     assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "wheel_sha256")
 
 
@@ -757,8 +753,7 @@ def test_tampered_evidence_file_fails_the_auditor(
     qual = json.loads((chain.smoke / "qualification.json").read_bytes())
     evidence = next(a["path"] for a in qual["artifacts"] if not a["role"].startswith("principal_"))
     blob = _replace_member(chain.smoke_zip, evidence, lambda d: d + b" ")
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
-    world.artifact(RUN_ID, SMOKE, blob)
+    world.replace(RUN_ID, SMOKE, blob)
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "artifact_bytes")
     assert evidence in r.err
@@ -873,8 +868,7 @@ def test_qualification_json_must_bind_the_api_run(
 ) -> None:
     key, value = QUAL_BINDING_CASES[case]
     blob = _edit_qualification(chain, lambda q: q["execution"]["workflow"].update({key: value}))
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
-    world.artifact(RUN_ID, SMOKE, blob)
+    world.replace(RUN_ID, SMOKE, blob)
     r = gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run")
     assert_rejected(r, "qualification_run")
     assert f"run {RUN_ID} attempt 1" in r.err
@@ -888,8 +882,7 @@ def test_qualification_against_another_known_good_stack(
     def other_stack(q: dict[str, Any]) -> None:
         q["profile"]["known_good_sha256"] = q["environment"]["known_good_sha256"] = "1" * 64
 
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != SMOKE]
-    world.artifact(RUN_ID, SMOKE, _edit_qualification(chain, other_stack))
+    world.replace(RUN_ID, SMOKE, _edit_qualification(chain, other_stack))
     assert_rejected(gate_inproc(world, tmp_path / "out", capsys, monkeypatch, "--dry-run"), "known_good_sha256")
 
 
@@ -934,8 +927,7 @@ def test_a_relabelled_stand_in_record_cannot_authorize(
 def test_without_a_vllm_run_the_release_card_never_authorizes(world: World, chain: Chain, tmp_path: Path) -> None:
     """The release card's policy requires vllm_boundary, and no vLLM run exists (issue #32): a full qualification
     whose every other check passes, with the boundary honestly not applicable, is refused by the real gate."""
-    world.artifacts[RUN_ID] = [a for a in world.artifacts[RUN_ID] if a["name"] != FULL]
-    world.artifact(RUN_ID, FULL, chain.release_card_zip)
+    world.replace(RUN_ID, FULL, chain.release_card_zip)
     r = gate_subprocess(world, tmp_path / "out", *full_on("NVIDIA GeForce RTX 4080"))
     assert r.rc == 1 and "[qualification_status]" in r.err and "backend-matrix is failed" in r.err, r.err
     assert r.gate["status"] == "failed" and r.gate["release_authorized"] is False
