@@ -42,7 +42,10 @@ def make_repo(dest: Path) -> Path:
     return dest
 
 
-def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke") -> int:
+def run_smoke_into(
+    out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke", **options: Any
+) -> int:
+    """The cpu-reference smoke (or ``level``) of ``candidate`` into ``out``; ``options``: other SmokeOptions."""
     from harness.core.profiles import PROFILES
     from harness.qualify.options import SmokeOptions
     from harness.qualify.smoke import run_smoke
@@ -55,6 +58,7 @@ def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, lev
         repo=repo,
         base_python=Path(sys.executable),
         known_good_dir=known_good,
+        **options,
     )
     return run_smoke(opts)
 
