@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,67 +197,83 @@ def _no_critic_state(evidence: dict[str, Path], c: Config) -> Check:
     return ok, f"critic state files in the kept checkpoints {critic} (want none; all hashed: {None not in held})"
 
 
-def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
-    epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), ACTOR_KEYS)
+@dataclass(frozen=True)
+class _Model:
+    """The model whose optimizer steps a check counts: its metrics prefix, the native keys that give verl's count,
+    what this workload declares, its optimizer file and where its plan holds passes and mini-batches."""
+
+    prefix: str  # actor | critic
+    keys: tuple[str, ...]
+    declared: tuple[int, int]  # (passes, mini-batches)
+    optimizer: str
+    # where the plan holds passes and mini-batches: (section, None for the algorithm's own; passes key; mini-batches)
+    planned_in: tuple[str | None, str, str]
+    planned_label: str
+
+
+ACTOR = _Model("actor", ACTOR_KEYS, (ACTOR_EPOCHS, ACTOR_MINI_BATCHES), ACTOR_OPTIMIZER,
+               (None, "ppo_epochs", "mini_batches"), "passes")  # fmt: skip
+CRITIC = _Model("critic", CRITIC_KEYS, (CRITIC_EPOCHS, CRITIC_MINI_BATCHES), CRITIC_OPTIMIZER,
+                ("ppo", "critic_ppo_epochs", "critic_mini_batches"), "critic passes")  # fmt: skip
+
+
+def _steps_counted(evidence: dict[str, Path], c: Config, final: runs.Run, model: _Model) -> Check:
+    """verl's optimizer steps per training step for ``model``, from the bundle's native values: what this workload
+    declares, held by the plan, made by the optimizer state, and recorded on every metrics line."""
+    epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), model.keys)
     steps = epochs * minis if epochs and minis else None
-    counted, counted_why = _optimizer_steps(evidence, c, ACTOR_OPTIMIZER, steps)
-    planned = _planned(read_json(evidence.get(c.role("plan"))), c.algorithm, "ppo_epochs", "mini_batches")
-    recorded = _recorded(final, "actor")
-    norms = [finite(v) for v in final.column("grad_norm")]
-    deltas = [finite(v) for v in final.column("adapter_delta_norm")]
-    each = (final.summary or {}).get("adapter_changed_each_update") is True
+    counted, counted_why = _optimizer_steps(evidence, c, model.optimizer, steps)
+    section, epochs_key, minis_key = model.planned_in
+    planned = _planned(read_json(evidence.get(c.role("plan"))), section or c.algorithm, epochs_key, minis_key)
+    recorded = _recorded(final, model.prefix)
     lines_ok = (
         final.why is None
         and len(final.lines) == CYCLES + EXTEND
         and steps is not None
         and recorded == [(steps, epochs, minis)] * len(final.lines)
-        # a cycle whose groups all scored alike has no gradient (norm 0), yet AdamW's momentum still moves it
-        and all(v is not None for v in norms)
+    )
+    declared = (epochs, minis) == model.declared
+    ok = declared and same == len(model.keys) and planned == (epochs, minis) and lines_ok and counted
+    want = " x ".join(str(n) for n in model.declared)
+    return ok, (
+        f"verl {model.prefix} steps per training step: {phrase} (want {want}); {model.prefix} {counted_why}; planned "
+        f"{model.planned_label} x mini-batches {planned}; (updates, passes, mini_batches) recorded per line "
+        f"{recorded[:4]} (want ({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND})"
+    )
+
+
+def _actor_passes(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
+    counted, counted_why = _steps_counted(evidence, c, final, ACTOR)
+    norms = [finite(v) for v in final.column("grad_norm")]
+    deltas = [finite(v) for v in final.column("adapter_delta_norm")]
+    each = (final.summary or {}).get("adapter_changed_each_update") is True
+    # a cycle whose groups all scored alike has no gradient (norm 0), yet AdamW's momentum still moves it
+    moved = (
+        all(v is not None for v in norms)
         and any(v is not None and v > 0 for v in norms)
         and all(v is not None and v > 0 for v in deltas)
         and each
     )
-    declared = (epochs, minis) == (ACTOR_EPOCHS, ACTOR_MINI_BATCHES)
-    ok = declared and same == len(ACTOR_KEYS) and planned == (epochs, minis) and lines_ok and counted
-    return ok, (
-        f"verl actor steps per training step: {phrase} (want {ACTOR_EPOCHS} x {ACTOR_MINI_BATCHES}); actor "
-        f"{counted_why}; planned "
-        f"passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} (want "
-        f"({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); grad norm {_rounded(norms)} (finite, one > 0), "
-        f"adapter delta {_rounded(deltas)} (each > 0), changed each update {each}"
+    return counted and moved, (
+        f"{counted_why}; grad norm {_rounded(norms)} (finite, one > 0), adapter delta {_rounded(deltas)} (each > 0), "
+        f"changed each update {each}"
     )
 
 
 def _critic_counts(evidence: dict[str, Path], c: Config, final: runs.Run) -> Check:
-    recorded = _recorded(final, "critic")
     if not c.critic:
         # a GRPO file has no critic (critic.enable false): no line may claim critic steps, no checkpoint hold its state
+        recorded = _recorded(final, "critic")
         no_state, no_state_why = _no_critic_state(evidence, c)
         absent = final.why is None and len(final.lines) == CYCLES + EXTEND and no_state
         absent = absent and all(r == (None, None, None) for r in recorded)
         return absent, (
             f"no critic; critic (updates, passes, mini_batches) per line {recorded[:4]} (want none); {no_state_why}"
         )
-    epochs, minis, same, phrase = _verl_count(read_json(evidence.get(c.role("native_diff"))), CRITIC_KEYS)
-    steps = epochs * minis if epochs and minis else None
-    counted, counted_why = _optimizer_steps(evidence, c, CRITIC_OPTIMIZER, steps)
-    planned = _planned(read_json(evidence.get(c.role("plan"))), "ppo", "critic_ppo_epochs", "critic_mini_batches")
+    counted, counted_why = _steps_counted(evidence, c, final, CRITIC)
     moved = [finite(wt.algo_metric(line, "critic/delta_norm")) for line in final.lines]
-    lines_ok = (
-        final.why is None
-        and len(final.lines) == CYCLES + EXTEND
-        and steps is not None
-        and recorded == [(steps, epochs, minis)] * len(final.lines)
-        and all(v is not None and v > 0 for v in moved)
-    )
-    declared = (epochs, minis) == (CRITIC_EPOCHS, CRITIC_MINI_BATCHES)
-    ok = declared and same == len(CRITIC_KEYS) and planned == (epochs, minis) and lines_ok and counted
-    return ok, (
-        f"verl critic steps per training step: {phrase} (want {CRITIC_EPOCHS} x {CRITIC_MINI_BATCHES}); critic "
-        f"{counted_why}; planned "
-        f"critic passes x mini-batches {planned}; (updates, passes, mini_batches) recorded per line {recorded[:4]} "
-        f"(want ({steps}, {epochs}, {minis}) on each of {CYCLES + EXTEND}); critic delta norm {_rounded(moved)}"
-    )
+    ok = counted and all(v is not None and v > 0 for v in moved)
+    return ok, f"{counted_why}; critic delta norm {_rounded(moved)}"
 
 
 def _rounded(values: list[float | None]) -> list[float | None]:
