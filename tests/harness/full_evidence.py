@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import policy
+from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
 from harness.core.records import Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Scale, Workload
+from harness.qualify.full.runner import RunnerOptions
 from harness.qualify.full.scales import SCALES
 
 FIXTURES = Path(__file__).parent / "full_fixtures"
@@ -92,6 +94,26 @@ def forge_checkpoint(
 
 
 Edit = Callable[[Path], None]
+
+
+def runner_options(tmp: Path, venv: Path, redact: dict[str, Path], wheel_sha256: str = "0" * 64) -> RunnerOptions:
+    """What the runner needs to run a workload on the cpu-reference profile under ``tmp``: a stand-in data file, no
+    model wheel, no verl environment."""
+    data = tmp / "prompts.parquet"
+    data.write_bytes(b"PAR1")
+    return RunnerOptions(
+        venv=venv,
+        root=tmp / "full",
+        redact=Redactor(redact),
+        extra_env={},
+        profile=CPU,
+        scale=SCALES[CPU.name],
+        data_source=data,
+        model_wheel=None,
+        verl_python=None,
+        installed=None,
+        wheel_sha256=wheel_sha256,
+    )
 
 
 def edit_json_file(path: Path, edit: Callable[[Any], None]) -> None:

@@ -16,6 +16,14 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
+# Python source that makes any later import of torch or miniverl fatal (a meta-path guard), for ``python -c``.
+NO_TORCH_GUARD = (
+    "import sys\n"
+    "class G:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('torch', 'miniverl'): raise SystemExit('imported ' + name)\n"
+    "sys.meta_path.insert(0, G())\n"
+)
 FAKEPROJ = HERE / "fakeproj"
 
 GIT_ENV = {
