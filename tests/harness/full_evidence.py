@@ -206,6 +206,12 @@ class EvidenceKit:
     def failed_checks(self, evidence: dict[str, Path], profile: Profile = CPU) -> set[str]:
         return {name for name, (ok, _) in self.judged(evidence, profile).items() if not ok}
 
+    def failed_after(self, tmp: Path, mutate: Callable[[dict[str, Path]], None], profile: Profile = CPU) -> set[str]:
+        """The checks that fail on a fresh copy of the fixture (under ``tmp``) once ``mutate`` edited it."""
+        evidence = self.evidence_copy(tmp / "evidence")
+        mutate(evidence)
+        return self.failed_checks(evidence, profile)
+
     def assert_small_and_portable(self) -> None:
         """The fixture is under 300 kB and no JSON file of it names a local path."""
         assert self.fixture_bytes() < 300_000
