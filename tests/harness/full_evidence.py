@@ -212,6 +212,13 @@ class EvidenceKit:
         mutate(evidence)
         return self.failed_checks(evidence, profile)
 
+    def failed_when_spoiled(self, tmp: Path, role: str, kind: str) -> set[str]:
+        """The checks that fail on a fresh copy of the fixture (under ``tmp``) whose ``role`` file is spoiled as
+        ``kind`` (one of :data:`HOSTILE`)."""
+        root = self.copy(tmp / "evidence")
+        self.spoil(root, role, kind)
+        return self.failed_checks(self.evidence(root))
+
     def assert_small_and_portable(self) -> None:
         """The fixture is under 300 kB and no JSON file of it names a local path."""
         assert self.fixture_bytes() < 300_000
