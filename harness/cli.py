@@ -35,7 +35,8 @@ def _build(args: argparse.Namespace) -> int:
 
 def _smoke(args: argparse.Namespace, level: str) -> int:
     from harness.core.profiles import get_profile
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     check_output_dir(Path(args.out), "--out")
     opts = SmokeOptions(

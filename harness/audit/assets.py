@@ -8,14 +8,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from harness.audit.chain import Auditor, AuditRequest, chain_checks, require
+from harness.audit.chain import Auditor, chain_checks
+from harness.audit.findings import require
 from harness.audit.gate_record import GateRecordChecks
+from harness.audit.request import AuditRequest
 from harness.audit.statements import PROVENANCE_PARTS, RESULT_PARTS, verify_statement
 from harness.build.candidate import MANIFEST, SUMS, sums_text
+from harness.core.audit_records import EvidenceManifest, ReleaseVerification
 from harness.core.errors import VerificationError
 from harness.core.jsonio import sha256_bytes
 from harness.core.recordio import parse_record, record_bytes
-from harness.core.records import Artifact, CandidateManifest, EvidenceManifest, Qualification, ReleaseVerification
+from harness.core.records import Artifact, CandidateManifest, Qualification
 from harness.core.safeio import (
     MANIFEST_MAX_BYTES,
     RECORD_MAX_BYTES,

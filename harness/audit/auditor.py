@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from harness.audit.assets import audit_assets
-from harness.audit.chain import AuditRequest, validate_request, verify_chain
+from harness.audit.chain import verify_chain
+from harness.audit.request import AuditRequest, validate_request
+from harness.core.audit_records import ReleaseVerification
 from harness.core.errors import UsageError
-from harness.core.records import ReleaseVerification
 
 
 def audit(req: AuditRequest) -> ReleaseVerification:

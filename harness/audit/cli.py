@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from harness.audit.auditor import audit
-from harness.audit.chain import AuditRequest
+from harness.audit.request import AuditRequest
+from harness.core.audit_records import ReleaseVerification
 from harness.core.errors import HarnessError, UsageError
 from harness.core.recordio import record_bytes, write_record
-from harness.core.records import ReleaseVerification
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

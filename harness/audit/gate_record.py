@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from harness.audit.chain import require
+from harness.audit.findings import require
 from harness.core.errors import HarnessError, VerificationError
 from harness.core.gate_records import ChosenRun, GateRecord
 from harness.core.intoto import ProvenanceStatement, ResultStatement

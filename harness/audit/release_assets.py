@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.audit.auditor import audit
-from harness.audit.chain import AuditRequest, verify_chain
+from harness.audit.chain import verify_chain
+from harness.audit.request import AuditRequest
 from harness.build.candidate import MANIFEST, SUMS, check_candidate
 from harness.core.errors import AssetsError, UsageError
 from harness.core.intoto import statement_bytes

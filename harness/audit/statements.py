@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.audit.chain import require
+from harness.audit.findings import require
 from harness.core.errors import HarnessError
 from harness.core.intoto import (
     RESOLVED_INPUTS,

@@ -193,13 +193,10 @@ def write_known_good(
     lines += [f"{name}=={pins[name]}" for name in sorted(pins)]
     text = ("\n".join(lines) + "\n").encode()
     descriptor = _descriptor(
-        kind="miniverl.known-good",
-        schema_version=1,
-        name=profile.known_good,
-        status="measured" if status == "measured" else "declared",
+        profile,
+        status,
         python=python_version,
         platform=f"{platform.system()}-{platform.machine()}".lower(),
-        required_gpu_name=profile.required_gpu_name,
         packages=dict(sorted(pins.items())),
         constraints_file=txt.name,
         constraints_sha256=sha256_bytes(text),
@@ -233,10 +230,18 @@ def check_index_urls(urls: list[str]) -> None:
             ) from None
 
 
-def _descriptor(**fields: object) -> KnownGoodDescriptor:
-    """A descriptor, or one StackError line naming the field that does not validate (a bad index URL)."""
+def _descriptor(profile: Profile, status: str, **fields: object) -> KnownGoodDescriptor:
+    """``profile``'s descriptor, ``status`` measured or else declared, or one StackError line naming the field that
+    does not validate (a bad index URL)."""
+    own = {
+        "kind": "miniverl.known-good",
+        "schema_version": 1,
+        "name": profile.known_good,
+        "status": "measured" if status == "measured" else "declared",
+        "required_gpu_name": profile.required_gpu_name,
+    }
     try:
-        return KnownGoodDescriptor.model_validate(fields)
+        return KnownGoodDescriptor.model_validate(own | fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -253,13 +258,10 @@ def describe_existing(
     except (OSError, ToolchainError) as exc:
         raise StackError(f"known-good/{txt.name}: {exc}") from None
     descriptor = _descriptor(
-        kind="miniverl.known-good",
-        schema_version=1,
-        name=profile.known_good,
-        status="measured" if status == "measured" else "declared",
+        profile,
+        status,
         python=python_version,
         platform=platform_name,
-        required_gpu_name=profile.required_gpu_name,
         packages=dict(sorted(pins.items())),
         constraints_file=txt.name,
         constraints_sha256=sha256_file(txt),

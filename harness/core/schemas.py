@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.core.audit_records import AUDIT_SCHEMA_MODELS
 from harness.core.gate_records import GATE_SCHEMA_MODELS
 from harness.core.intoto import INTOTO_SCHEMA_MODELS
 from harness.core.jsonio import atomic_write_bytes
@@ -25,6 +26,7 @@ def generated() -> dict[str, bytes]:
     """Relative path under manifests/harness/ -> the exact bytes that belong there."""
     models: dict[str, type[Record]] = {
         **SCHEMA_MODELS,
+        **AUDIT_SCHEMA_MODELS,
         **GATE_SCHEMA_MODELS,
         **INTOTO_SCHEMA_MODELS,
         "state-hashes": StateHashes,

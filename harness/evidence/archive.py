@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.core.audit_records import EvidenceManifest, EvidenceMember
 from harness.core.errors import ArchiveError, AssetsError
 from harness.core.jsonio import atomic_file, atomic_write_bytes, sha256_file
 from harness.core.recordio import record_bytes
-from harness.core.records import EvidenceManifest, EvidenceMember, FileDigest, Qualification
+from harness.core.records import FileDigest, Qualification
 from harness.core.safeio import file_digest, path_below, regular_file_size
 from harness.qualify.full.catalog import archive_members
 

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.audit.auditor import audit
-from harness.audit.chain import AuditRequest
 from harness.audit.release_assets import build_release_assets
+from harness.audit.request import AuditRequest
 from harness.build.candidate import MANIFEST, check_candidate
 from harness.build.known_good import read_known_good
+from harness.core.audit_records import ReleaseVerification
 from harness.core.errors import HarnessError
 from harness.core.gate_records import ArtifactRef
 from harness.core.recordio import load_record, write_record
-from harness.core.records import CandidateManifest, GithubActionsBinding, Profile, Qualification, ReleaseVerification
+from harness.core.records import CandidateManifest, GithubActionsBinding, Profile, Qualification
 from harness.gate import GateError
 from harness.gate.http import GitHubClient
 from harness.gate.runs import ApiArtifact, ApiRun, Target, download_bound, parse_time

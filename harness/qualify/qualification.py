@@ -8,7 +8,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from harness.core import policy, registry
 from harness.core.jsonio import publish_dir, sha256_file
@@ -35,11 +34,9 @@ from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.catalog import evidence_role, qualification_paths
 from harness.qualify.full.runner import Outcome
 from harness.qualify.install_judge import INSTALL_FILES
+from harness.qualify.options import SmokeOptions
 from harness.qualify.smoke_judge import evidence_checks, portable
 from harness.qualify.steps import StepFacts
-
-if TYPE_CHECKING:
-    from harness.qualify.smoke import SmokeOptions
 
 # role -> path of the evidence file inside the qualification directory (explicit; never derived).
 SMOKE_EVIDENCE_PATHS = {

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from harness.build.candidate import MANIFEST, build_candidate, check_candidate, read_pins, workflow_binding
 from harness.build.stacks import (
-    KNOWN_GOOD_DIR,
     descriptor_paths,
     gpu_facts,
     installed_closure,
@@ -23,10 +22,10 @@ from harness.build.stacks import (
 from harness.core import registry
 from harness.core.errors import HarnessError, UsageError
 from harness.core.jsonio import canonical_bytes, sha256_file
-from harness.core.proc import REPO_ROOT, Redactor, clean_env, run, utc_now
+from harness.core.proc import Redactor, clean_env, run, utc_now
 from harness.core.profiles import profile_sha256
 from harness.core.recordio import record_bytes
-from harness.core.records import CandidateManifest, Profile, Worktree
+from harness.core.records import CandidateManifest, Worktree
 from harness.install.origin import installed_from, origin_facts, probe_origin
 from harness.install.venv import (
     CapturedInstall,
@@ -40,38 +39,16 @@ from harness.install.venv import (
 )
 from harness.install.verl_env import prepare as prepare_verl
 from harness.install.verl_env import require_verl
-from harness.install.vllm_site import VllmSite, python_path
+from harness.install.vllm_site import python_path
 from harness.qualify.checkbook import CheckBook
 from harness.qualify.full.runner import Outcome, RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
 from harness.qualify.install_judge import INSTALL_FILES, InstallBasis, judge_install, require_python
+from harness.qualify.options import SmokeOptions
 from harness.qualify.qualification import QualificationInputs, write_qualification
 from harness.qualify.smoke_judge import SmokeBasis, SmokeVerdict, judge_smoke
 from harness.qualify.steps import StepFacts, run_cli_steps
 from harness.qualify.transcript import CliDriver
-
-
-@dataclass(frozen=True)
-class SmokeOptions:
-    profile: Profile
-    out: Path
-    level: str = "release_smoke"
-    candidate: Path | None = None
-    repo: Path = REPO_ROOT
-    base_python: Path = Path(sys.executable)
-    system_site_packages: bool = False
-    offline_wheels: Path | None = None
-    known_good_dir: Path = KNOWN_GOOD_DIR
-    work: Path | None = None
-    keep_work: bool = False
-    model_cache: Path | None = None
-    grpo: bool = True
-    # The python of verl 0.9.1's own environment: the full level refuses to start without it (the handoff
-    # diagnosis runs there, with the candidate overlaid by harness.install.verl_env); the smoke does not use it.
-    verl_python: Path | None = None
-    # A vLLM site the full workloads' CLI processes see after the venv's own site (harness.install.vllm_site),
-    # digested when the option was read; None: vllm stays absent and plan refuses rollout.backend vllm.
-    vllm_site: VllmSite | None = None
 
 
 @dataclass(frozen=True)

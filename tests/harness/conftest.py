@@ -60,3 +60,9 @@ def smoke_qual(candidate: Path, fake_repo: Path, known_good: Path, tmp_path_fact
     out = tmp_path_factory.mktemp("qual") / "qualification"
     run_smoke_into(out, candidate, fake_repo, known_good)
     return out
+
+
+@pytest.fixture
+def ev(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A fresh copy of the test module's ``KIT`` evidence (a ``full_evidence.EvidenceKit``), to edit."""
+    return request.module.KIT.copy(tmp_path / "ev")

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core import policy
+from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
 from harness.core.records import Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Scale, Workload
+from harness.qualify.full.runner import RunnerOptions
 from harness.qualify.full.scales import SCALES
 
 FIXTURES = Path(__file__).parent / "full_fixtures"
@@ -90,6 +93,59 @@ def forge_checkpoint(
     state_hashes.write_text(json.dumps(record))
 
 
+Edit = Callable[[Path], None]
+
+
+def runner_options(tmp: Path, venv: Path, redact: dict[str, Path], wheel_sha256: str = "0" * 64) -> RunnerOptions:
+    """What the runner needs to run a workload on the cpu-reference profile under ``tmp``: a stand-in data file, no
+    model wheel, no verl environment."""
+    data = tmp / "prompts.parquet"
+    data.write_bytes(b"PAR1")
+    return RunnerOptions(
+        venv=venv,
+        root=tmp / "full",
+        redact=Redactor(redact),
+        extra_env={},
+        profile=CPU,
+        scale=SCALES[CPU.name],
+        data_source=data,
+        model_wheel=None,
+        verl_python=None,
+        installed=None,
+        wheel_sha256=wheel_sha256,
+    )
+
+
+def edit_json_file(path: Path, edit: Callable[[Any], None]) -> None:
+    """``edit`` the JSON document at ``path`` in place."""
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def edit_jsonl_line(path: Path, index: int, edit: Callable[[dict[str, Any]], None]) -> None:
+    """``edit`` line ``index`` of the JSON-lines file at ``path`` in place."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(lines[index])
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def bad_value_cases(bad: dict[str, list[Edit]]) -> list[tuple[str, int]]:
+    """``(check, index)`` of every edit of ``bad`` (check -> the edits that must fail exactly it), to parametrize."""
+    return [(check, i) for check, changes in bad.items() for i in range(len(changes))]
+
+
+def same_rewards(rows: list[dict[str, Any]]) -> None:
+    """Trajectories whose rewards do not vary (edit for :meth:`EvidenceKit.forge_trajectories`)."""
+    for row in rows:
+        row["reward"] = 0.5
+
+
+def one_advantage_zero(rows: list[dict[str, Any]]) -> None:
+    """One nonzero advantage set to zero (edit for :meth:`EvidenceKit.forge_trajectories`)."""
+    next(row for row in rows if row["advantage"] != 0)["advantage"] = 0.0
+
+
 @dataclass(frozen=True)
 class EvidenceKit:
     """``workload``'s real cpu-reference evidence (tests/harness/full_fixtures/<name>/) and edits of one value."""
@@ -103,6 +159,17 @@ class EvidenceKit:
     def copy(self, dest: Path) -> Path:
         shutil.copytree(self.fixture, dest)
         return dest
+
+    def evidence_copy(self, dest: Path) -> dict[str, Path]:
+        """A fresh copy of the fixture at ``dest``, as the evidence a judge is given."""
+        return self.evidence(self.copy(dest))
+
+    def members(self) -> list[str]:
+        """The fixture's files, as archive members (sorted)."""
+        return sorted(p.relative_to(self.fixture).as_posix() for p in self.fixture.rglob("*") if p.is_file())
+
+    def fixture_bytes(self) -> int:
+        return sum((self.fixture / m).stat().st_size for m in self.members())
 
     def as_cuda(self, root: Path, dest: Path, profile: Profile = CUDA) -> Path:
         """A copy of ``root`` as a CUDA run on ``profile`` records it (:func:`as_cuda_bytes`)."""
@@ -130,20 +197,42 @@ class EvidenceKit:
     def failed(self, root: Path, profile: Profile = CPU) -> set[str]:
         return {name for name, ok in self.judge(root, profile).items() if not ok}
 
+    def judged(self, evidence: dict[str, Path], profile: Profile = CPU) -> dict[str, tuple[bool, str]]:
+        """The judge's checks of ``evidence`` on ``profile``, which must be exactly the profile's required ones."""
+        checks = self.workload.judge(evidence, profile, SCALES[profile.name]).checks
+        assert set(checks) == set(policy.required_checks(profile, self.workload.name))
+        return checks
+
+    def failed_checks(self, evidence: dict[str, Path], profile: Profile = CPU) -> set[str]:
+        return {name for name, (ok, _) in self.judged(evidence, profile).items() if not ok}
+
+    def failed_after(self, tmp: Path, mutate: Callable[[dict[str, Path]], None], profile: Profile = CPU) -> set[str]:
+        """The checks that fail on a fresh copy of the fixture (under ``tmp``) once ``mutate`` edited it."""
+        evidence = self.evidence_copy(tmp / "evidence")
+        mutate(evidence)
+        return self.failed_checks(evidence, profile)
+
+    def failed_when_spoiled(self, tmp: Path, role: str, kind: str) -> set[str]:
+        """The checks that fail on a fresh copy of the fixture (under ``tmp``) whose ``role`` file is spoiled as
+        ``kind`` (one of :data:`HOSTILE`)."""
+        root = self.copy(tmp / "evidence")
+        self.spoil(root, role, kind)
+        return self.failed_checks(self.evidence(root))
+
+    def assert_small_and_portable(self) -> None:
+        """The fixture is under 300 kB and no JSON file of it names a local path."""
+        assert self.fixture_bytes() < 300_000
+        for path in self.fixture.rglob("*.json"):
+            assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+
     def path(self, root: Path, role: str) -> Path:
         return root / self.workload.evidence[role]
 
     def edit_json(self, root: Path, role: str, change: Callable[[dict[str, Any]], None]) -> None:
-        path = self.path(root, role)
-        doc = json.loads(path.read_text())
-        change(doc)
-        path.write_text(json.dumps(doc))
+        edit_json_file(self.path(root, role), change)
 
     def edit_line(self, root: Path, role: str, index: int, key: str, value: Any) -> None:
-        path = self.path(root, role)
-        lines = [json.loads(x) for x in path.read_text().splitlines()]
-        lines[index][key] = value
-        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        edit_jsonl_line(self.path(root, role), index, lambda line: line.update({key: value}))
 
     def exit(self, step: str, code: int) -> Callable[[Path], None]:
         """An edit: every invocation of ``step`` in the transcript exits ``code``."""

@@ -105,6 +105,15 @@ class World:
         self.runs.append(value)
         return value
 
+    def drop(self, run_id: int, *names: str) -> None:
+        """The run no longer lists its artifacts named ``names``."""
+        self.artifacts[run_id] = [a for a in self.artifacts[run_id] if a["name"] not in names]
+
+    def replace(self, run_id: int, name: str, blob: bytes) -> dict[str, Any]:
+        """The run's artifact ``name`` is a new one holding ``blob``."""
+        self.drop(run_id, name)
+        return self.artifact(run_id, name, blob)
+
     def artifact(self, run_id: int, name: str, blob: bytes, **over: Any) -> dict[str, Any]:
         self.next_artifact += 1
         aid = self.next_artifact

@@ -16,6 +16,14 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
+# Python source that makes any later import of torch or miniverl fatal (a meta-path guard), for ``python -c``.
+NO_TORCH_GUARD = (
+    "import sys\n"
+    "class G:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('torch', 'miniverl'): raise SystemExit('imported ' + name)\n"
+    "sys.meta_path.insert(0, G())\n"
+)
 FAKEPROJ = HERE / "fakeproj"
 
 GIT_ENV = {
@@ -42,9 +50,13 @@ def make_repo(dest: Path) -> Path:
     return dest
 
 
-def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke") -> int:
+def run_smoke_into(
+    out: Path, candidate: Path, repo: Path, known_good: Path, level: str = "release_smoke", **options: Any
+) -> int:
+    """The cpu-reference smoke (or ``level``) of ``candidate`` into ``out``; ``options``: other SmokeOptions."""
     from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
+    from harness.qualify.options import SmokeOptions
+    from harness.qualify.smoke import run_smoke
 
     opts = SmokeOptions(
         profile=PROFILES["cpu-reference"],
@@ -54,6 +66,7 @@ def run_smoke_into(out: Path, candidate: Path, repo: Path, known_good: Path, lev
         repo=repo,
         base_python=Path(sys.executable),
         known_good_dir=known_good,
+        **options,
     )
     return run_smoke(opts)
 

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from full_evidence import runner_options
 
 from harness.core import policy, registry
 from harness.core.jsonio import sha256_file
-from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
 from harness.core.recordio import json_schema
 from harness.core.records import Profile
 from harness.qualify.full import backend_matrix as bm
 from harness.qualify.full import catalog
 from harness.qualify.full.base import Judgement, Workload
-from harness.qualify.full.runner import RunnerOptions, judged, run_one
+from harness.qualify.full.runner import judged, run_one
 from harness.qualify.full.scales import SCALES
 from harness.qualify.smoke_judge import portable
 
@@ -487,21 +487,7 @@ def test_run_drives_the_cli_and_saves_portable_evidence(tmp_path: Path) -> None:
     exe = venv / "bin" / "miniverl"
     exe.write_text(f"#!{sys.executable}\n" + FAKE_CLI.format(fixtures=str(FIXTURES / "v011" / "backend-matrix")))
     exe.chmod(0o755)
-    data = tmp_path / "prompts.parquet"
-    data.write_bytes(b"PAR1")
-    opts = RunnerOptions(
-        venv=venv,
-        root=tmp_path / "full",
-        redact=Redactor({"work": tmp_path / "full" / "backend-matrix", "venv": venv}),
-        extra_env={},
-        profile=CPU,
-        scale=SCALES["cpu-reference"],
-        data_source=data,
-        model_wheel=None,
-        verl_python=None,
-        installed=None,
-        wheel_sha256="0" * 64,
-    )
+    opts = runner_options(tmp_path, venv, {"work": tmp_path / "full" / "backend-matrix", "venv": venv})
     outcome = run_one(bm.WORKLOAD, opts)
     executed = {c.name: c.passed for c in outcome.book.checks().executed}
     assert {k: executed.get(k) for k in ("all_cells_completed", "conformance")} == dict.fromkeys(

@@ -20,24 +20,20 @@ from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
 from harness.core import policy, registry
 from harness.core.proc import HARNESS_DIR
 from harness.qualify.full import direct_config
+from harness.qualify.full import direct_config_layout as layout
 from harness.qualify.full import walkthrough as wt
 from harness.qualify.full.base import WorkloadFailure
 from harness.qualify.full.catalog import SUBORDINATE_FOLDERS, archive_members, implemented
 from harness.qualify.full.scales import SCALES
 
 W = direct_config.WORKLOAD
-GRPO, PPO = direct_config.CONFIGS
-ACTOR_OPT, CRITIC_OPT = direct_config.ACTOR_OPTIMIZER, direct_config.CRITIC_OPTIMIZER
+GRPO, PPO = layout.CONFIGS
+ACTOR_OPT, CRITIC_OPT = layout.ACTOR_OPTIMIZER, layout.CRITIC_OPTIMIZER
 KIT = EvidenceKit(W)
 FIXTURE = KIT.fixture
 CHECKS = policy.required_checks(CPU, W.name)
 _edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT.exit, KIT.digest, KIT.set
 Edit = Callable[[Path], None]
-
-
-@pytest.fixture
-def ev(tmp_path: Path) -> Path:
-    return KIT.copy(tmp_path / "ev")
 
 
 @pytest.mark.parametrize("profile", [CPU, CUDA], ids=["cpu", "cuda"])
@@ -53,9 +49,9 @@ def test_cpu_evidence_does_not_pass_for_a_cuda_profile() -> None:
 
 
 def test_the_evidence_members_are_declared_small_and_portable() -> None:
-    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    members = KIT.members()
     assert members == sorted(W.evidence.values())
-    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert KIT.fixture_bytes() < 300_000
     for member in members:
         text = (FIXTURE / member).read_text()
         assert "/tmp/" not in text and "/work/" not in text and "/root" not in text, member
@@ -69,10 +65,10 @@ def test_it_is_registered_as_the_v015_subordinate_record() -> None:
     assert all(member.startswith("v015/direct-config/") for member in W.evidence.values())
 
 
-@pytest.mark.parametrize("config", direct_config.CONFIGS, ids=lambda c: c.key)
+@pytest.mark.parametrize("config", layout.CONFIGS, ids=lambda c: c.key)
 def test_each_input_is_the_examples_exact_bytes(config: Any) -> None:
     example = HARNESS_DIR.parent / "examples" / config.native
-    assert (direct_config.INPUTS / config.native).read_bytes() == example.read_bytes()
+    assert (layout.INPUTS / config.native).read_bytes() == example.read_bytes()
 
 
 # Lines of each native file that fix its counts: verl's train_batch_size, and ppo_epochs / ppo_mini_batch_size of
@@ -90,25 +86,25 @@ DECLARED = {
 }
 
 
-@pytest.mark.parametrize("config", direct_config.CONFIGS, ids=lambda c: c.key)
+@pytest.mark.parametrize("config", layout.CONFIGS, ids=lambda c: c.key)
 def test_each_input_declares_the_counts_the_judge_requires(config: Any) -> None:
-    lines = (direct_config.INPUTS / config.native).read_text().splitlines()
+    lines = (layout.INPUTS / config.native).read_text().splitlines()
     assert all(lines.count(line) == 1 for line in DECLARED[config.key]), DECLARED[config.key]
-    assert (direct_config.ACTOR_EPOCHS, direct_config.ACTOR_MINI_BATCHES) == (2, 2 // 1)
-    assert (direct_config.CRITIC_EPOCHS, direct_config.CRITIC_MINI_BATCHES) == (1, 2 // 1)
+    assert (layout.ACTOR_EPOCHS, layout.ACTOR_MINI_BATCHES) == (2, 2 // 1)
+    assert (layout.CRITIC_EPOCHS, layout.CRITIC_MINI_BATCHES) == (1, 2 // 1)
 
 
-@pytest.mark.parametrize("config", direct_config.CONFIGS, ids=lambda c: c.key)
+@pytest.mark.parametrize("config", layout.CONFIGS, ids=lambda c: c.key)
 def test_the_replay_file_changes_exactly_one_line(tmp_path: Path, config: Any) -> None:
-    native = (direct_config.INPUTS / config.native).read_bytes()
-    replay = direct_config.one_line_changed(native, *direct_config.REPLAY_LINE, config.native)
+    native = (layout.INPUTS / config.native).read_bytes()
+    replay = layout.one_line_changed(native, *layout.REPLAY_LINE, config.native)
     old, new = native.decode().splitlines(), replay.decode().splitlines()
-    line, replacement = direct_config.REPLAY_LINE
+    line, replacement = layout.REPLAY_LINE
     assert [(a, b) for a, b in zip(old, new, strict=True) if a != b] == [(line[:-1], replacement[:-1])]
     with pytest.raises(WorkloadFailure):
-        direct_config.one_line_changed(native.replace(line.encode(), b""), line, replacement, "none")
+        layout.one_line_changed(native.replace(line.encode(), b""), line, replacement, "none")
     with pytest.raises(WorkloadFailure):  # twice is not once
-        direct_config.one_line_changed(native + line.encode(), line, replacement, "twice")
+        layout.one_line_changed(native + line.encode(), line, replacement, "twice")
     # whole lines: the actor's indented `ppo_epochs` is not the critic's
     assert native.count(b"\n  ppo_epochs: ") == (1 if config.critic else 0)
 
@@ -172,7 +168,7 @@ def _another_native_file(root: Path) -> None:
     old = hashlib.sha256(native.read_bytes()).hexdigest()
     native.write_bytes(native.read_bytes() + b"# another file\n")
     new = hashlib.sha256(native.read_bytes()).hexdigest()
-    for path in (root / direct_config.FOLDER / "ppo").rglob("*.json"):
+    for path in (root / layout.FOLDER / "ppo").rglob("*.json"):
         path.write_text(path.read_text().replace(old, new))
     _edit_json(root, "ppo_plan", lambda d: d["direct_config"]["native"].update(text=native.read_text()))
     manifest = hashlib.sha256(KIT.path(root, "ppo_bundle_manifest").read_bytes()).hexdigest()
@@ -184,11 +180,11 @@ def _without_critic_state(root: Path) -> None:
     for label in ("ppo_checkpoint_2", "ppo_replay_checkpoint_2"):
 
         def listing(doc: dict[str, Any]) -> None:
-            for name in direct_config.CRITIC_STATE:
+            for name in layout.CRITIC_STATE:
                 doc["files"].pop(name)
 
         def hashes(doc: dict[str, Any], label: str = label) -> None:
-            for name in direct_config.CRITIC_STATE:
+            for name in layout.CRITIC_STATE:
                 doc["checkpoints"][label]["files"].pop(name)
 
         _edit_json(root, label, listing)
@@ -278,7 +274,7 @@ def _file_added(label: str, name: str, source_label: str) -> Edit:
 def _optimizers_swapped(label: str) -> Edit:
     """Checkpoint ``label``'s actor and critic optimizer files trade places, told consistently by the product
     (checkpoint.json) and the harness (hashes and counters)."""
-    names = (direct_config.ACTOR_OPTIMIZER, direct_config.CRITIC_OPTIMIZER)
+    names = (layout.ACTOR_OPTIMIZER, layout.CRITIC_OPTIMIZER)
 
     def swap(table: dict[str, Any]) -> None:
         table[names[0]], table[names[1]] = table[names[1]], table[names[0]]
@@ -431,7 +427,7 @@ BAD: dict[str, list[Edit]] = {
         _compiler("grpo_diagnose"),
         _compiler("ppo_bundle_manifest"),
         _compiler("grpo_handoff", "grpo_diagnose", "grpo_bundle_manifest"),
-        _compiler(*(c.role(r) for c in direct_config.CONFIGS for r in ("handoff", "diagnose", "bundle_manifest"))),
+        _compiler(*(c.role(r) for c in layout.CONFIGS for r in ("handoff", "diagnose", "bundle_manifest"))),
         _nested("grpo_plan_output", ["handoff", "compiler"], "not-a-verl-compiler"),
         lambda root: (
             _compiler("ppo_handoff", "ppo_diagnose", "ppo_bundle_manifest")(root),
@@ -486,8 +482,8 @@ def test_the_counts_are_read_from_the_optimizer_state_the_harness_hashed() -> No
     """At the straight run's checkpoints 1, 2, 3 AdamW counted 4 actor steps and 2 critic
     steps per update in every parameter slot, as the harness read them from the files whose sha256 it bound."""
     record = json.loads(KIT.path(FIXTURE, "state_hashes").read_text())
-    for config in direct_config.CONFIGS:
-        for role, step in direct_config.COUNTED:
+    for config in layout.CONFIGS:
+        for role, step in layout.COUNTED:
             entry = record["checkpoints"][config.role(role)]
             assert entry["step"] == step
             names = {ACTOR_OPT: 4} | ({CRITIC_OPT: 2} if config.critic else {})
@@ -505,7 +501,7 @@ def test_the_counts_are_read_from_the_optimizer_state_the_harness_hashed() -> No
 
 def test_without_verl_the_launch_is_not_diagnosed_and_fails(ev: Path) -> None:
     _edit_json(ev, "diagnose_environment", lambda d: d.update(verl_python=None, reason="no verl 0.9.1 given"))
-    for config in direct_config.CONFIGS:
+    for config in layout.CONFIGS:
         KIT.path(ev, config.role("diagnose")).unlink()
     judged = W.judge(KIT.evidence(ev), CPU, SCALES["cpu-reference"])
     failed = {name for name, (ok, _) in judged.checks.items() if not ok}

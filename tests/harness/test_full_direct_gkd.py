@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit, bad_value_cases
 
 from harness.core import policy
 from harness.qualify.full import direct_gkd
@@ -17,11 +17,6 @@ KIT = EvidenceKit(W)
 FIXTURE = KIT.fixture
 _evidence, _judge, _failed, _path = KIT.evidence, KIT.judge, KIT.failed, KIT.path
 _edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT.exit, KIT.digest, KIT.set
-
-
-@pytest.fixture
-def ev(tmp_path: Path) -> Path:
-    return KIT.copy(tmp_path / "ev")
 
 
 def _cuda(peak: int) -> Callable[[Path], None]:
@@ -35,9 +30,9 @@ def test_the_real_cpu_evidence_passes_every_required_check() -> None:
 
 
 def test_the_evidence_members_are_declared_and_small() -> None:
-    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    members = KIT.members()
     assert members == sorted(W.evidence.values())
-    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert KIT.fixture_bytes() < 300_000
 
 
 def _distill(key: str, value: Any) -> Callable[[Path], None]:
@@ -84,9 +79,7 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
 }
 
 
-@pytest.mark.parametrize(
-    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
-)
+@pytest.mark.parametrize(("check", "index"), bad_value_cases(BAD))
 def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
     BAD[check][index](ev)
     assert _failed(ev) == {check}

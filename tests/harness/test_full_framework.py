@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
+from full_evidence import runner_options
 
 from harness.core import policy, registry
 from harness.core.errors import HarnessError
-from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
 from harness.core.recordio import load_record
 from harness.core.records import Profile, WorkloadRecord
@@ -53,21 +53,7 @@ def _toy(value: float, *, raises: bool = False, extra_role: bool = False) -> Wor
 
 
 def _options(tmp_path: Path) -> RunnerOptions:
-    data = tmp_path / "prompts.parquet"
-    data.write_bytes(b"PAR1")
-    return RunnerOptions(
-        venv=tmp_path / "venv",
-        root=tmp_path / "full",
-        redact=Redactor({"work": tmp_path}),
-        extra_env={},
-        profile=CPU,
-        scale=SCALES["cpu-reference"],
-        data_source=data,
-        model_wheel=None,
-        verl_python=None,
-        installed=None,
-        wheel_sha256=WHEEL,
-    )
+    return runner_options(tmp_path, tmp_path / "venv", {"work": tmp_path}, WHEEL)
 
 
 def test_a_judged_workload_becomes_a_record_whose_status_follows_its_checks(tmp_path: Path) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit, bad_value_cases, one_advantage_zero, same_rewards
 
 from harness.core import policy
 from harness.qualify.full import grpo_cycles
@@ -19,11 +18,6 @@ KIT = EvidenceKit(W)
 FIXTURE = KIT.fixture
 _evidence, _judge, _failed, _path = KIT.evidence, KIT.judge, KIT.failed, KIT.path
 _edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT.exit, KIT.digest, KIT.set
-
-
-@pytest.fixture
-def ev(tmp_path: Path) -> Path:
-    return KIT.copy(tmp_path / "ev")
 
 
 def _on_cuda(root: Path, peak: int = 2 << 30) -> None:
@@ -41,31 +35,22 @@ def test_the_real_cpu_evidence_passes_every_required_check() -> None:
 
 
 def test_the_evidence_members_are_declared_and_small() -> None:
-    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    members = KIT.members()
     assert members == sorted(W.evidence.values())
-    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert KIT.fixture_bytes() < 300_000
     assert all(m.startswith("v012/grpo-cycles/") for m in members)
-
-
-def _same_rewards(rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        row["reward"] = 0.5
-
-
-def _one_advantage_zero(rows: list[dict[str, Any]]) -> None:
-    next(row for row in rows if row["advantage"] != 0)["advantage"] = 0.0
 
 
 BAD: dict[str, list[Callable[[Path], None]]] = {
     "reward_varies_within_group": [
         lambda root: _edit_line(root, "metrics", 0, "reward_std_within_group_max", 0.0),
         lambda root: _edit_line(root, "metrics", 1, "reward_std_within_group_max", -1.0),
-        KIT.forge_trajectories(1, _same_rewards),  # the trajectories' rewards do not vary as the metrics say
+        KIT.forge_trajectories(1, same_rewards),  # the trajectories' rewards do not vary as the metrics say
     ],
     "nonzero_advantages": [
         lambda root: _edit_line(root, "metrics", 1, "nonzero_advantages", 0),
         lambda root: _edit_line(root, "metrics", 0, "nonzero_advantages", True),
-        KIT.forge_trajectories(1, _one_advantage_zero),  # counted from the trajectories: one fewer than said
+        KIT.forge_trajectories(1, one_advantage_zero),  # counted from the trajectories: one fewer than said
     ],
     "two_updates_changed": [
         KIT.tensors_as("checkpoint_2", "checkpoint_1"),  # the second update left every adapter tensor as it was
@@ -91,9 +76,7 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
 }
 
 
-@pytest.mark.parametrize(
-    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
-)
+@pytest.mark.parametrize(("check", "index"), bad_value_cases(BAD))
 def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
     BAD[check][index](ev)
     assert _failed(ev) == {check}

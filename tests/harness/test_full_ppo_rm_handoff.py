@@ -11,41 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import CUDA, HOSTILE, EvidenceKit, forge_checkpoint
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit, edit_json_file, edit_jsonl_line, forge_checkpoint
 
 from harness.core import policy
-from harness.core.profiles import PROFILES
 from harness.qualify.full import gae, ppo_rm_handoff
 from harness.qualify.full.ppo_rm_handoff import WORKLOAD
 from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
 FIXTURES = KIT.fixture
-CPU = PROFILES["cpu-reference"]
-SCALE = SCALES["cpu-reference"]
+SCALE = SCALES[CPU.name]
 CHECKS = policy.required_checks(CPU, "ppo-rm-handoff")
-
-
-def _copy(tmp_path: Path) -> dict[str, Path]:
-    return KIT.evidence(KIT.copy(tmp_path / "evidence"))
-
-
-def _failed(evidence: dict[str, Path]) -> set[str]:
-    judged = WORKLOAD.judge(evidence, CPU, SCALE)
-    assert set(judged.checks) == set(CHECKS)
-    return {name for name, (ok, _) in judged.checks.items() if not ok}
-
-
-def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
-    value = json.loads(path.read_text())
-    edit(value)
-    path.write_text(json.dumps(value))
-
-
-def _edit_lines(path: Path, index: int, edit: Callable[[dict[str, Any]], None]) -> None:
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    edit(lines[index])
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def _invocation(step: str, **values: Any) -> Callable[[Any], None]:
@@ -58,15 +34,15 @@ def _invocation(step: str, **values: Any) -> Callable[[Any], None]:
 
 
 def _line(role: str, index: int, **values: Any) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_lines(ev[role], index, lambda line: line.update(values))
+    return lambda ev: edit_jsonl_line(ev[role], index, lambda line: line.update(values))
 
 
 def _top(role: str, **values: Any) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev[role], lambda doc: doc.update(values))
+    return lambda ev: edit_json_file(ev[role], lambda doc: doc.update(values))
 
 
 def _step(step: str, **values: Any) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev["transcript"], _invocation(step, **values))
+    return lambda ev: edit_json_file(ev["transcript"], _invocation(step, **values))
 
 
 def _same_as_step2(name: str) -> Callable[[dict[str, Path]], None]:
@@ -87,7 +63,7 @@ def _forged(label: str, name: str, *, product: bool = True, harness: bool = True
 
 
 def _algo(key: str, value: Any, index: int = 1, role: str = "metrics") -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_lines(ev[role], index, lambda line: line["algorithm_metrics"].update({key: value}))
+    return lambda ev: edit_jsonl_line(ev[role], index, lambda line: line["algorithm_metrics"].update({key: value}))
 
 
 def _rm_score(ev: dict[str, Path]) -> None:
@@ -174,7 +150,7 @@ def _all_zero(lines: list[dict[str, Any]]) -> None:
 
 
 def _plan_ppo(**values: Any) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev["plan"], lambda d: d["config"]["algorithm"]["ppo"].update(values))
+    return lambda ev: edit_json_file(ev["plan"], lambda d: d["config"]["algorithm"]["ppo"].update(values))
 
 
 def _stderr(edit: Callable[[list[str]], list[str]], *, rebind: bool = True) -> Callable[[dict[str, Path]], None]:
@@ -186,7 +162,7 @@ def _stderr(edit: Callable[[list[str]], list[str]], *, rebind: bool = True) -> C
         path.write_text("".join(line + "\n" for line in edit(path.read_text().splitlines())))
         if rebind:
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            _edit_json(ev["transcript"], _invocation(ppo_rm_handoff.INTERRUPTED_STEP, stderr_sha256=digest))
+            edit_json_file(ev["transcript"], _invocation(ppo_rm_handoff.INTERRUPTED_STEP, stderr_sha256=digest))
 
     return mutate
 
@@ -204,11 +180,11 @@ def _never_interrupted(lines: list[str]) -> list[str]:
 def _first_update_event(ev: dict[str, Path]) -> None:
     """The recorded event is cycle 1's progress line: the signal went out in another update."""
     first = next(line for line in ev["interrupted_stderr"].read_text().splitlines() if "cycle 1/2 update" in line)
-    _edit_json(ev["interrupt"], lambda d: d.update(event=first))
+    edit_json_file(ev["interrupt"], lambda d: d.update(event=first))
 
 
 def _manifest_digest(ev: dict[str, Path]) -> None:
-    _edit_json(ev["bundle_manifest"], lambda d: d.update(ir_digest="0" * 64))
+    edit_json_file(ev["bundle_manifest"], lambda d: d.update(ir_digest="0" * 64))
 
 
 MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
@@ -265,7 +241,7 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
 
 
 def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     assert set(evidence) == set(WORKLOAD.evidence)
     judged = WORKLOAD.judge(evidence, CPU, SCALE)
     assert {n: ok for n, (ok, _) in judged.checks.items()} == dict.fromkeys(CHECKS, True), judged.checks
@@ -273,35 +249,30 @@ def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None
 
 
 def test_the_fixtures_are_small_and_portable() -> None:
-    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 300_000
-    for path in FIXTURES.rglob("*.json"):
-        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+    KIT.assert_small_and_portable()
 
 
 @pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_one_bad_value_fails_exactly_its_check(
     tmp_path: Path, label: str, check: str, mutate: Callable[[dict[str, Path]], None]
 ) -> None:
-    evidence = _copy(tmp_path)
-    mutate(evidence)
-    assert _failed(evidence) == {check}
+    assert KIT.failed_after(tmp_path, mutate) == {check}
 
 
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda ev: _edit_json(ev["plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
-        lambda ev: _edit_json(ev["plan"], lambda d: d["config"]["models"].update(device="auto")),
+        lambda ev: edit_json_file(ev["plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
+        lambda ev: edit_json_file(ev["plan"], lambda d: d["config"]["models"].update(device="auto")),
     ],
     ids=["smaller_than_declared", "other_device"],
 )
 def test_a_plan_not_at_the_declared_scale_fails_every_check_of_that_run(
     tmp_path: Path, mutate: Callable[[dict[str, Path]], None]
 ) -> None:
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
+    assert KIT.failed_checks(evidence) == {"actor_updates", "critic_updates", "gae_nontrivial", "reward_model"}
 
 
 @pytest.mark.parametrize(
@@ -316,24 +287,24 @@ def test_a_plan_not_at_the_declared_scale_fails_every_check_of_that_run(
 def test_a_checkpoint_the_harness_cannot_vouch_for_fails_every_check_that_reads_it(
     tmp_path: Path, mutate: Callable[[dict[str, Path]], None]
 ) -> None:
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     mutate(evidence)
-    assert _failed(evidence) == {
+    assert KIT.failed_checks(evidence) == {
         "actor_updates", "critic_updates", "gae_nontrivial", "resume_tensor_exact", "reward_model"
     }  # fmt: skip
 
 
 def test_a_trajectories_file_from_another_run_fails_the_checks_that_read_it(tmp_path: Path) -> None:
     """Update 2's records replaced by update 1's file (swapped, not re-bound): the checkpoint does not commit it."""
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     evidence["trajectories_2"].write_bytes(evidence["trajectories_1"].read_bytes())
-    assert {"gae_nontrivial", "reward_model"} <= _failed(evidence)
+    assert {"gae_nontrivial", "reward_model"} <= KIT.failed_checks(evidence)
 
 
 def test_the_interruption_evidence_of_another_role_fails_the_resume(tmp_path: Path) -> None:
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     evidence["interrupted_stderr"].write_bytes(evidence["interrupt"].read_bytes())
-    assert _failed(evidence) == {"resume_tensor_exact"}
+    assert KIT.failed_checks(evidence) == {"resume_tensor_exact"}
 
 
 def test_the_judges_gae_matches_the_products_formulas_on_a_hand_worked_row() -> None:
@@ -347,7 +318,7 @@ def test_the_judges_gae_matches_the_products_formulas_on_a_hand_worked_row() -> 
 
 
 def test_on_cpu_the_reward_model_offload_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
-    judged = WORKLOAD.judge(_copy(tmp_path), CPU, SCALE)
+    judged = WORKLOAD.judge(KIT.evidence_copy(tmp_path / "evidence"), CPU, SCALE)
     assert "reward_model_offloaded" not in judged.checks and "reward_model_offloaded" not in CHECKS
     assert judged.inapplicable == {"reward_model_offloaded": ppo_rm_handoff.OFFLOAD_NOT_MEASURED}
     assert "reward_model_offloaded" in policy.required_checks(CUDA, "ppo-rm-handoff")
@@ -371,10 +342,8 @@ def test_every_check_is_seen_failing() -> None:
 @pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, kind: str) -> None:
-    root = KIT.copy(tmp_path / "evidence")
-    KIT.spoil(root, role, kind)
-    assert _failed(KIT.evidence(root)), f"{kind} {role} passed every check"
+    assert KIT.failed_when_spoiled(tmp_path, role, kind), f"{kind} {role} passed every check"
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
-    assert _failed({}) == set(CHECKS)
+    assert KIT.failed_checks({}) == set(CHECKS)

@@ -10,55 +10,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from full_evidence import HOSTILE, EvidenceKit, forge_checkpoint
+from full_evidence import CPU, HOSTILE, EvidenceKit, edit_json_file, forge_checkpoint
 
 from harness.core import policy, registry
 from harness.core.profiles import PROFILES
-from harness.qualify.full import product_workflows
-from harness.qualify.full.product_workflows import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, WORKLOAD, Walkthrough
+from harness.qualify.full.product_workflows import WORKLOAD
+from harness.qualify.full.product_workflows_judge import VRAM_NOT_MEASURED
+from harness.qualify.full.product_workflows_layout import CASE_STEPS, PRODUCT_WORKFLOW_INVOCATIONS, Walkthrough
 from harness.qualify.full.scales import SCALES
 
 KIT = EvidenceKit(WORKLOAD)
-FIXTURES = KIT.fixture
-CPU = PROFILES["cpu-reference"]
-SCALE = SCALES["cpu-reference"]
 CHECKS = policy.required_checks(CPU, "product-workflows")
 CUDA_PEAKS = {"peak_reserved_bytes": 1 << 30, "peak_allocated_bytes": 1 << 29}
-
-
-def _copy(tmp_path: Path) -> dict[str, Path]:
-    return KIT.evidence(KIT.copy(tmp_path / "evidence"))
-
-
-def _judged(evidence: dict[str, Path], profile: Any = CPU) -> dict[str, tuple[bool, str]]:
-    judged = WORKLOAD.judge(evidence, profile, SCALES[profile.name])
-    assert set(judged.checks) == set(policy.required_checks(profile, "product-workflows"))
-    return judged.checks
-
-
-def _failed(evidence: dict[str, Path], profile: Any = CPU) -> set[str]:
-    return {name for name, (ok, _) in _judged(evidence, profile).items() if not ok}
-
-
-def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
-    value = json.loads(path.read_text())
-    edit(value)
-    path.write_text(json.dumps(value))
 
 
 def _fetch(**values: Any) -> Callable[[dict[str, Path]], None]:
     def edit(doc: Any) -> None:
         doc["invocations"][0].update(values)
 
-    return lambda ev: _edit_json(ev["transcript"], edit)
+    return lambda ev: edit_json_file(ev["transcript"], edit)
 
 
 def _drop_fetch(ev: dict[str, Path]) -> None:
-    _edit_json(ev["transcript"], lambda doc: doc["invocations"].pop(0))
+    edit_json_file(ev["transcript"], lambda doc: doc["invocations"].pop(0))
 
 
 def _digest(role: str, name: str) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev[role], lambda doc: doc["files"][name].update(sha256="0" * 64))
+    return lambda ev: edit_json_file(ev[role], lambda doc: doc["files"][name].update(sha256="0" * 64))
 
 
 def _forged(label: str, name: str, *, product: bool = True) -> Callable[[dict[str, Path]], None]:
@@ -73,15 +51,15 @@ def _duplicate_line(ev: dict[str, Path]) -> None:
 
 
 def _duplicate_checkpoint(ev: dict[str, Path]) -> None:
-    _edit_json(ev["ppo_inspect"], lambda doc: doc["checkpoints"].append(doc["checkpoints"][-1]))
+    edit_json_file(ev["ppo_inspect"], lambda doc: doc["checkpoints"].append(doc["checkpoints"][-1]))
 
 
 def _cuda_on_cpu(ev: dict[str, Path]) -> None:
-    _edit_json(ev["ppo_replay_summary"], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
+    edit_json_file(ev["ppo_replay_summary"], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
 
 
 def _on_device(role: str, device: str) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev[role], lambda doc: doc.update(device=device))
+    return lambda ev: edit_json_file(ev[role], lambda doc: doc.update(device=device))
 
 
 def _not_a_compiler(doc: Any) -> None:
@@ -91,13 +69,13 @@ def _not_a_compiler(doc: Any) -> None:
 def _everywhere_not_a_compiler(ev: dict[str, Path]) -> None:
     """The three files agree with each other, on a compiler that is not verl's."""
     for case in ("ppo", "grpo"):
-        _edit_json(ev[f"{case}_handoff"], _not_a_compiler)
-        _edit_json(ev[f"{case}_diagnose"], _not_a_compiler)
-    _edit_json(ev["walkthrough"], lambda d: [_not_a_compiler(c) for c in d["cases"]])
+        edit_json_file(ev[f"{case}_handoff"], _not_a_compiler)
+        edit_json_file(ev[f"{case}_diagnose"], _not_a_compiler)
+    edit_json_file(ev["walkthrough"], lambda d: [_not_a_compiler(c) for c in d["cases"]])
 
 
 def _plan_handoff(case: str, **values: Any) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev[f"{case}_plan"], lambda doc: doc["handoff"].update(values))
+    return lambda ev: edit_json_file(ev[f"{case}_plan"], lambda doc: doc["handoff"].update(values))
 
 
 def _everywhere_plan_too_not_a_compiler(ev: dict[str, Path]) -> None:
@@ -118,13 +96,13 @@ def _compilers_swapped(ev: dict[str, Path]) -> None:
         doc["compiler"] = swap[doc["compiler"]]
 
     for case in ("ppo", "grpo"):
-        _edit_json(ev[f"{case}_handoff"], edit)
-        _edit_json(ev[f"{case}_diagnose"], edit)
-    _edit_json(ev["walkthrough"], lambda d: [edit(c) for c in d["cases"]])
+        edit_json_file(ev[f"{case}_handoff"], edit)
+        edit_json_file(ev[f"{case}_diagnose"], edit)
+    edit_json_file(ev["walkthrough"], lambda d: [edit(c) for c in d["cases"]])
 
 
 def _walk(edit: Callable[[Any], None]) -> Callable[[dict[str, Path]], None]:
-    return lambda ev: _edit_json(ev["walkthrough"], edit)
+    return lambda ev: edit_json_file(ev["walkthrough"], edit)
 
 
 MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
@@ -146,12 +124,12 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     ("exit_misreported", "walkthrough_record", _walk(lambda d: d["cases"][1]["invocations"][0].update(exit_code=1))),
     ("models_misreported", "walkthrough_record", _walk(lambda d: d["cases"][0].update(models={}))),
     ("extra_field", "walkthrough_record", _walk(lambda d: d.update(note="x"))),
-    ("compiler_in_handoff", "walkthrough_record", lambda ev: _edit_json(ev["ppo_handoff"], _not_a_compiler)),
-    ("compiler_in_diagnose", "walkthrough_record", lambda ev: _edit_json(ev["grpo_diagnose"], _not_a_compiler)),
+    ("compiler_in_handoff", "walkthrough_record", lambda ev: edit_json_file(ev["ppo_handoff"], _not_a_compiler)),
+    ("compiler_in_diagnose", "walkthrough_record", lambda ev: edit_json_file(ev["grpo_diagnose"], _not_a_compiler)),
     ("compiler_in_walkthrough", "walkthrough_record", _walk(lambda d: _not_a_compiler(d["cases"][0]))),
-    ("compiler_in_ppo_handoff", "walkthrough_record", lambda ev: _edit_json(ev["ppo_handoff"], _not_a_compiler)),
-    ("compiler_in_grpo_handoff", "walkthrough_record", lambda ev: _edit_json(ev["grpo_handoff"], _not_a_compiler)),
-    ("compiler_in_ppo_diagnose", "walkthrough_record", lambda ev: _edit_json(ev["ppo_diagnose"], _not_a_compiler)),
+    ("compiler_in_ppo_handoff", "walkthrough_record", lambda ev: edit_json_file(ev["ppo_handoff"], _not_a_compiler)),
+    ("compiler_in_grpo_handoff", "walkthrough_record", lambda ev: edit_json_file(ev["grpo_handoff"], _not_a_compiler)),
+    ("compiler_in_ppo_diagnose", "walkthrough_record", lambda ev: edit_json_file(ev["ppo_diagnose"], _not_a_compiler)),
     ("compiler_in_grpo_walkthrough", "walkthrough_record", _walk(lambda d: _not_a_compiler(d["cases"][1]))),
     ("compiler_everywhere", "walkthrough_record", _everywhere_not_a_compiler),
     ("compiler_everywhere_plan_too", "walkthrough_record", _everywhere_plan_too_not_a_compiler),
@@ -161,28 +139,28 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Path]], None]]] = [
     (
         "diagnose_rules_differ",
         "walkthrough_record",
-        lambda ev: _edit_json(ev["grpo_diagnose"], lambda d: d.update(rules_digest="1" * 64)),
+        lambda ev: edit_json_file(ev["grpo_diagnose"], lambda d: d.update(rules_digest="1" * 64)),
     ),
     (
         "diagnose_ir_differs",
         "walkthrough_record",
-        lambda ev: _edit_json(ev["ppo_diagnose"], lambda d: d.update(ir_digest="2" * 64)),
+        lambda ev: edit_json_file(ev["ppo_diagnose"], lambda d: d.update(ir_digest="2" * 64)),
     ),
     ("compilers_swapped", "walkthrough_record", _compilers_swapped),
     (
         "ppo_smaller_than_declared",
         "walkthrough_record",
-        lambda ev: _edit_json(ev["ppo_plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
+        lambda ev: edit_json_file(ev["ppo_plan"], lambda d: d["config"]["rollout"].update(samples_per_prompt=2)),
     ),
     (
         "grpo_other_device",
         "walkthrough_record",
-        lambda ev: _edit_json(ev["grpo_plan"], lambda d: d["config"]["models"].update(device="auto")),
+        lambda ev: edit_json_file(ev["grpo_plan"], lambda d: d["config"]["models"].update(device="auto")),
     ),
     (
         "grpo_plan_not_the_run_plan",
         "walkthrough_record",
-        lambda ev: _edit_json(ev["grpo_plan"], lambda d: d.update(plan_digest="0" * 64)),
+        lambda ev: edit_json_file(ev["grpo_plan"], lambda d: d.update(plan_digest="0" * 64)),
     ),
 ]
 
@@ -194,9 +172,9 @@ def test_the_declared_invocations_are_25_distinct_steps() -> None:
 
 
 def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None:
-    evidence = _copy(tmp_path)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
     assert set(evidence) == set(WORKLOAD.evidence)
-    checks = _judged(evidence)
+    checks = KIT.judged(evidence)
     assert {n: ok for n, (ok, _) in checks.items()} == dict.fromkeys(CHECKS, True), checks
     walk = Walkthrough.model_validate_json(evidence["walkthrough"].read_bytes())
     assert [c.case for c in walk.cases] == ["ppo", "grpo"]
@@ -206,24 +184,19 @@ def test_the_judge_passes_on_real_cpu_reference_evidence(tmp_path: Path) -> None
 
 
 def test_the_fixtures_are_small_and_portable() -> None:
-    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 300_000
-    for path in FIXTURES.rglob("*.json"):
-        assert "/tmp/" not in path.read_text() and "/work/" not in path.read_text(), path
+    KIT.assert_small_and_portable()
 
 
 @pytest.mark.parametrize(("label", "check", "mutate"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_one_bad_value_fails_exactly_its_check(
     tmp_path: Path, label: str, check: str, mutate: Callable[[dict[str, Path]], None]
 ) -> None:
-    evidence = _copy(tmp_path)
-    mutate(evidence)
-    assert _failed(evidence) == {check}
+    assert KIT.failed_after(tmp_path, mutate) == {check}
 
 
 def test_on_cpu_vram_measured_nothing_and_is_not_applicable(tmp_path: Path) -> None:
-    judged = WORKLOAD.judge(_copy(tmp_path), CPU, SCALES[CPU.name])
-    assert judged.inapplicable == {"vram_measured": product_workflows.VRAM_NOT_MEASURED}
+    judged = WORKLOAD.judge(KIT.evidence_copy(tmp_path / "evidence"), CPU, SCALES[CPU.name])
+    assert judged.inapplicable == {"vram_measured": VRAM_NOT_MEASURED}
     assert "vram_measured" not in CHECKS and "vram_measured" in policy.required_checks(
         PROFILES["h200-cu130"], "product-workflows"
     )
@@ -237,22 +210,20 @@ def test_vram_on_a_cuda_profile_needs_measured_peaks(tmp_path: Path) -> None:
     """The CPU evidence has no CUDA peaks, so a CUDA profile fails vram_measured; with peaks in every summary
     (what a CUDA run records) it passes."""
     cuda = PROFILES["h200-cu130"]
-    evidence = _copy(tmp_path)
-    assert "vram_measured" in _failed(evidence, cuda)
+    evidence = KIT.evidence_copy(tmp_path / "evidence")
+    assert "vram_measured" in KIT.failed_checks(evidence, cuda)
     for role in [r for r in evidence if r.endswith("summary")]:
-        _edit_json(evidence[role], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
-    assert "vram_measured" not in _failed(evidence, cuda)
-    _edit_json(evidence["grpo_summary"], lambda doc: doc["cuda"].update(peak_reserved_bytes=0))
-    assert "vram_measured" in _failed(evidence, cuda)
+        edit_json_file(evidence[role], lambda doc: doc.update(cuda=dict(CUDA_PEAKS)))
+    assert "vram_measured" not in KIT.failed_checks(evidence, cuda)
+    edit_json_file(evidence["grpo_summary"], lambda doc: doc["cuda"].update(peak_reserved_bytes=0))
+    assert "vram_measured" in KIT.failed_checks(evidence, cuda)
 
 
 @pytest.mark.parametrize("role", sorted(WORKLOAD.evidence))
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, role: str, kind: str) -> None:
-    root = KIT.copy(tmp_path / "evidence")
-    KIT.spoil(root, role, kind)
-    assert _failed(KIT.evidence(root)), f"{kind} {role} passed every check"
+    assert KIT.failed_when_spoiled(tmp_path, role, kind), f"{kind} {role} passed every check"
 
 
 def test_no_evidence_at_all_fails_every_check() -> None:
-    assert _failed({}) == set(CHECKS)
+    assert KIT.failed_checks({}) == set(CHECKS)

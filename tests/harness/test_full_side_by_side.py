@@ -11,8 +11,8 @@ from pathlib import Path
 
 from harness.core.proc import Redactor
 from harness.core.profiles import PROFILES
-from harness.qualify.full.direct_config import CONFIGS
-from harness.qualify.full.product_workflows import PRODUCT_WORKFLOW_INVOCATIONS
+from harness.qualify.full.direct_config_layout import CONFIGS
+from harness.qualify.full.product_workflows_layout import PRODUCT_WORKFLOW_INVOCATIONS
 from harness.qualify.full.runner import RunnerOptions, run_workloads
 from harness.qualify.full.scales import SCALES
 

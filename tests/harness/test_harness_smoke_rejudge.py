@@ -209,7 +209,7 @@ def test_evidence_over_its_bound_is_refused(
 ) -> None:
     """``evidence_bounded`` is re-derived from the files' sizes (the limit lowered in-process to stay cheap)."""
     from harness.audit.auditor import audit
-    from harness.audit.chain import AuditRequest
+    from harness.audit.request import AuditRequest
     from harness.qualify import smoke_judge
 
     monkeypatch.setattr(smoke_judge, "EVIDENCE_LIMIT_BYTES", 1000)

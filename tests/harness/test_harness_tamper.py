@@ -90,18 +90,21 @@ def _smoke_record(edit: Callable[[Any], None]) -> Callable[[Chain], None]:
     return tamper
 
 
+def _file(c: Chain, rel: str) -> Path:
+    """``rel`` in the qualification dir, or, prefixed ``cand:``, in the candidate dir."""
+    return c.candidate / rel.removeprefix("cand:") if rel.startswith("cand:") else c.qual / rel
+
+
 def _raw(rel: str, data: bytes) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        (root / rel.removeprefix("cand:")).write_bytes(data)
+        _file(c, rel).write_bytes(data)
 
     return tamper
 
 
 def _fifo(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         path.unlink()
         os.mkfifo(path)
 
@@ -110,8 +113,7 @@ def _fifo(rel: str) -> Callable[[Chain], None]:
 
 def _symlink(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         copy = path.with_name(path.name + ".real")
         path.rename(copy)
         path.symlink_to(copy.name)
@@ -121,8 +123,7 @@ def _symlink(rel: str) -> Callable[[Chain], None]:
 
 def _directory(rel: str) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         path.unlink()
         path.mkdir()
 
@@ -154,8 +155,7 @@ def _dir_to_file(rel: str) -> Callable[[Chain], None]:
 
 def _flip(rel: str, offset: int = -10) -> Callable[[Chain], None]:
     def tamper(c: Chain) -> None:
-        root = c.candidate if rel.startswith("cand:") else c.qual
-        path = root / rel.removeprefix("cand:")
+        path = _file(c, rel)
         data = bytearray(path.read_bytes())
         data[offset] ^= 1
         path.write_bytes(bytes(data))
@@ -556,6 +556,14 @@ def _expect_refusal(c: Chain, check: str, capsys: pytest.CaptureFixture[str], *,
     assert named == check or (not first and check in rv.get("failed_checks", [])), (named, rv.get("failed_checks"), err)
 
 
+def _expect_passed(c: Chain, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """Verified (exit 0), and the release-verification it printed passed; that record returned."""
+    code, err, rv, _ = _run(c, capsys)
+    assert code == 0, err
+    assert rv["status"] == "passed", err
+    return rv
+
+
 def _writable(candidate: Path, smoke_qual: Path, known_good: Path, tmp: Path) -> Chain:
     return Chain(
         candidate=copy_tree(candidate, tmp / "candidate"),
@@ -569,9 +577,7 @@ def _writable(candidate: Path, smoke_qual: Path, known_good: Path, tmp: Path) ->
 def test_the_honest_chain_passes(
     candidate: Path, smoke_qual: Path, known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err, rv, _ = _run(_writable(candidate, smoke_qual, known_good, tmp_path), capsys)
-    assert code == 0, err
-    assert rv["status"] == "passed" and rv["release_authorized"] is False
+    assert _expect_passed(_writable(candidate, smoke_qual, known_good, tmp_path), capsys)["release_authorized"] is False
 
 
 @pytest.mark.parametrize("case", sorted(CHAIN_CASES))
@@ -886,14 +892,16 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path)
 
 
+def _assets_writable(candidate: Path, known_good: Path, full_chain: tuple[Path, Path], tmp: Path) -> Chain:
+    qual, assets = full_chain
+    return Chain(candidate, qual, known_good, copy_tree(assets, tmp / "assets"), {})
+
+
 def test_the_honest_assets_pass(
     candidate: Path, known_good: Path, full_chain: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    qual, assets = full_chain
-    c = Chain(candidate, qual, known_good, copy_tree(assets, tmp_path / "assets"), {})
-    code, err, rv, _ = _run(c, capsys)
-    assert code == 0, err
-    assert rv["status"] == "passed" and rv["release_authorized"] is False
+    c = _assets_writable(candidate, known_good, full_chain, tmp_path)
+    assert _expect_passed(c, capsys)["release_authorized"] is False
 
 
 @pytest.mark.parametrize("case", sorted(ASSET_CASES))
@@ -906,8 +914,7 @@ def test_tampered_assets_are_refused_by_name(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     tamper, check = ASSET_CASES[case]
-    qual, assets = full_chain
-    c = Chain(candidate, qual, known_good, copy_tree(assets, tmp_path / "assets"), {})
+    c = _assets_writable(candidate, known_good, full_chain, tmp_path)
     assert c.assets is not None
     tamper(c.assets)
     _expect_refusal(c, check, capsys, first=True)
@@ -915,6 +922,32 @@ def test_tampered_assets_are_refused_by_name(
 
 def test_the_suite_is_large_enough() -> None:
     assert len(CHAIN_CASES) + len(ASSET_CASES) >= 100
+
+
+def _chain_on(profile: str, candidate: Path, full: Path, tmp: Path, *, bind_candidate: bool = False) -> Chain:
+    """``full`` relabelled as a full qualification on ``profile`` (smoke evidence included) against a stand-in
+    known-good stack measured for it, with the arguments that audit it; ``bind_candidate``: the qualification
+    binds ``candidate``'s manifest."""
+    from harness_helpers import relabel_for_profile
+
+    from harness.build.stacks import describe_existing
+    from harness.core.profiles import PROFILES
+
+    kg = tmp / "known-good"
+    kg.mkdir()
+    (kg / f"{profile}.txt").write_text("# stand-in stack\n")
+    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
+    descriptor = kg / f"{profile}.json"
+    qual = relabel_for_profile(
+        full, tmp / "qualification", profile, descriptor, smoke_evidence=True,
+        candidate=candidate if bind_candidate else None,
+    )  # fmt: skip
+    return Chain(candidate, qual, kg, None, {
+        "--level": "full_qualification",
+        "--known-good": str(descriptor),
+        "--known-good-sha256": sha256_file(descriptor),
+        "--required-gpu-name": PROFILES[profile].required_gpu_name,
+    })  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -939,29 +972,16 @@ def test_authority_comes_from_the_harness_not_the_record(
     the test-only release_card_test_variant (the real policy refuses it: test_release_gate)."""
     from harness_helpers import (
         candidate_fixed_under_the_current_policy,
-        relabel_for_profile,
         use_release_card_test_variant,
     )
-
-    from harness.build.stacks import describe_existing
-    from harness.core.profiles import PROFILES
 
     if profile == "rtx4080-wsl2-cu130":
         use_release_card_test_variant(monkeypatch)  # the test-only policy variant, for this test only
         # and the candidate as `harness build` writes it under the variant (its manifest fixes the variant's criteria)
         candidate = candidate_fixed_under_the_current_policy(candidate, tmp_path / "candidate")
-    kg = tmp_path / "known-good"
-    kg.mkdir()
-    (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
-    qual = relabel_for_profile(
-        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True,
-        candidate=candidate,
-    )  # fmt: skip
+    c = _chain_on(profile, candidate, full_chain[0], tmp_path, bind_candidate=True)
+    qual = c.qual
     _edit_json(qual / "qualification.json", lambda q: q["profile"].update(can_authorize_release=True))
-    c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
-    c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})
-    c.over["--required-gpu-name"] = PROFILES[profile].required_gpu_name
     code, err, rv, _ = _run(c, capsys)
     if profile == "h200-cu130":  # the record's claim differs from the harness's definition: refused outright
         assert code == 1 and "[profile]" in err
@@ -991,28 +1011,15 @@ def test_the_cuda_smoke_checks_are_rejudged_from_the_evidence(
 ) -> None:
     """An H200 chain whose smoke evidence says CUDA passes; one edit of the doctor output, of the run's measured
     bytes, or of the record's copy of them (every hash re-bound) fails smoke_rejudged naming the check."""
-    from harness_helpers import rebind_artifacts, relabel_for_profile
+    from harness_helpers import rebind_artifacts
 
-    from harness.build.stacks import describe_existing
-    from harness.core.profiles import PROFILES
-
-    profile = "h200-cu130"
-    kg = tmp_path / "known-good"
-    kg.mkdir()
-    (kg / f"{profile}.txt").write_text("# stand-in stack\n")
-    describe_existing(PROFILES[profile], kg, status="measured", python_version="3.11", platform_name="linux", notes="t")
-    qual = relabel_for_profile(
-        full_chain[0], tmp_path / "qualification", profile, kg / f"{profile}.json", smoke_evidence=True
-    )
-    c = Chain(candidate, qual, kg, None, {"--level": "full_qualification", "--known-good": str(kg / f"{profile}.json")})
-    c.over.update({"--known-good-sha256": sha256_file(kg / f"{profile}.json")})
-    c.over["--required-gpu-name"] = PROFILES[profile].required_gpu_name
-    code, err, rv, _ = _run(c, capsys)
-    assert code == 0 and rv["status"] == "passed", err
+    c = _chain_on("h200-cu130", candidate, full_chain[0], tmp_path)
+    qual = c.qual
+    _expect_passed(c, capsys)
     rel, edit = _CUDA_SMOKE_EDITS[case]
     _edit_json(qual / rel, edit)
     rebind_artifacts(qual)
-    code, err, rv, _ = _run(c, capsys)
+    code, err, _, _ = _run(c, capsys)
     assert code == 1 and "[smoke_rejudged]" in err and case in err, err
 
 
@@ -1029,8 +1036,7 @@ def _full_writable(candidate: Path, full: Path, known_good: Path, tmp: Path) -> 
 def test_the_honest_full_chain_passes(
     candidate: Path, full_chain: tuple[Path, Path], known_good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err, rv, _ = _run(_full_writable(candidate, full_chain[0], known_good, tmp_path), capsys)
-    assert code == 0, err
+    rv = _expect_passed(_full_writable(candidate, full_chain[0], known_good, tmp_path), capsys)
     assert "workload_records" in {c["name"] for c in rv["checks"] if c["passed"]}
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness_helpers import REPO_ROOT, audit_args
+from harness_helpers import NO_TORCH_GUARD, REPO_ROOT, audit_args
 
 
 def test_no_harness_module_imports_torch_or_miniverl() -> None:
@@ -48,12 +48,7 @@ def test_the_auditor_runs_in_a_venv_without_torch(
     probe = subprocess.run([python, "-I", "-c", "import torch"], capture_output=True, text=True, check=False)
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
     # Belt and braces: a meta-path guard makes any attempt to import torch or miniverl fatal.
-    guard = (
-        "import sys\n"
-        "class G:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'miniverl'): raise SystemExit('imported ' + name)\n"
-        "sys.meta_path.insert(0, G())\n"
+    guard = NO_TORCH_GUARD + (
         "sys.argv = ['validate_release_chain.py'] + sys.argv[1:]\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
         "from harness.audit.cli import main\n"

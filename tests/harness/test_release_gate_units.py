@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from gate_world import zip_members
+from harness_helpers import NO_TORCH_GUARD
 
 from harness.core.errors import UsageError
 from harness.core.gate_records import is_repository
@@ -231,12 +232,7 @@ def test_the_gate_imports_neither_torch_nor_miniverl() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not {n.split(".")[0] for n in names} & {"torch", "miniverl", "transformers", "peft"}, path.name
-    guard = (
-        "import sys\n"
-        "class G:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'miniverl'): raise SystemExit('imported ' + name)\n"
-        "sys.meta_path.insert(0, G())\n"
+    guard = NO_TORCH_GUARD + (
         "import harness.gate.main, harness.gate.verify\n"
         "from harness.cli import main\n"
         "raise SystemExit(main(['release-gate', '--help']))\n"

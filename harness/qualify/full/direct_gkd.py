@@ -16,6 +16,7 @@ from harness.core.jsonio import sha256_file
 from harness.core.records import Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.cuda_memory import judge_cuda
 from harness.qualify.full.reading import finite, read_json
 from harness.qualify.smoke_judge import RELOAD_TOLERANCE_MAX
 
@@ -141,7 +142,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     ok, detail, diff = export_reload(evidence, (b.summary or {}).get("dtype"))
     j.check("export_reload", ok, detail)
     j.metrics["export_max_abs_logit_diff"] = diff
-    runs.judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=False, peak=True)
+    judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=False, peak=True)
     runs.summary_metrics(j, "a", a)
     runs.summary_metrics(j, "b", b)
     return j

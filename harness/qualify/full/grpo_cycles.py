@@ -18,6 +18,8 @@ from pathlib import Path
 from harness.core.records import SHA256_HEX, Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.cuda_memory import judge_cuda
+from harness.qualify.full.learning_signal import nonzero_advantages, reward_varies
 from harness.qualify.full.reading import read_json
 
 NAME = "grpo-cycles"
@@ -70,8 +72,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
     j = Judgement()
     r = runs.Run(evidence, "summary", "metrics", "grpo")
     trajectories, kept_why = runs.kept_trajectories(evidence, CYCLES)
-    runs.reward_varies(j, r, trajectories, kept=kept_why)
-    runs.nonzero_advantages(j, r, trajectories, kept=kept_why)
+    reward_varies(j, r, trajectories, kept=kept_why)
+    nonzero_advantages(j, r, trajectories, kept=kept_why)
     done, done_why = r.completed(CYCLES)
     changed, changed_why = runs.adapter_changed_each_update(evidence, CYCLES)
     moved, deltas = runs.positive_each(r, "adapter_delta_norm")  # secondary: what the run reports agrees
@@ -92,7 +94,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         f"{runs.short(planned_quant)!r}, run {runs.short(ran_quant)!r} (the scale declares {want_quant!r}); "
         f"{sized_why}; {modelled_why}",
     )
-    runs.judge_cuda(j, profile, {"run": r.summary}, teardown=False, peak=True)
+    judge_cuda(j, profile, {"run": r.summary}, teardown=False, peak=True)
     out = read_json(evidence.get("handoff_output")) or {}
     compiler = out.get("compiler")
     handoff_exit = runs.exits(evidence).get("handoff")

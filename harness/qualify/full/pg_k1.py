@@ -15,6 +15,7 @@ from typing import Any
 from harness.core.records import Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.learning_signal import nonzero_advantages, reward_varies
 from harness.qualify.full.reading import finite, read_json
 
 NAME = "pg-k1"
@@ -83,8 +84,8 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         f"{steps_why}; {done_why}; {config_why}; {sized_why}",
     )
     trajectories, kept_why = runs.kept_trajectories(evidence, CYCLES)
-    runs.reward_varies(j, r, trajectories, kept=kept_why)
-    runs.nonzero_advantages(j, r, trajectories, kept=kept_why)
+    reward_varies(j, r, trajectories, kept=kept_why)
+    nonzero_advantages(j, r, trajectories, kept=kept_why)
     changed, changed_why = runs.adapter_changed_each_update(evidence, CYCLES)
     # secondary: what the run itself reports agrees with the harness's digests
     moved, deltas = runs.positive_each(r, "adapter_delta_norm")

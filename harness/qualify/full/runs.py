@@ -2,13 +2,14 @@
 installed CLI (``run`` side), and read and judge run summaries, metrics lines and checkpoints (``judge`` side).
 
 The ``judge`` helpers read only evidence files through bounded strict readers and never raise on bad content.
+GRPO's learning signal is judged in :mod:`harness.qualify.full.learning_signal`, CUDA memory in
+:mod:`harness.qualify.full.cuda_memory`.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -309,105 +310,6 @@ def positive_each(run: Run, key: str) -> tuple[bool, list[Any]]:
     values = run.column(key)
     ok = bool(values) and run.why is None and all((finite(v) or 0.0) > 0 for v in values)
     return ok, [short(v) for v in values][:8]
-
-
-def _group_std_max(rows: list[dict[str, Any]]) -> float | None:
-    groups: dict[str, list[float]] = {}
-    for row in rows:
-        reward, group = finite(row.get("reward")), row.get("group_id")
-        if reward is None or not isinstance(group, str):
-            return None
-        groups.setdefault(group, []).append(reward)
-    return max(statistics.pstdev(values) for values in groups.values()) if groups else None
-
-
-def _nonzero(rows: list[dict[str, Any]]) -> int | None:
-    advantages = [finite(row.get("advantage")) for row in rows]
-    return None if any(a is None for a in advantages) else sum(a != 0 for a in advantages if a is not None)
-
-
-def reward_varies(
-    j: Judgement, run: Run, trajectories: dict[int, list[dict[str, Any]]] | None = None, *, kept: str | None = None
-) -> None:
-    """Every update's largest within-group reward std is > 0; where the workload ``kept`` its trajectories
-    (``trajectories``: None when they are missing or unreadable), re-derived from their rewards (population std
-    per group_id) and equal to what the metrics line says."""
-    ok, values = positive_each(run, "reward_std_within_group_max")
-    detail = f"per update, the largest within-group reward std {values}"
-    if kept is not None:
-        derived = [_group_std_max(rows) for _, rows in sorted((trajectories or {}).items())]
-        agree = len(derived) == len(run.lines) and all(
-            d is not None and d > 0 and math.isclose(d, finite(v) or -1.0, rel_tol=1e-9, abs_tol=1e-12)
-            for d, v in zip(derived, run.column("reward_std_within_group_max"), strict=False)
-        )
-        ok = ok and agree
-        detail += f"; {kept}: re-derived {[short(d) for d in derived][:8]} ({'agree' if agree else 'DISAGREE'})"
-    j.check("reward_varies_within_group", ok, detail)
-
-
-def nonzero_advantages(
-    j: Judgement, run: Run, trajectories: dict[int, list[dict[str, Any]]] | None = None, *, kept: str | None = None
-) -> None:
-    """Every update has trajectories with a nonzero advantage; where the workload ``kept`` its trajectories,
-    counted from their advantages and equal to the metrics line's count."""
-    ok, values = positive_each(run, "nonzero_advantages")
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in run.column("nonzero_advantages"))
-    detail = f"per update, trajectories with a nonzero advantage {values}"
-    if kept is not None:
-        derived = [_nonzero(rows) for _, rows in sorted((trajectories or {}).items())]
-        agree = derived == run.column("nonzero_advantages") and all((d or 0) > 0 for d in derived)
-        ok = ok and agree
-        detail += f"; {kept}: counted {derived[:8]} ({'agree' if agree else 'DISAGREE'})"
-    j.check("nonzero_advantages", ok and ints, detail)
-
-
-def cuda_block(summary: dict[str, Any] | None) -> dict[str, int] | None:
-    cuda = summary.get("cuda") if summary is not None else None
-    if not isinstance(cuda, dict):
-        return None
-    keys = ("baseline_allocated_bytes", "final_allocated_bytes", "peak_reserved_bytes")
-    values = {k: cuda.get(k) for k in keys}
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values.values()):
-        return None
-    return {k: int(v) for k, v in values.items() if isinstance(v, int)}
-
-
-def judge_cuda(
-    j: Judgement, profile: Profile, summaries: dict[str, dict[str, Any] | None], *, teardown: bool, peak: bool
-) -> None:
-    """``teardown`` and ``peak_reserved`` from every named run's summary ``cuda`` block (CUDA profiles only:
-    on CPU they are not required and not judged). Thresholds are the profile's (harness code)."""
-    if profile.device != "cuda":
-        return
-    blocks = {label: cuda_block(s) for label, s in summaries.items()}
-    missing = sorted(label for label, b in blocks.items() if b is None)
-    t = profile.thresholds
-    if teardown:
-        details, ok = [], not missing and bool(blocks)
-        for label, b in blocks.items():
-            if b is None:
-                continue
-            tol = max(
-                t.teardown_tolerance_bytes_min, int(t.teardown_tolerance_fraction * b["baseline_allocated_bytes"])
-            )
-            left = b["final_allocated_bytes"] - b["baseline_allocated_bytes"]
-            ok = ok and left <= tol
-            details.append(f"{label}: {left} B above baseline (tolerance {tol} B)")
-        j.check("teardown", ok, "; ".join(details) + (f"; no integer cuda block in {missing}" if missing else ""))
-    if peak:
-        limit = t.peak_reserved_bytes_max
-        peaks = {label: b["peak_reserved_bytes"] for label, b in blocks.items() if b is not None}
-        ok = not missing and bool(peaks) and limit is not None and all(0 < p <= limit for p in peaks.values())
-        j.check(
-            "peak_reserved",
-            ok,
-            f"peak reserved {peaks} B (measured > 0), limit {limit} B"
-            + (f"; no integer cuda block in {missing}" if missing else ""),
-        )
-    for label, b in blocks.items():
-        if b is not None:
-            j.metrics[f"{label}_cuda_peak_reserved_bytes"] = b["peak_reserved_bytes"]
-            j.metrics[f"{label}_cuda_final_allocated_bytes"] = b["final_allocated_bytes"]
 
 
 def planned_as_declared(plan: dict[str, Any] | None, sizes: dict[str, int], profile: Profile) -> tuple[bool, str]:

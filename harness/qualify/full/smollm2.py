@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.core.records import Profile
 from harness.qualify.full import runs
 from harness.qualify.full.base import Context, Judgement, Scale, Workload
+from harness.qualify.full.cuda_memory import judge_cuda
 from harness.qualify.full.reading import count, read_json
 
 NAME = "smollm2"
@@ -134,7 +135,7 @@ def judge(evidence: dict[str, Path], profile: Profile, scale: Scale) -> Judgemen
         f", from step {runs.short(resumed_from)} "
         f"(want {INTERRUPT_AFTER}); {state_why}; {lines_why}; run A adapter delta norm per update {deltas}",
     )
-    runs.judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=True, peak=False)
+    judge_cuda(j, profile, {"a": a.summary, "b": b.summary}, teardown=True, peak=False)
     runs.summary_metrics(j, "a", a)
     runs.summary_metrics(j, "b", b)
     j.metrics["interrupt_after_seconds"] = (

@@ -370,28 +370,31 @@ def all_zero(t: TensorDigest) -> bool:
     return t.bytes <= ZERO_DIGEST_LIMIT_BYTES and t.sha256 == _zero_digest(t.bytes)
 
 
+def _tensor_digests(hashes: StateHashes | None, label: str, name: str) -> tuple[dict[str, TensorDigest] | None, str]:
+    """The per-tensor digests of file ``name`` in checkpoint ``label``, or None and why there are none."""
+    held, why = checkpoint(hashes, label)
+    if held is None:
+        return None, why
+    table = held.tensors.get(name)
+    return (table, "") if table else (None, f"checkpoint {label}: no per-tensor digests of {name}")
+
+
 def adapter_moved(hashes: StateHashes | None, before: str | None, after: str, name: str) -> tuple[bool, str]:
     """The adapter file ``name`` of checkpoint ``after`` has the same tensors (names, dtypes, shapes) as
     ``before`` and a different digest for at least one. ``before`` None: the initial LoRA, whose lora_B tensors
     are zero, so at least one lora_B tensor must hold a nonzero byte."""
-    ca, why = checkpoint(hashes, after)
-    if ca is None:
+    table, why = _tensor_digests(hashes, after, name)
+    if table is None:
         return False, why
-    table = ca.tensors.get(name)
-    if not table:
-        return False, f"checkpoint {after}: no per-tensor digests of {name}"
     if before is None:
         b_tensors = [t for n, t in table.items() if "lora_B" in n]
         moved = [n for n, t in table.items() if "lora_B" in n and not all_zero(t)]
         return bool(b_tensors) and bool(moved), (
             f"checkpoint {after}: {len(moved)} of {len(b_tensors)} lora_B tensors nonzero (init: all zero)"
         )
-    cb, why = checkpoint(hashes, before)
-    if cb is None:
+    prior, why = _tensor_digests(hashes, before, name)
+    if prior is None:
         return False, why
-    prior = cb.tensors.get(name)
-    if not prior:
-        return False, f"checkpoint {before}: no per-tensor digests of {name}"
     layout = {n: (t.dtype, t.shape) for n, t in table.items()}
     same_layout = layout == {n: (t.dtype, t.shape) for n, t in prior.items()}
     changed = [n for n, t in table.items() if n in prior and prior[n].sha256 != t.sha256]

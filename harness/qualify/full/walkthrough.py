@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.core.jsonio import canonical_bytes, sha256_bytes
 from harness.core.proc import HARNESS_DIR, Redactor, clean_env
-from harness.core.records import Invocation
+from harness.core.records import CheckpointHashes, Invocation
 from harness.install import verl_env
 from harness.qualify.full import runs, statehash
 from harness.qualify.full.base import Context, Scale
@@ -199,19 +199,29 @@ def keep_state_hashes(ctx: Context, name: str, checkpoints: dict[str, Path]) -> 
     return statehash.write_state_hashes(evidence_dir(ctx) / name, checkpoints)
 
 
+def _hashed_pair(
+    evidence: dict[str, Path], first: str, second: str
+) -> tuple[tuple[CheckpointHashes, CheckpointHashes] | None, str]:
+    """Checkpoints ``first`` and ``second`` (roles of kept checkpoint.json files) as the harness hashed them, and
+    what those checkpoint.json files misstate of the harness's digests ("" when nothing); or None and why one of
+    them was not hashed."""
+    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
+    a, why_a = statehash.checkpoint(hashes, first)
+    b, why_b = statehash.checkpoint(hashes, second)
+    if a is None or b is None:
+        return None, why_a or why_b
+    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (first, second)]
+    return (a, b), "; ".join(why for agrees, why in told if not agrees)
+
+
 def replay_exact(evidence: dict[str, Path], run: str, replay: str, algorithm: str) -> tuple[bool, str]:
     """Two checkpoints of the same step hold byte-identical tensors by the harness's own sha256: every
     ``.safetensors`` file of both is the same, and the algorithm's actor/critic/optimizer files are among them;
     and each kept checkpoint.json (roles ``run``, ``replay``) states exactly the harness's digests."""
-    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
-    a, why_a = statehash.checkpoint(hashes, run)
-    b, why_b = statehash.checkpoint(hashes, replay)
-    if a is None or b is None:
-        return False, why_a or why_b
-    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (run, replay)]
-    lies = "; ".join(why for agrees, why in told if not agrees)
-    if lies:
+    pair, lies = _hashed_pair(evidence, run, replay)
+    if pair is None or lies:
         return False, lies
+    a, b = pair
     if a.step < 1 or a.step != b.step:
         return False, f"checkpoint steps {a.step} vs {b.step} (want the same step >= 1)"
     tensors_a = {k: v.sha256 for k, v in a.files.items() if k.endswith(TENSOR_SUFFIX)}
@@ -233,13 +243,10 @@ def replay_exact(evidence: dict[str, Path], run: str, replay: str, algorithm: st
 def changed(evidence: dict[str, Path], before: str, after: str, names: Iterable[str]) -> tuple[bool, str]:
     """Each named checkpoint file has a different sha256 (the harness's own) at ``after`` than at ``before``,
     and both kept checkpoint.json files state the harness's digests."""
-    hashes = statehash.read_state_hashes(evidence.get("state_hashes"))
-    a, why_a = statehash.checkpoint(hashes, before)
-    b, why_b = statehash.checkpoint(hashes, after)
-    if a is None or b is None:
-        return False, why_a or why_b
-    told = [statehash.product_agrees(hashes, role, evidence.get(role)) for role in (before, after)]
-    lies = "; ".join(why for agrees, why in told if not agrees)
+    pair, lies = _hashed_pair(evidence, before, after)
+    if pair is None:
+        return False, lies
+    a, b = pair
     same = [n for n in names if n not in a.files or n not in b.files or a.files[n].sha256 == b.files[n].sha256]
     why = ("unchanged or missing between the checkpoints: " + ", ".join(same)) if same else "changed"
     return not same and not lies, why + (f"; {lies}" if lies else " (the harness's sha256)")
