@@ -84,4 +84,3 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         sys.stderr.write(f"miniverl: internal error: {exc.__class__.__name__}: {exc} (MINIVERL_DEBUG=1 shows more)\n")
         return 1
-
