@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace, output: Path) -> int:
         plan, config = load_plan(Path(args.plan))
         summary = completed_run(output / args.run_id, plan.plan_digest)
         if summary is not None:  # nothing left to do but what a kill cut short (a prune, a deleted plan.json)
-            from miniverl.training.entry import settle_completed_run
+            from miniverl.artifacts.rundir.lifecycle import settle_completed_run
 
             settle_completed_run(output / args.run_id, plan, config, Path(args.plan))
             payload = {
