@@ -31,11 +31,8 @@ from miniverl.canonical import atomic_write_bytes, atomic_write_json
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
 from miniverl.errors import DependencyError, UsageError
-from miniverl.records import CudaTeardown, MetricsLine, PlanRecord, RunManifest, RunSummary
-
-# Teardown passes when allocated memory is back within max(2 MiB, 2 % of the baseline) of the baseline.
-TEARDOWN_TOLERANCE_MIN_BYTES = 2 * 1024 * 1024
-TEARDOWN_TOLERANCE_FRACTION = 0.02
+from miniverl.records import MetricsLine, PlanRecord, RunManifest, RunSummary
+from miniverl.training.teardown import cuda_teardown, release_library_caches
 
 
 def run_from_plan(
@@ -193,7 +190,7 @@ def _train(
             )
         if cuda:
             torch.cuda.synchronize(device)
-            _release_library_caches(torch)
+            release_library_caches(torch)
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
@@ -270,19 +267,15 @@ def _train(
             gc.collect()
             if cuda:
                 torch.cuda.synchronize(device)
-                _release_library_caches(torch)
+                release_library_caches(torch)
         wall = time.perf_counter() - started
         teardown = None
         if cuda:
-            final = torch.cuda.memory_allocated(device)
-            tolerance = max(TEARDOWN_TOLERANCE_MIN_BYTES, int(TEARDOWN_TOLERANCE_FRACTION * baseline))
-            teardown = CudaTeardown(
-                baseline_allocated_bytes=baseline,
-                final_allocated_bytes=final,
-                peak_reserved_bytes=peak_reserved,
-                peak_allocated_bytes=peak_allocated,
-                teardown_tolerance_bytes=tolerance,
-                teardown_returned_to_baseline=final - baseline <= tolerance,
+            teardown = cuda_teardown(
+                baseline=baseline,
+                final=torch.cuda.memory_allocated(device),
+                peak_reserved=peak_reserved,
+                peak_allocated=peak_allocated,
             )
         metrics = controller.state.metrics
         peak_rss = peak_rss_bytes()
@@ -364,12 +357,6 @@ def _progress_reporter(total: int) -> Any:
         )
 
     return report
-
-
-def _release_library_caches(torch: Any) -> None:
-    """cuBLAS workspaces live in the caching allocator: free them (and cached blocks) around a run."""
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
 
 
 def _reward_mean(metrics: list[MetricsLine]) -> float | None:
