@@ -1,7 +1,8 @@
 """Find import cycles between the modules of Python packages, from their source (nothing is imported).
 
 Every ``import`` and ``from ... import`` counts, wherever it stands: a function-level import closes a cycle as
-surely as a top-level one, only later. Imports under ``if TYPE_CHECKING:`` are left out, because they never run.
+surely as a top-level one, only later, and one under ``if TYPE_CHECKING:`` (which never runs) still ties the two
+modules together for the type checker and the reader: a type both need belongs in a module below them both.
 An import of ``a.b.c`` is an edge to the module ``a.b.c`` alone (not to the packages ``a`` and ``a.b``), and
 ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``.
 
@@ -29,23 +30,10 @@ def module_files(root: Path, package: str) -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking_guard(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking_guard(node):
-            stack.extend(node.orelse)
-            continue
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _base_of(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -64,7 +52,7 @@ def import_graph(root: Path, packages: list[str]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:

@@ -23,8 +23,11 @@ def _check_clip(clip_low: float, clip_high: float) -> None:
         raise ValueError(f"clip_high must be >= 0, got {clip_high!r}")
 
 
-def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Return ``(mask bool, log-ratio, advantages [N, T])`` with masked-out positions set to 0."""
+def _ratio_inputs(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Return ``(mask bool, ratio, advantages [N, T])``, masked-out positions at ratio 1 and advantage 0."""
+    _check_clip(clip_low, clip_high)
     if logp.dim() != 2 or old_logp.shape != logp.shape:
         raise ValueError(f"logp and old_logp must both be [N, T], got {tuple(logp.shape)} and {tuple(old_logp.shape)}")
     m = as_bool_mask(mask, logp)
@@ -40,7 +43,7 @@ def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(m, logp - old_logp.detach().to(logp.dtype), zero)
     adv = torch.where(m, adv.detach().to(logp.dtype), zero)
-    return m, log_ratio, adv
+    return m, torch.exp(log_ratio), adv
 
 
 def ppo_clip_token_losses(
@@ -62,9 +65,7 @@ def ppo_clip_token_losses(
     in DAPO, Yu et al. 2025). Pick the reduction yourself (:func:`masked_token_mean`,
     :func:`masked_sequence_mean`); :func:`ppo_clip_loss` uses the token mean.
     """
-    _check_clip(clip_low, clip_high)
-    m, log_ratio, adv = _prepare(logp, old_logp, advantages, mask)
-    ratio = torch.exp(log_ratio)
+    m, ratio, adv = _ratio_inputs(logp, old_logp, advantages, mask, clip_low, clip_high)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped)
@@ -125,9 +126,7 @@ def clip_fraction(
     That is ``clip(rho) * A < rho * A`` strictly: ``rho > 1 + clip_high`` with ``A > 0`` or
     ``rho < 1 - clip_low`` with ``A < 0``. A diagnostic scalar, no grad.
     """
-    _check_clip(clip_low, clip_high)
-    m, log_ratio, adv = _prepare(logp, old_logp, advantages, mask)
-    ratio = torch.exp(log_ratio)
+    m, ratio, adv = _ratio_inputs(logp, old_logp, advantages, mask, clip_low, clip_high)
     active = (torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv < ratio * adv) & m
     return masked_token_mean(active.to(logp.dtype), m)
 

@@ -1,10 +1,13 @@
-"""The torch-free command line of ``miniverl bench grpo`` (the CLI builds its parser without torch)."""
+"""The torch-free command line of ``miniverl bench grpo`` (the CLI builds its parser without torch): its arguments,
+and the options they make, validated for every caller."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int_pair
+from miniverl.errors import UsageError
 
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
@@ -59,3 +62,63 @@ def memory_budget(text: str) -> float | str:
         return float(text)  # validate_options refuses one <= 0 (or nan), for every caller
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a number of GiB nor 'trl'") from None
+
+
+@dataclass
+class GrpoBenchOptions:
+    model: str = "tiny"
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    prompts: int = 2
+    samples: int = 8
+    new_tokens: int = 256
+    prompt_tokens: int = 32
+    rollout_batch: int = 16
+    warmup: int = 1
+    repeats: int = 5
+    paths: tuple[str, ...] = STEP_PATHS
+    update_paths: tuple[str, ...] = UPDATE_PATHS
+    update_shape: tuple[int, int] = (8, 512)
+    learning_rate: float = 1e-5
+    activation_checkpointing: int = 0  # miniverl cells: recompute every n-th decoder layer in backward (0: off)
+    seed: int = 0
+    #: miniverl_lean: the memory plan's budget in GiB, or "trl" (TRL's peak reserved measured in the same run);
+    #: None: training's defaults
+    memory_budget_gib: float | str | None = None
+
+
+def validate_options(opts: GrpoBenchOptions) -> None:
+    if opts.model not in GRPO_MODELS:
+        raise UsageError(f"unknown model {opts.model!r}; choose one of {', '.join(GRPO_MODELS)}")
+    unknown = [p for p in opts.paths if p not in STEP_PATHS] + [p for p in opts.update_paths if p not in UPDATE_PATHS]
+    if unknown:
+        raise UsageError(
+            f"unknown path(s) {', '.join(unknown)}; step paths: {', '.join(STEP_PATHS)}; "
+            f"update paths: {', '.join(UPDATE_PATHS)}"
+        )
+    for name in ("prompts", "samples", "new_tokens", "prompt_tokens", "rollout_batch", "repeats"):
+        if getattr(opts, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if opts.warmup < 0 or opts.activation_checkpointing < 0:
+        raise UsageError("--warmup and --activation-checkpointing must be >= 0")
+    budget = opts.memory_budget_gib
+    if isinstance(budget, str) and budget != "trl":
+        raise UsageError(f"--memory-budget-gib must be a number of GiB or 'trl', got {budget!r}")
+    if isinstance(budget, str) and "trl" not in opts.paths:
+        raise UsageError("--memory-budget-gib trl needs the trl path in --paths")
+    if isinstance(budget, float | int) and not budget > 0:
+        raise UsageError(f"--memory-budget-gib must be > 0, got {budget}")
+    batch, length = opts.update_shape
+    if batch < 1 or length < 4:
+        raise UsageError(f"--update-shape {batch},{length}: give B >= 1 and T >= 4")
+
+
+def options_from_args(args: argparse.Namespace) -> GrpoBenchOptions:
+    """The options of a parsed command line (:func:`run_grpo_bench` validates them, for every caller)."""
+    return GrpoBenchOptions(
+        model=args.model, device=args.device, dtype=args.dtype, prompts=args.prompts, samples=args.samples,
+        new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, rollout_batch=args.rollout_batch,
+        warmup=args.warmup, repeats=args.repeats, paths=args.paths, update_paths=args.update_paths,
+        update_shape=args.update_shape, activation_checkpointing=args.activation_checkpointing,
+        memory_budget_gib=getattr(args, "memory_budget_gib", None),
+    )  # fmt: skip

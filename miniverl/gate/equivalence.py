@@ -307,27 +307,16 @@ def compare_cells(cells: list[dict[str, Any]], objective: str | None = None) -> 
 
 def _teardown(device: torch.device, baseline: int) -> dict[str, Any]:
     """CUDA memory after every cell's runtime was closed (cell tensors kept for the comparisons live on the CPU)."""
-    from miniverl.training.entry import (
-        TEARDOWN_TOLERANCE_FRACTION,
-        TEARDOWN_TOLERANCE_MIN_BYTES,
-        _release_library_caches,
-    )
+    from miniverl.training.teardown import cuda_teardown, release_library_caches
 
     peak_reserved = torch.cuda.max_memory_reserved(device)
     peak_allocated = torch.cuda.max_memory_allocated(device)
     gc.collect()
     torch.cuda.synchronize(device)
-    _release_library_caches(torch)
+    release_library_caches(torch)
     final = torch.cuda.memory_allocated(device)
-    tolerance = max(TEARDOWN_TOLERANCE_MIN_BYTES, int(TEARDOWN_TOLERANCE_FRACTION * baseline))
-    return {
-        "baseline_allocated_bytes": baseline,
-        "final_allocated_bytes": final,
-        "peak_reserved_bytes": peak_reserved,
-        "peak_allocated_bytes": peak_allocated,
-        "teardown_tolerance_bytes": tolerance,
-        "teardown_returned_to_baseline": final - baseline <= tolerance,
-    }
+    record = cuda_teardown(baseline=baseline, final=final, peak_reserved=peak_reserved, peak_allocated=peak_allocated)
+    return record.model_dump(mode="json")
 
 
 def parse_objectives(names: Sequence[str]) -> tuple[str, ...]:
@@ -362,10 +351,10 @@ def run_equivalence_gate(
     cuda = torch_device.type == "cuda"
     baseline = 0
     if cuda:
-        from miniverl.training.entry import _release_library_caches
+        from miniverl.training.teardown import release_library_caches
 
         torch.cuda.synchronize(torch_device)
-        _release_library_caches(torch)
+        release_library_caches(torch)
         baseline = torch.cuda.memory_allocated(torch_device)
         torch.cuda.reset_peak_memory_stats(torch_device)
     specs = {name: objective_spec(name) for name in names}

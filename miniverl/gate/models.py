@@ -31,36 +31,39 @@ MODEL_CHOICES = ("tiny", "smollm2", "qwen3-0.6b-shape")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+#: the random-weight Qwen3 shapes: a tiny one for tests, and Qwen3-0.6B's for performance work
+QWEN3_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "max_position_embeddings": 1024,
+    },
+    "qwen3-0.6b-shape": {
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 40960,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    },
+}
+
+
 def qwen3_config(name: str) -> Any:
     from transformers import Qwen3Config
 
+    if name not in QWEN3_SHAPES:
+        raise ValueError(f"no random-weight config named {name!r}")
     common: dict[str, Any] = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2}
-    if name == "tiny":
-        return Qwen3Config(
-            vocab_size=128,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            max_position_embeddings=1024,
-            **common,
-        )
-    if name == "qwen3-0.6b-shape":
-        return Qwen3Config(
-            vocab_size=151936,
-            hidden_size=1024,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=3072,
-            max_position_embeddings=40960,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-            **common,
-        )
-    raise ValueError(f"no random-weight config named {name!r}")
+    return Qwen3Config(**copy.deepcopy(QWEN3_SHAPES[name]), **common)
 
 
 def _build_random(config: Any, seed: int, attn: str) -> Any:

@@ -9,40 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from miniverl.runtime.rows import BatchSize, PhysicalBatch, SequenceRows
 
 if TYPE_CHECKING:
     import torch
 
-    from miniverl.runtime.batching import PhysicalBatch
-
 RoleName = Literal["student", "teacher", "reference", "critic"]
-BatchSize = int | Literal["auto"]
-
-
-@dataclass(frozen=True)
-class SequenceRows:
-    """Unpadded token sequences plus, per sequence, the positions whose hidden states are wanted.
-
-    Position ``p`` of a row is the hidden state that predicts token ``p + 1``: for a prompt of
-    length ``P`` and a response of length ``R``, the response tokens are predicted from
-    positions ``P - 1 .. P + R - 2``.
-    """
-
-    input_ids: tuple[tuple[int, ...], ...]
-    selected_positions: tuple[tuple[int, ...], ...]
-
-    def __post_init__(self) -> None:
-        if len(self.input_ids) != len(self.selected_positions):
-            raise ValueError("input_ids and selected_positions must have one entry per row")
-        for ids, positions in zip(self.input_ids, self.selected_positions, strict=True):
-            if any(p < 0 or p >= len(ids) for p in positions):
-                raise ValueError("selected position outside its row")
-
-    @property
-    def selected_counts(self) -> tuple[int, ...]:
-        return tuple(len(p) for p in self.selected_positions)
 
 
 class RoleHandle(Protocol):

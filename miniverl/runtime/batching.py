@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from miniverl.runtime.base import BatchSize, SequenceRows
+from miniverl.runtime.rows import BatchSize, PhysicalBatch, SequenceRows
 
 __all__ = [
     "AutoPolicy",
@@ -158,16 +158,6 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
-
-
-@dataclass(frozen=True)
-class PhysicalBatch:
-    """One padded forward's result: its row indices and their selected hidden states, flattened."""
-
-    rows: tuple[int, ...]
-    hidden: torch.Tensor  # [sum(selected of these rows), H], rows in ``rows`` order
-    counts: tuple[int, ...]  # selected positions per row, same order
-    padded_tokens: int
 
 
 def run_physical_batch(

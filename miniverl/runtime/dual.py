@@ -28,32 +28,24 @@ from miniverl.errors import ConfigError
 from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
-from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
+from miniverl.runtime.critic import CRITIC_ADAPTER, build_value_head
 from miniverl.runtime.handles import (
     ModelRoleHandle,
-    StudentMemoryPlan,
     release_device_memory,
     rollout_memory_scope,
-    save_peft_adapter,
 )
 from miniverl.runtime.loading import (
-    DTYPES,
     BaseLoader,
     LoadSettings,
     attach_student_lora,
     base_spec_for,
-    default_loader,
-    enable_activation_checkpointing,
-    inner_causal_lm,
     load_frozen_adapter,
     resolve_adapter,
 )
-
-STUDENT_ADAPTER = "student"
-FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
+from miniverl.runtime.student import FROZEN_ROLES, STUDENT_ADAPTER, StudentRuntime
 
 
-class DualModelRuntime(CriticRole, StudentMemoryPlan):
+class DualModelRuntime(StudentRuntime):
     runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
 
     def __init__(
@@ -67,22 +59,16 @@ class DualModelRuntime(CriticRole, StudentMemoryPlan):
         critic_seed: int = 0,
         placement: str = "resident",
     ) -> None:
-        load = loader or default_loader
-        self._device = torch.device(device)
-        dtype = DTYPES[models.dtype]
-        self.auto = auto or AutoPolicy.for_device(self._device, dtype)
-        settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
-        student_base = load(models.student, settings)
-        disable_cpu_weight_repack(student_base.model)
-        assert models.student.lora is not None  # the schema fills the default
-        self._student = attach_student_lora(student_base.model, models.student.lora, adapter_name=STUDENT_ADAPTER)
-        if activation_checkpointing:
-            enable_activation_checkpointing(self._student, activation_checkpointing)
+        student = self._load_student(
+            models, device=device, loader=loader, auto=auto, activation_checkpointing=activation_checkpointing
+        )
+        load, settings = student.load, student.settings
+        self._student = student.model
         self._student.train()
-        self._tokenizer = student_base.tokenizer
+        assert models.student.lora is not None  # the schema fills the default
         self._manifest: dict[str, Any] = {
             "student": {
-                "base": student_base.identity,
+                "base": student.base.identity,
                 "quantization": models.student.quantization,
                 "lora": models.student.lora.model_dump(mode="json"),
                 "adapter_name": STUDENT_ADAPTER,
@@ -166,25 +152,12 @@ class DualModelRuntime(CriticRole, StudentMemoryPlan):
 
     # ------------------------------------------------------------------ RoleRuntime
     @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
     def active_role(self) -> RoleName | None:
         return self._active[-1] if self._active else None
 
-    def has_role(self, role: RoleName) -> bool:
-        return role in self._handles
-
     @contextmanager
     def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
-        if role not in self._handles:
-            raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
-        handle = self._handles[role]
+        handle = self._handle(role)
         swap = self._swap and role in FROZEN_ROLES and role not in self._active
         if swap:
             handle.model.to(self._device)
@@ -215,18 +188,8 @@ class DualModelRuntime(CriticRole, StudentMemoryPlan):
             if param.requires_grad:
                 yield name, param
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.named_trainable_parameters()]
-
-    def student_config(self) -> Any:
-        """The student's HF model config (the memory plan reads its shape)."""
-        return inner_causal_lm(self._student).config
-
     def _student_model(self) -> Any:
         return self._student
-
-    def save_student_adapter(self, directory: str) -> None:
-        save_peft_adapter(self._student, STUDENT_ADAPTER, directory)
 
     # ------------------------------------------------------------------ critic (PPO)
     def _critic_model(self) -> Any:

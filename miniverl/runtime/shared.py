@@ -28,30 +28,20 @@ import torch
 
 from miniverl.config.schema import ModelSpec, ModelsSection
 from miniverl.errors import ConfigError
-from miniverl.models.loading import disable_cpu_weight_repack
 from miniverl.runtime.base import RoleName
 from miniverl.runtime.batching import AutoPolicy
-from miniverl.runtime.critic import CRITIC_ADAPTER, CriticRole, build_value_head
+from miniverl.runtime.critic import CRITIC_ADAPTER, build_value_head
 from miniverl.runtime.handles import (
     ModelRoleHandle,
-    StudentMemoryPlan,
     release_device_memory,
     rollout_memory_scope,
-    save_peft_adapter,
 )
 from miniverl.runtime.loading import (
-    DTYPES,
     BaseLoader,
-    LoadSettings,
-    attach_student_lora,
-    default_loader,
-    enable_activation_checkpointing,
-    inner_causal_lm,
     load_frozen_adapter,
     resolve_adapter,
 )
-
-FROZEN_ROLES: tuple[RoleName, ...] = ("teacher", "reference")
+from miniverl.runtime.student import FROZEN_ROLES, StudentRuntime
 
 
 def check_shared_models(models: ModelsSection, placement: str) -> None:
@@ -85,7 +75,7 @@ def check_shared_models(models: ModelsSection, placement: str) -> None:
         )
 
 
-class SharedBackboneRuntime(CriticRole, StudentMemoryPlan):
+class SharedBackboneRuntime(StudentRuntime):
     runtime: Literal["dual_model", "shared_backbone"] = "shared_backbone"
 
     def __init__(
@@ -100,18 +90,12 @@ class SharedBackboneRuntime(CriticRole, StudentMemoryPlan):
         critic_seed: int = 0,
     ) -> None:
         check_shared_models(models, placement)
-        load = loader or default_loader
-        self._device = torch.device(device)
-        dtype = DTYPES[models.dtype]
-        self.auto = auto or AutoPolicy.for_device(self._device, dtype)
-        settings = LoadSettings(device=self._device, dtype=dtype, attn_implementation=models.attn_implementation)
-        base = load(models.student, settings)
-        disable_cpu_weight_repack(base.model)
-        assert models.student.lora is not None
-        self._model = attach_student_lora(base.model, models.student.lora, adapter_name="student")
-        if activation_checkpointing:
-            enable_activation_checkpointing(self._model, activation_checkpointing)
-        self._tokenizer = base.tokenizer
+        student = self._load_student(
+            models, device=device, loader=loader, auto=auto, activation_checkpointing=activation_checkpointing
+        )
+        base = student.base
+        self._model = student.model
+        assert models.student.lora is not None  # the schema fills the default
         self._base_roles: set[RoleName] = set()
         self._manifest: dict[str, Any] = {
             "student": {
@@ -226,31 +210,19 @@ class SharedBackboneRuntime(CriticRole, StudentMemoryPlan):
 
     # ------------------------------------------------------------------ RoleRuntime
     @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
     def active_role(self) -> RoleName:
         return self._active
 
-    def has_role(self, role: RoleName) -> bool:
-        return role in self._handles
-
     @contextmanager
     def use(self, role: RoleName) -> Iterator[ModelRoleHandle]:
-        if role not in self._handles:
-            raise KeyError(f"runtime has no {role!r} role (configured roles: {', '.join(self._handles)})")
+        handle = self._handle(role)
         previous = self._active
         if role == previous:  # nested use of the active role: no switch
-            yield self._handles[role]
+            yield handle
             return
         self._switch(role)
         try:
-            yield self._handles[role]
+            yield handle
         finally:
             self._switch(previous)
 
@@ -267,18 +239,8 @@ class SharedBackboneRuntime(CriticRole, StudentMemoryPlan):
         """The student adapter only (the critic's adapter has its own optimizer)."""
         yield from zip(self._student_names, self._student_params, strict=True)
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.named_trainable_parameters()]
-
-    def student_config(self) -> Any:
-        """The student's HF model config (the memory plan reads its shape)."""
-        return inner_causal_lm(self._model).config
-
     def _student_model(self) -> Any:
         return self._model
-
-    def save_student_adapter(self, directory: str) -> None:
-        save_peft_adapter(self._model, "student", directory)
 
     # ------------------------------------------------------------------ critic (PPO)
     def _critic_model(self) -> Any:

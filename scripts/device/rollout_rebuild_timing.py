@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from miniverl.bench.common import random_prompt_ids
-from miniverl.bench.grpo import IdTokenizer, RandomLoader, _runtime
+from miniverl.bench.grpo_models import IdTokenizer, RandomLoader, role_runtime
 from miniverl.rollout import decoder as decoder_module
 from miniverl.rollout.decoder import DecodeWorkspace, SamplingSpec
 from miniverl.rollout.engine import engine_for, release_engine, release_engines
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     loader = RandomLoader("smollm2-shape", seed=0)
     vocab = int(loader.config.vocab_size)
-    runtime = _runtime(loader, CUDA, "bfloat16", train_batch=ROWS)
+    runtime = role_runtime(loader, CUDA, "bfloat16", train_batch=ROWS)
     prompts = [
         PromptInput(f"p{i}", " ".join(map(str, ids))) for i, ids in enumerate(random_prompt_ids(2, PROMPT, vocab, 0))
     ]

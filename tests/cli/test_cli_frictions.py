@@ -93,12 +93,12 @@ def test_an_interrupted_extension_names_the_same_command_which_finishes_its_targ
     `test_cli_run_lock::test_killed_extension_retried_adds_exactly_n`), never a bare --resume."""
     import argparse
 
-    from miniverl.cli import _interrupted
+    from miniverl.cli.failures import interrupted_message
 
     (tmp_path / "runs" / "first").mkdir(parents=True)
     args = argparse.Namespace(command="run", dry_run=False, plan="runs/first/plan.json", output=str(tmp_path / "runs"),
                               run_id="first", threads=None, extend=2)  # fmt: skip
-    line = _interrupted(args)
+    line = interrupted_message(args)
     assert line.endswith("--run-id first --resume --extend 2`") and "the same command finishes the extension" in line
     args.extend = None
-    assert _interrupted(args).endswith("--run-id first --resume`")
+    assert interrupted_message(args).endswith("--run-id first --resume`")

@@ -178,11 +178,12 @@ def test_killed_extension_before_plan_written_retry(
     plans: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kill between the durable target and plan.json's replacement: the retry writes the same plan."""
+    from miniverl.artifacts.rundir import lifecycle
     from miniverl.training import entry
 
     assert cli("run", "--plan", "two.json", "--run-id", "ext", "--threads", "1", "-q").code == 0
     ext = plans / "runs" / "ext"
-    original = entry.atomic_write_json
+    original = lifecycle.atomic_write_json
 
     def die_on_plan(path: Any, value: Any, **kwargs: Any) -> None:
         if Path(path).name == "plan.json":
@@ -190,7 +191,7 @@ def test_killed_extension_before_plan_written_retry(
         original(path, value, **kwargs)
 
     with monkeypatch.context() as patch, pytest.raises(_Killed):
-        patch.setattr(entry, "atomic_write_json", die_on_plan)
+        patch.setattr(lifecycle, "atomic_write_json", die_on_plan)
         entry.run_from_plan(Path("two.json"), output=Path("runs"), run_id="ext", resume=True, extend=1)
     assert json.loads((ext / "plan.json").read_text())["cycles"] == 2
     assert json.loads((ext / "extension.json").read_text())["to_cycles"] == 3

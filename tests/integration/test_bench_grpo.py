@@ -154,14 +154,14 @@ def test_a_budget_of_trl_runs_trl_first_and_plans_the_lean_path_under_its_peak(
         rollout_batch=4, warmup=1, repeats=1, paths=("miniverl_lean", "trl"), update_paths=(),
         memory_budget_gib="trl",
     )  # fmt: skip
-    monkeypatch.setattr(grpo_bench, "_trl_cell", stand_in_trl(2e-4))
+    monkeypatch.setattr(grpo_bench, "trl_cell", stand_in_trl(2e-4))
     cells = run_grpo_bench(opts, tmp_path / "a")["cells"]
     assert [c["path"] for c in cells] == ["trl", "miniverl_lean"]
     lean = cells[1]
     assert lean["status"] == "measured" and lean["memory_budget_from"] == "trl"
     assert lean["memory_plan"]["memory_plan/budget_gib"] == pytest.approx(2e-4) == lean["memory_budget_gib"]
 
-    monkeypatch.setattr(grpo_bench, "_trl_cell", stand_in_trl(None))
+    monkeypatch.setattr(grpo_bench, "trl_cell", stand_in_trl(None))
     cells = run_grpo_bench(opts, tmp_path / "b")["cells"]
     assert cells[1]["status"] == "not_run" and "TRL's peak reserved was not measured" in cells[1]["reason"]
 

@@ -71,16 +71,20 @@ def test_a_cycle_across_subpackages_and_packages_is_found(tmp_path: Path) -> Non
     assert done.stdout.strip() == "import cycle (4 modules): p.sub <-> p.sub.deep <-> p.top <-> q.mod"
 
 
-def test_type_checking_imports_do_not_count(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "guard",
+    ["from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n", "import typing\nif typing.TYPE_CHECKING:\n"],
+    ids=["name", "attribute"],
+)
+def test_a_type_only_import_closes_a_cycle_too(tmp_path: Path, guard: str) -> None:
+    """A cycle through ``if TYPE_CHECKING:`` never runs, but the two modules still need each other: it counts."""
     _package(
         tmp_path,
-        {
-            "p/__init__.py": "",
-            "p/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.b import B\n",
-            "p/b.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    import json\nfrom p.a import A\n",
-        },
+        {"p/__init__.py": "", "p/a.py": f"{guard}    from p.b import B\n", "p/b.py": "from p.a import A\n"},
     )
-    assert _run(tmp_path, "p").returncode == 0
+    done = _run(tmp_path, "p")
+    assert done.returncode == 1
+    assert done.stdout.strip() == "import cycle (2 modules): p.a <-> p.b"
 
 
 def test_an_import_in_the_else_of_a_type_checking_guard_counts(tmp_path: Path) -> None:

@@ -1,4 +1,8 @@
-"""Reading a run directory: its plan, manifest, summary, metrics and checkpoints."""
+"""Reading a run directory: its plan, manifest, summary, metrics and checkpoints.
+
+Its lifecycle (a fresh run's claim, ``--resume``, ``--resume --extend N``, the settling of a completed run) is
+:mod:`miniverl.artifacts.rundir.lifecycle`.
+"""
 
 from __future__ import annotations
 
