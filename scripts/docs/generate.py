@@ -20,7 +20,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -194,13 +193,9 @@ def config_page() -> str:
 
 
 def _portable(text: str) -> str:
-    """Defaults computed from this machine (the checkout, the interpreter, the home dir) as placeholders."""
-    replacements = [
-        (str(ROOT), "<checkout>"),
-        (sys.executable, "<python>"),
-        (tempfile.gettempdir(), "<tmp>"),
-        (str(Path.home()), "~"),
-    ]
+    """Defaults computed from this machine (the checkout, the interpreter) as placeholders."""
+    # Only these two: a broader one (the home or temp dir) could rewrite ordinary text on a machine where it is "/".
+    replacements = [(str(ROOT), "<checkout>"), (sys.executable, "<python>")]
     for machine, placeholder in replacements:
         text = text.replace(machine, placeholder)
     return text
