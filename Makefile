@@ -8,7 +8,7 @@ LEVEL ?= release_smoke
 # A release gate's gate.json for `make verify` to compare with the statements of out/release-assets (optional).
 GATE_RECORD ?=
 
-.PHONY: verl verl-env test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
+.PHONY: docs verl verl-env test lint smoke full release-assets verify harness-tests lint-workflows runtime-smoke tools schemas
 
 $(NOX):
 	$(PYTHON) -m venv $(TOOLS)
@@ -22,6 +22,10 @@ test: $(NOX)
 
 lint: $(NOX)
 	$(NOX) -s lint
+
+# The documentation site (mkdocs-material, requirements-docs.txt), built with --strict into .nox/docs/tmp/site.
+docs: $(NOX)
+	$(NOX) -s docs
 
 runtime-smoke: $(NOX)
 	$(NOX) -s runtime_smoke

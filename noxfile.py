@@ -56,6 +56,22 @@ def kernels(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+DOCS_REQUIREMENTS = "requirements-docs.txt"
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site, built strictly (a broken link, a missing page or an API docstring griffe cannot read
+    fails). mkdocstrings reads the API pages' modules from the checkout's source, so the project is not installed."""
+    from pathlib import Path
+
+    session.install("-r", DOCS_REQUIREMENTS)
+    site = Path(session.create_tmp()) / "site"
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", str(site), *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"}
+    )
+
+
 # --- release harness sessions (owned by the harness; torch-free venvs) -------------------------------
 HARNESS = ("-r", "harness/requirements-audit.txt")
 BUILD_TOOLCHAIN = ("-r", "harness/constraints-build.txt")
