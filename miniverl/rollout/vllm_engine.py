@@ -243,9 +243,9 @@ def _dequantized_weights(base: Any) -> dict[str, Any]:
     """Each 4-bit (bitsandbytes) layer's weight as the trainer's forward computes with it, by state-dict name."""
     out: dict[str, Any] = {}
     for name, module in base.named_modules():
-        weight = getattr(module, "weight", None)
+        weight: Any = getattr(module, "weight", None)
         state = getattr(weight, "quant_state", None)
-        if state is not None:
+        if weight is not None and state is not None:
             from bitsandbytes.functional import dequantize_4bit
 
             out[f"{name}.weight"] = dequantize_4bit(weight.data, state)
