@@ -211,3 +211,13 @@ def test_an_out_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path: 
     lines = err.getvalue().strip().splitlines()
     assert code == 2 and len(lines) == 1 and "is a file, not a directory" in lines[0], lines
     assert taken.read_text() == "kept"
+
+
+def test_fused_update_paths_that_cannot_run_here_are_marked_not_run(tmp_path: Path) -> None:
+    """liger-kernel runs on CUDA only; ours needs triton (and on CPU its interpreter): never a failure or a pass."""
+    opts = GrpoBenchOptions(
+        model="tiny", device="cpu", dtype="bfloat16", warmup=1, repeats=1, paths=(), update_shape=(2, 12),
+        update_paths=("miniverl_update_bf16_liger",),
+    )  # fmt: skip
+    (cell,) = run_grpo_bench(opts, tmp_path / "o")["cells"]
+    assert cell["status"] == "not_run" and "CUDA only" in cell["reason"], cell
