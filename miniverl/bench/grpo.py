@@ -125,8 +125,8 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
         elif unfusable is not None:
             cell.update(status="not_run", reason=unfusable)
-        elif path == "trl":
-            cell.update(trl_cell(loader, opts, device, dtype_name))
+        elif path in ("trl", "trl_liger"):
+            cell.update(trl_cell(loader, opts, device, dtype_name, liger=path == "trl_liger"))
         elif path == "miniverl_lean" and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:
             cell.update(status="not_run", reason="--memory-budget-gib trl, and TRL's peak reserved was not measured")
         else:
