@@ -10,12 +10,21 @@ from miniverl.config.fields import BUILTIN_MODELS, SHA256_HEX, Seed, Strict, req
 
 
 class LoraConfig(Strict):
-    enabled: bool = True
-    r: Annotated[int, Field(ge=1)] = 16
-    alpha: Annotated[float, Field(gt=0)] = 32
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    enabled: bool = Field(
+        default=True,
+        description="must stay true: miniverl trains LoRA adapters only (false is refused when the model loads)",
+    )
+    r: Annotated[int, Field(ge=1)] = Field(default=16, description="the LoRA rank")
+    alpha: Annotated[float, Field(gt=0)] = Field(
+        default=32, description="LoRA's alpha: the adapter's update is scaled by alpha / r"
+    )
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.0, description="dropout on the LoRA branch's input while training"
+    )
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="the linear layers, by module name, that get a LoRA (names that do not fit the model are "
+        "refused when it loads)",
     )
 
 
@@ -25,11 +34,23 @@ class AdapterSpec(Strict):
     A local adapter is pinned by ``sha256`` of its ``adapter_model.safetensors``.
     """
 
-    source: Literal["hub", "local"]
-    path: str
-    revision: str | None = None
-    sha256: str | None = None
-    allow_mutable_revision: bool = False
+    source: Literal["hub", "local"] = Field(description="hub (a repo at a revision) or local (a directory)")
+    path: str = Field(
+        description="hub: the repo id; local: the adapter directory (adapter_config.json, adapter_model.safetensors)",
+    )
+    revision: str | None = Field(
+        default=None, description="hub: the 40-hex commit (a branch or tag needs allow_mutable_revision)"
+    )
+    sha256: str | None = Field(
+        default=None,
+        description="local: the pinned sha256 of adapter_model.safetensors, checked against the file (required "
+        "under runtime shared_backbone)",
+    )
+    allow_mutable_revision: bool = Field(
+        default=False,
+        description="hub: accept a branch or tag as revision; it is resolved to its commit, which the plan's "
+        "identity records",
+    )
 
     @model_validator(mode="after")
     def _pinned(self) -> AdapterSpec:
@@ -43,8 +64,15 @@ class AdapterSpec(Strict):
 class PrivilegedContext(Strict):
     """The teacher is the frozen base that also sees a data column (e.g. the worked answer)."""
 
-    column: str = "context"
-    template: str = "{context}\n\n{prompt}"
+    column: str = Field(
+        default="context",
+        description="the dataset column the teacher also sees, e.g. context or answer (refused when empty in "
+        "every row)",
+    )
+    template: str = Field(
+        default="{context}\n\n{prompt}",
+        description="the teacher's prompt: placeholders {context} and {prompt}, both required",
+    )
 
     @model_validator(mode="after")
     def _placeholders(self) -> PrivilegedContext:
@@ -63,15 +91,39 @@ class ModelSpec(Strict):
     - ``student``: the student's own base (teachers/references only)
     """
 
-    source: Literal["hub", "local", "gguf", "builtin", "student"] = "hub"
-    model_id: str | None = None
-    revision: str | None = None
-    path: str | None = None
-    allow_mutable_revision: bool = False
-    quantization: Literal["none", "nf4"] = "none"
-    lora: LoraConfig | None = None
-    adapter: AdapterSpec | None = None
-    privileged_context: PrivilegedContext | None = None
+    source: Literal["hub", "local", "gguf", "builtin", "student"] = Field(
+        default="hub",
+        description="where the weights come from: hub, local, gguf, builtin, or student (the student's own base: "
+        "teacher, reference and critic only)",
+    )
+    model_id: str | None = Field(
+        default=None, description="hub: the Hugging Face repo id; builtin: the embedded model's name"
+    )
+    revision: str | None = Field(
+        default=None, description="hub: the 40-hex commit (a branch or tag needs allow_mutable_revision)"
+    )
+    path: str | None = Field(default=None, description="local: a Hugging Face model directory; gguf: a .gguf file")
+    allow_mutable_revision: bool = Field(
+        default=False,
+        description="hub: accept a branch or tag as revision; it is resolved to its commit, which the plan's "
+        "identity records",
+    )
+    quantization: Literal["none", "nf4"] = Field(
+        default="none",
+        description="'nf4': the base's linear layers in 4-bit NF4 through bitsandbytes, computing in "
+        "models.dtype; 'none': the weights in models.dtype",
+    )
+    lora: LoraConfig | None = Field(
+        default=None,
+        description="the trainable LoRA (student and critic only; unset: the defaults for the student, a copy of "
+        "the student's for the critic)",
+    )
+    adapter: AdapterSpec | None = Field(
+        default=None, description="a pinned, frozen PEFT adapter on this base (teacher and reference only)"
+    )
+    privileged_context: PrivilegedContext | None = Field(
+        default=None, description="the base also sees a data column before the prompt (teacher only)"
+    )
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSpec:
@@ -94,11 +146,13 @@ class TinyClassifier(Strict):
     fields, so the plan pins it by their digest.
     """
 
-    hidden_size: Annotated[int, Field(ge=8)] = 32
-    num_hidden_layers: Annotated[int, Field(ge=1)] = 2
-    num_attention_heads: Annotated[int, Field(ge=1)] = 4
-    intermediate_size: Annotated[int, Field(ge=8)] = 64
-    seed: Seed = 0
+    hidden_size: Annotated[int, Field(ge=8)] = Field(default=32, description="the hidden size")
+    num_hidden_layers: Annotated[int, Field(ge=1)] = Field(default=2, description="the decoder layers")
+    num_attention_heads: Annotated[int, Field(ge=1)] = Field(
+        default=4, description="the attention heads (and as many key/value heads)"
+    )
+    intermediate_size: Annotated[int, Field(ge=8)] = Field(default=64, description="the MLP's intermediate size")
+    seed: Seed = Field(default=0, description="the seed of the weights' initialization")
 
 
 class RewardModelSpec(Strict):
@@ -113,17 +167,40 @@ class RewardModelSpec(Strict):
       phase; ``resident`` keeps it on the device.
     """
 
-    source: Literal["hub", "local", "tiny"] = "tiny"
-    model_id: str | None = None
-    revision: str | None = None
-    path: str | None = None
-    allow_mutable_revision: bool = False
-    tiny: TinyClassifier | None = None
-    placement: Literal["resident", "offload"] = "resident"
-    batch_size: Annotated[int, Field(ge=1)] = 8
-    max_length: Annotated[int, Field(ge=8)] = 512
-    label: Annotated[int, Field(ge=0)] = 0
-    template: str = "{prompt}\n{response}"
+    source: Literal["hub", "local", "tiny"] = Field(
+        default="tiny",
+        description="hub (model_id at revision), local (a model directory with its tokenizer) or tiny (built "
+        "from tiny with a seeded init)",
+    )
+    model_id: str | None = Field(default=None, description="hub: the Hugging Face repo id")
+    revision: str | None = Field(
+        default=None, description="hub: the 40-hex commit (a branch or tag needs allow_mutable_revision)"
+    )
+    path: str | None = Field(default=None, description="local: the model directory, with its tokenizer")
+    allow_mutable_revision: bool = Field(
+        default=False,
+        description="hub: accept a branch or tag as revision; it is resolved to its commit, which the plan's "
+        "identity records",
+    )
+    tiny: TinyClassifier | None = Field(
+        default=None, description="source tiny: the classifier's shape and seed (these defaults when unset)"
+    )
+    placement: Literal["resident", "offload"] = Field(
+        default="resident",
+        description="'resident': kept on the device; 'offload': kept on the CPU and moved to the device only for "
+        "its scoring phase",
+    )
+    batch_size: Annotated[int, Field(ge=1)] = Field(default=8, description="texts scored per forward")
+    max_length: Annotated[int, Field(ge=8)] = Field(
+        default=512, description="the most tokens of a scored text (longer ones are truncated)"
+    )
+    label: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="the classifier output whose logit is the score (below the model's num_labels)"
+    )
+    template: str = Field(
+        default="{prompt}\n{response}",
+        description="the scored text: placeholders {prompt} and {response} ({response} required)",
+    )
 
     @model_validator(mode="after")
     def _source_fields(self) -> RewardModelSpec:
@@ -141,15 +218,49 @@ class RewardModelSpec(Strict):
 
 
 class ModelsSection(Strict):
-    backend: Literal["hf"] = "hf"
-    runtime: Literal["dual_model", "shared_backbone"] = "dual_model"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attn_implementation: Literal["eager", "sdpa"] = "sdpa"  # the equivalence gate pins eager
-    student: ModelSpec
-    teacher: ModelSpec | None = None
-    reference: ModelSpec | None = None
-    reward: RewardModelSpec | None = None
+    backend: Literal["hf"] = Field(
+        default="hf", description="the model library: 'hf' (transformers with PEFT), the only one"
+    )
+    runtime: Literal["dual_model", "shared_backbone"] = Field(
+        default="dual_model",
+        description="'dual_model': each role its own loaded model; 'shared_backbone': one base with one adapter "
+        "per role (teacher and reference as pinned adapters, the critic as a second trained adapter)",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="'auto': cuda when available, else cpu; 'cuda' is refused where no CUDA device is available",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="the dtype of every model's weights (an nf4 model's compute dtype); 16-bit on CPU is allowed "
+        "but slow",
+    )
+    # the equivalence gate pins eager
+    attn_implementation: Literal["eager", "sdpa"] = Field(
+        default="sdpa",
+        description="transformers' attention for every model: 'sdpa' (PyTorch's scaled_dot_product_attention) or "
+        "'eager'",
+    )
+    student: ModelSpec = Field(
+        description="the trained policy: a base model and its trainable LoRA (not source student; no adapter or "
+        "privileged_context)",
+    )
+    teacher: ModelSpec | None = Field(
+        default=None,
+        description="the frozen teacher of opd and kd (required by them): another model, the student's base with "
+        "a pinned adapter, or the base that also sees privileged_context; takes no lora",
+    )
+    reference: ModelSpec | None = Field(
+        default=None,
+        description="the frozen reference of grpo's and ppo's KL (required when their kl_coef > 0); source "
+        "student without an adapter is the student's untouched base; takes no lora or "
+        "privileged_context",
+    )
+    reward: RewardModelSpec | None = Field(
+        default=None,
+        description="the reward model that scores the reward_model term of algorithm.rewards (required by that "
+        "term, refused without it)",
+    )
     critic: ModelSpec | None = Field(
         default=None,
         description=(

@@ -85,14 +85,29 @@ __all__ = [
 
 
 class MiniverlConfig(Strict):
-    run: RunSection = Field(default_factory=RunSection)
-    models: ModelsSection
-    data: DataSection
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
-    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
-    train: TrainSection = Field(default_factory=TrainSection)
-    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
-    memory: MemorySection = Field(default_factory=MemorySection)
+    run: RunSection = Field(default_factory=RunSection, description="the run's name, seed and determinism")
+    models: ModelsSection = Field(
+        description="every role's model (where its weights come from) and the runtime, device and dtype they share",
+    )
+    data: DataSection = Field(description="the training prompts, and held-out ones for evaluation")
+    rollout: RolloutSection = Field(
+        default_factory=RolloutSection,
+        description="how the student samples each cycle's responses (sft and kd: how many dataset rows a cycle takes)",
+    )
+    algorithm: AlgorithmSection = Field(
+        default_factory=AlgorithmSection,
+        description="which algorithm trains, its rewards and each algorithm's own settings",
+    )
+    train: TrainSection = Field(
+        default_factory=TrainSection,
+        description="the number of cycles, the optimizer, and the micro-batching and memory trade-offs of an update",
+    )
+    checkpoint: CheckpointSection = Field(
+        default_factory=CheckpointSection, description="how often checkpoints are written and how many are kept"
+    )
+    memory: MemorySection = Field(
+        default_factory=MemorySection, description="where frozen models live, and the hard peak-memory limit"
+    )
 
     @property
     def trajectories_per_cycle(self) -> int:

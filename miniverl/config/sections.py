@@ -11,9 +11,21 @@ from miniverl.config.fields import MAX_NEW_TOKENS, Seed, Strict
 
 
 class RunSection(Strict):
-    name: str = "miniverl-run"
-    seed: Seed = 0
-    deterministic: bool = False
+    name: str = Field(
+        default="miniverl-run",
+        description="a label for the run: kept in the plan, and verl's trainer.experiment_name on handoff (the "
+        "run directory is named by run --run-id)",
+    )
+    seed: Seed = Field(
+        default=0,
+        description="the run's one seed: prompt order, each sample's rollout stream, mini-batch orders, and the "
+        "random, numpy and torch generators",
+    )
+    deterministic: bool = Field(
+        default=False,
+        description="torch.use_deterministic_algorithms(True) (with CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set): "
+        "an op without a deterministic implementation then fails instead of varying",
+    )
 
 
 DatasetColumn = Literal["prompt_id", "prompt", "answer", "context", "task"]
@@ -21,7 +33,11 @@ DatasetColumn = Literal["prompt_id", "prompt", "answer", "context", "task"]
 
 class DataSection(Strict):
     path: str = Field(description="the training prompts: a .parquet, .jsonl or .csv file")
-    shuffle: bool = True
+    shuffle: bool = Field(
+        default=True,
+        description="take the prompts in an order shuffled once from run.seed (false: file order); a run that "
+        "needs more prompts than the file holds wraps around",
+    )
     #: held-out prompts for ``algorithm.eval_every`` (greedy, the run's rewards; never trained on)
     eval_path: str | None = None
     columns: dict[DatasetColumn, Annotated[str, Field(min_length=1)]] = Field(
@@ -38,14 +54,36 @@ class RolloutSection(Strict):
         "'vllm' (another engine, whose log-probs a policy-gradient update may use only after the trainer "
         "recomputes old_logp; refused where vllm is not installed)",
     )
-    prompts_per_cycle: Annotated[int, Field(ge=1)] = 2
-    samples_per_prompt: Annotated[int, Field(ge=1)] = 4
-    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = 32
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
-    batch_size: Annotated[int, Field(ge=1)] = 8
-    use_chat_template: bool = True
+    prompts_per_cycle: Annotated[int, Field(ge=1)] = Field(
+        default=2, description="prompts sampled per cycle (sft and kd: dataset rows per update)"
+    )
+    samples_per_prompt: Annotated[int, Field(ge=1)] = Field(
+        default=4,
+        description="responses sampled per prompt: GRPO's group size (grpo needs >= 2); sft and kd take one "
+        "oracle trajectory per row instead",
+    )
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = Field(
+        default=32,
+        description="the most tokens sampled per response; the plan also checks that every prompt plus this fits "
+        "the student's context",
+    )
+    temperature: Annotated[float, Field(ge=0)] = Field(default=1.0, description="the sampling temperature (0: greedy)")
+    top_p: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=1.0,
+        description="nucleus sampling: keep the smallest set of most likely tokens whose probability sums to >= "
+        "top_p (1: all)",
+    )
+    top_k: Annotated[int, Field(ge=0)] = Field(default=0, description="keep only the top_k most likely tokens (0: all)")
+    batch_size: Annotated[int, Field(ge=1)] = Field(
+        default=8,
+        description="trajectories decoded together in one generation batch (memory and speed; each sample draws "
+        "from its own seeded stream)",
+    )
+    use_chat_template: bool = Field(
+        default=True,
+        description="render each prompt as a user message through the tokenizer's chat template, with the "
+        "generation prompt, when it has one; false: plain text with the tokenizer's special tokens",
+    )
     engine: Literal["auto", "fast", "hf"] = Field(
         default="auto",
         description="the rollout generator: 'fast' (folded bf16 policy copy, static KV cache, CUDA graphs on CUDA), "
@@ -54,15 +92,40 @@ class RolloutSection(Strict):
 
 
 class TrainSection(Strict):
-    cycles: Annotated[int, Field(ge=1)] = 1
-    gradient_accumulation_steps: Annotated[int, Field(ge=1)] | None = None
-    trajectory_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
-    learning_rate: Annotated[float, Field(gt=0)] = 1e-4
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: Annotated[float, Field(gt=0)] = 1e-8
-    max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
-    logprob_chunk_size: Annotated[int, Field(ge=1)] = 1024
+    cycles: Annotated[int, Field(ge=1)] = Field(
+        default=1,
+        description="training cycles, each one rollout (sft, kd: one batch of dataset rows) and its update: the "
+        "run's update count",
+    )
+    gradient_accumulation_steps: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="trajectories per optimizer step, derived when unset: a cycle's for opd, sft and kd, one "
+        "mini-batch's for grpo and ppo; any other value is refused",
+    )
+    trajectory_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default=1,
+        description="trajectories per padded forward and backward: a fixed k (length buckets of k rows) or "
+        "'auto' (a cost-minimizing partition under a per-forward token budget, the memory plan's "
+        "with memory.max_peak_reserved_gib); it changes speed and memory, not the update",
+    )
+    learning_rate: Annotated[float, Field(gt=0)] = Field(
+        default=1e-4, description="the actor adapter's AdamW learning rate (constant: no schedule)"
+    )
+    weight_decay: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="AdamW's decoupled weight decay (actor and critic)"
+    )
+    adam_betas: tuple[float, float] = Field(
+        default=(0.9, 0.999), description="AdamW's (beta1, beta2) (actor and critic)"
+    )
+    adam_eps: Annotated[float, Field(gt=0)] = Field(default=1e-8, description="AdamW's epsilon (actor and critic)")
+    max_grad_norm: Annotated[float, Field(gt=0)] | None = Field(
+        default=1.0, description="the actor's gradient-norm clip per optimizer step (null: no clipping)"
+    )
+    logprob_chunk_size: Annotated[int, Field(ge=1)] = Field(
+        default=1024,
+        description="the most token positions whose fp32 vocabulary logits are computed at once; the memory plan "
+        "may halve it (down to 128) to fit memory.max_peak_reserved_gib",
+    )
     #: recompute every n-th student decoder layer in backward (0: off); ``auto``: chosen by the memory plan
     #: from ``memory.max_peak_reserved_gib`` (off without a budget)
     activation_checkpointing: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
@@ -72,8 +135,12 @@ class TrainSection(Strict):
 
 
 class CheckpointSection(Strict):
-    every_updates: Annotated[int, Field(ge=1)] = 1
-    keep_last: Annotated[int, Field(ge=1)] = 2
+    every_updates: Annotated[int, Field(ge=1)] = Field(
+        default=1, description="write a checkpoint every n updates, and always after the last"
+    )
+    keep_last: Annotated[int, Field(ge=1)] = Field(
+        default=2, description="keep the newest n checkpoints; older ones are deleted"
+    )
 
 
 class MemorySection(Strict):
@@ -86,5 +153,13 @@ class MemorySection(Strict):
       peak reserved memory exceeds it. It is measured on CUDA only: a CPU run refuses it.
     """
 
-    placement: Literal["resident", "swap"] = "resident"
-    max_peak_reserved_gib: Annotated[float, Field(gt=0)] | None = None
+    placement: Literal["resident", "swap"] = Field(
+        default="resident",
+        description="'resident': every model stays on the device; 'swap' (dual_model, unquantized roles): the "
+        "frozen teacher and reference wait on the CPU outside their role's phase",
+    )
+    max_peak_reserved_gib: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description="the most CUDA memory, in GiB, a cycle may reserve at its peak: the run fails when a cycle "
+        "exceeds it, and the memory plan's auto choices fit it (refused on CPU)",
+    )
