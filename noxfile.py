@@ -46,12 +46,13 @@ KERNELS_TRITON = "triton==3.6.0"  # the H200 stack's triton (known-good/h200-cu1
 
 @nox.session(python=PYTHON)
 def kernels(session: nox.Session) -> None:
-    """The decode step's triton kernels on CPU, under triton's interpreter, in a venv that has triton
-    (the project with only what these tests import: torch, transformers for the tiny models, pytest)."""
-    session.install("--constraint", CPU_STACK, "-e", ".", "torch", "transformers", "pytest", KERNELS_TRITON)
+    """The decode step's and the training forward's triton kernels on CPU, under triton's interpreter, in a venv
+    that has triton (the project with only what these tests import: torch, transformers for the tiny models, peft
+    for the LoRA student, pytest)."""
+    session.install("--constraint", CPU_STACK, "-e", ".", "torch", "transformers", "peft", "pytest", KERNELS_TRITON)
     session.run(
         "python", "-m", "pytest", "-q", "tests/unit/test_rollout_kernels.py", "tests/unit/test_rollout_gemm_kernels.py",
-        "tests/unit/test_rollout_attention_kernel.py", *session.posargs,
+        "tests/unit/test_rollout_attention_kernel.py", "tests/unit/test_training_kernels.py", *session.posargs,
         env={"TRITON_INTERPRET": "1", "MINIVERL_CACHE": ".cache/miniverl"},
     )  # fmt: skip
 

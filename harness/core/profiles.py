@@ -24,8 +24,16 @@ def _thresholds(peak_reserved_bytes_max: int | None) -> Thresholds:
     )
 
 
-def _profile(name: str, *, required_gpu_name: str | None, can_authorize_release: bool, description: str) -> Profile:
-    """A profile whose known-good stack bears its name; a GPU profile runs on CUDA with the CUDA extras."""
+def _profile(
+    name: str,
+    *,
+    required_gpu_name: str | None,
+    can_authorize_release: bool,
+    description: str,
+    vllm: bool = False,
+) -> Profile:
+    """A profile whose known-good stack bears its name; a GPU profile runs on CUDA with the CUDA extras, and with
+    ``vllm`` installs vLLM too (where the policy requires ``vllm_boundary``)."""
     cuda = required_gpu_name is not None
     return Profile(
         kind="miniverl.profile",
@@ -34,7 +42,7 @@ def _profile(name: str, *, required_gpu_name: str | None, can_authorize_release:
         device="cuda" if cuda else "cpu",
         required_gpu_name=required_gpu_name,
         known_good=name,
-        install_extras=["train", "cuda"] if cuda else ["train"],
+        install_extras=(["train", "cuda"] if cuda else ["train"]) + (["vllm"] if vllm else []),
         thresholds=_thresholds(RELEASE_CARD_PEAK_RESERVED_BYTES if cuda else None),
         can_authorize_release=can_authorize_release,
         description=description,
@@ -49,9 +57,10 @@ PROFILES: dict[str, Profile] = {
             required_gpu_name="NVIDIA GeForce RTX 4080",
             can_authorize_release=True,
             description=(
-                "The seed's release runner: Ubuntu under WSL2, Python 3.12.13, one 16 GiB RTX 4080. "
-                "Its stack is declared here, not measured; a declared stack cannot authorize a release."
+                "The seed's release runner: Ubuntu under WSL2, Python 3.12.13, one 16 GiB RTX 4080, with vLLM "
+                "installed. Its stack is declared here, not measured; a declared stack cannot authorize a release."
             ),
+            vllm=True,
         ),
         # The seed names one release machine; the H100 and H200 are measured here but can never authorize a release.
         _profile(

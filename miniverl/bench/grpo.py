@@ -55,10 +55,11 @@ from miniverl.bench.grpo_args import GrpoBenchOptions, add_grpo_arguments, optio
 from miniverl.bench.grpo_lean import estimated_peak_gib
 from miniverl.bench.grpo_models import RandomLoader, release, sync
 from miniverl.bench.grpo_step import step_runner, trl_cell
-from miniverl.bench.grpo_update import update_runner
+from miniverl.bench.grpo_update import fused_kind, update_runner
 from miniverl.canonical import atomic_write_json, atomic_write_text, sha256_file
 from miniverl.errors import UsageError
 from miniverl.models.loading import resolve_device
+from miniverl.runtime.fused import fused_unavailable_reason
 
 __all__ = ["FORMAT", "GrpoBenchOptions", "main", "measure", "options_from_args", "ratios", "run_grpo_bench"]
 
@@ -118,10 +119,14 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
         release(device)
         if device.type == "cuda":  # what an earlier cell left behind would count in this cell's peak
             cell["allocated_at_start_gib"] = torch.cuda.memory_allocated(device) / GIB
-        if path.endswith("_bf16") and dtype_name != "bfloat16":
+        fused = fused_kind(path)
+        unfusable = fused_unavailable_reason(fused, device) if fused is not None else None
+        if "_bf16" in path and dtype_name != "bfloat16":
             cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
-        elif path == "trl":
-            cell.update(trl_cell(loader, opts, device, dtype_name))
+        elif unfusable is not None:
+            cell.update(status="not_run", reason=unfusable)
+        elif path in ("trl", "trl_liger"):
+            cell.update(trl_cell(loader, opts, device, dtype_name, liger=path == "trl_liger"))
         elif path == "miniverl_lean" and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:
             cell.update(status="not_run", reason="--memory-budget-gib trl, and TRL's peak reserved was not measured")
         else:

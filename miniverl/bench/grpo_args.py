@@ -10,7 +10,15 @@ from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int
 from miniverl.errors import UsageError
 
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
+#: TRL with ``use_liger_loss=True`` (its fused GRPO loss and LM head: TRL's best single-GPU memory option), by name
+#: only (liger-kernel runs on CUDA only)
+NAMED_STEP_PATHS = ("trl_liger",)
+ALL_STEP_PATHS = (*STEP_PATHS, *NAMED_STEP_PATHS)
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
+#: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only); asked
+#: for by name, since each needs triton (and liger-kernel) where the defaults need neither
+FUSED_UPDATE_PATHS = ("miniverl_update_bf16_fused", "miniverl_update_bf16_liger")
+ALL_UPDATE_PATHS = (*UPDATE_PATHS, *FUSED_UPDATE_PATHS)
 GRPO_MODELS = ("tiny", "smollm2-shape", "qwen3-0.6b-shape")
 
 
@@ -33,9 +41,17 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed steps per cell (plans, graphs)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed steps per cell (median and spread)")
-    parser.add_argument("--paths", type=_names, default=STEP_PATHS, help=f"GRPO step paths: {','.join(STEP_PATHS)}")
     parser.add_argument(
-        "--update-paths", type=_names, default=UPDATE_PATHS, help=f"update paths: {','.join(UPDATE_PATHS)}"
+        "--paths",
+        type=_names,
+        default=STEP_PATHS,
+        help=f"GRPO step paths: {','.join(STEP_PATHS)} (and by name: {','.join(NAMED_STEP_PATHS)})",
+    )
+    parser.add_argument(
+        "--update-paths",
+        type=_names,
+        default=UPDATE_PATHS,
+        help=f"update paths: {','.join(UPDATE_PATHS)} (and by name: {','.join(FUSED_UPDATE_PATHS)})",
     )
     parser.add_argument("--update-shape", type=positive_int_pair, default=(8, 512), help="update rows,tokens (B,T)")
     parser.add_argument(
@@ -90,11 +106,12 @@ class GrpoBenchOptions:
 def validate_options(opts: GrpoBenchOptions) -> None:
     if opts.model not in GRPO_MODELS:
         raise UsageError(f"unknown model {opts.model!r}; choose one of {', '.join(GRPO_MODELS)}")
-    unknown = [p for p in opts.paths if p not in STEP_PATHS] + [p for p in opts.update_paths if p not in UPDATE_PATHS]
+    unknown = [p for p in opts.paths if p not in ALL_STEP_PATHS]
+    unknown += [p for p in opts.update_paths if p not in ALL_UPDATE_PATHS]
     if unknown:
         raise UsageError(
-            f"unknown path(s) {', '.join(unknown)}; step paths: {', '.join(STEP_PATHS)}; "
-            f"update paths: {', '.join(UPDATE_PATHS)}"
+            f"unknown path(s) {', '.join(unknown)}; step paths: {', '.join(ALL_STEP_PATHS)}; "
+            f"update paths: {', '.join(ALL_UPDATE_PATHS)}"
         )
     for name in ("prompts", "samples", "new_tokens", "prompt_tokens", "rollout_batch", "repeats"):
         if getattr(opts, name) < 1:

@@ -69,14 +69,23 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
     return run, runtime
 
 
-def trl_cell(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str) -> dict[str, Any]:
+def trl_cell(
+    loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str, *, liger: bool = False
+) -> dict[str, Any]:
+    """TRL's GRPOTrainer, its defaults (with ``liger``: ``use_liger_loss=True``), or ``not_run`` with the reason."""
     try:
         import trl
     except ImportError as exc:
         return {"status": "not_run", "reason": f"trl is not importable in this environment ({exc})"}
+    if liger:
+        from miniverl.runtime.fused import fused_unavailable_reason
+
+        why = fused_unavailable_reason("liger", device)
+        if why is not None:
+            return {"status": "not_run", "reason": f"use_liger_loss: {why}"}
     from miniverl.bench.grpo_trl import run_trl_cell
 
     try:
-        return {"trl_version": trl.__version__, **run_trl_cell(loader, opts, device, dtype_name)}
+        return {"trl_version": trl.__version__, **run_trl_cell(loader, opts, device, dtype_name, liger=liger)}
     except Exception as exc:  # a TRL failure is recorded, never hidden behind miniverl's figures
         return {"status": "failed", "trl_version": trl.__version__, "reason": f"{type(exc).__name__}: {exc}"[:500]}

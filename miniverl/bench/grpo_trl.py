@@ -61,7 +61,9 @@ def encode_equal_work(tokenizer: Any, prompt_ids: list[list[int]]) -> list[str]:
     return texts
 
 
-def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
+def run_trl_cell(
+    loader: Any, opts: Any, device: torch.device, dtype_name: str, *, liger: bool = False
+) -> dict[str, Any]:
     import datasets
     import peft
     from transformers import TrainerCallback
@@ -113,7 +115,7 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
             max_completion_length=opts.new_tokens, generation_kwargs={"min_new_tokens": opts.new_tokens},
             temperature=1.0, learning_rate=opts.learning_rate, max_steps=steps, logging_steps=1, report_to="none",
             save_strategy="no", disable_tqdm=True, bf16=dtype_name == "bfloat16", use_cpu=device.type == "cpu",
-            seed=opts.seed, shuffle_dataset=False, dataloader_num_workers=0,
+            seed=opts.seed, shuffle_dataset=False, dataloader_num_workers=0, use_liger_loss=liger,
         )  # fmt: skip
         trainer = GRPOTrainer(
             model=model,
@@ -142,4 +144,5 @@ def run_trl_cell(loader: Any, opts: Any, device: torch.device, dtype_name: str) 
         "peak_reserved_gib": peak.get("reserved"),
         "logged_mean_completion_lengths": lengths,
         "gradient_checkpointing": checkpointing,
+        "use_liger_loss": liger,
     }

@@ -1,5 +1,6 @@
 """The update benchmark of ``miniverl bench grpo``: one optimizer update on B rows of T tokens, HF + PEFT as a
-first implementation writes it against miniverl's :func:`grpo_update` (fp32 adapter, or bf16 with fp32 masters)."""
+first implementation writes it against miniverl's :func:`grpo_update` (fp32 adapter, or bf16 with fp32 masters, and
+that with fused training kernels: ours or liger-kernel's, :mod:`miniverl.runtime.fused`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from miniverl.bench.common import random_prompt_ids
 from miniverl.bench.grpo_args import GrpoBenchOptions
 from miniverl.bench.grpo_models import AdapterTrainer, RandomLoader, role_runtime, sync, update_sequences
 from miniverl.gate.models import LORA_TARGETS
+from miniverl.runtime.fused import FusedKernels
+
+
+def fused_kind(path: str) -> FusedKernels | None:
+    """The fused training kernels an update path runs with (``None``: HF's modules as loaded)."""
+    if path.endswith("_fused"):
+        return "triton"
+    return "liger" if path.endswith("_liger") else None
 
 
 def update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
@@ -56,7 +65,10 @@ def update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, devic
     from miniverl.training.algorithms.grpo import grpo_update
 
     runtime = role_runtime(loader, device, dtype_name, train_batch=batch, checkpointing=opts.activation_checkpointing)
-    trainer = AdapterTrainer(runtime, opts.learning_rate, bf16_master=path == "miniverl_update_bf16")
+    kind = fused_kind(path)
+    if kind is not None:
+        runtime.fuse_training_kernels(kind)
+    trainer = AdapterTrainer(runtime, opts.learning_rate, bf16_master=path.startswith("miniverl_update_bf16"))
     sequences = update_sequences([(row[:prompt], row[prompt:]) for row in ids], advantages)
 
     def ours(step: int) -> dict[str, float]:

@@ -229,17 +229,33 @@ def _transformers_folder(where: str) -> Path | None:
 
 def vllm_model_dir(model: Any, tokenizer: Any, scratch: Path) -> Path:
     """The transformers folder vLLM loads the student's base from: the one it was loaded from, or (a GGUF, a
-    model built in memory) its base weights written once as bf16 safetensors into ``scratch``
-    (:func:`write_base_folder`)."""
+    model built in memory, a quantized base) its base weights as the trainer computes with them, written once as
+    bf16 safetensors into ``scratch`` (:func:`write_base_folder`). A quantized (NF4) student never samples from
+    its folder: those weights are not the ones it trains on."""
     base = _inner(model)
-    found = _transformers_folder(str(getattr(getattr(base, "config", None), "_name_or_path", "") or ""))
-    return found if found is not None else write_base_folder(model, tokenizer, scratch / BASE_FOLDER)
+    config = getattr(base, "config", None)
+    found = _transformers_folder(str(getattr(config, "_name_or_path", "") or ""))
+    quantized = getattr(config, "quantization_config", None) is not None
+    return found if found is not None and not quantized else write_base_folder(model, tokenizer, scratch / BASE_FOLDER)
+
+
+def _dequantized_weights(base: Any) -> dict[str, Any]:
+    """Each 4-bit (bitsandbytes) layer's weight as the trainer's forward computes with it, by state-dict name."""
+    out: dict[str, Any] = {}
+    for name, module in base.named_modules():
+        weight: Any = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if weight is not None and state is not None:
+            from bitsandbytes.functional import dequantize_4bit
+
+            out[f"{name}.weight"] = dequantize_4bit(weight.data, state)
+    return out
 
 
 def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
     """The student's base model (LoRA layers left out: each policy version reaches vLLM as its own adapter) as a
-    bf16 safetensors transformers folder: config, weights, tokenizer. A quantized base is refused in one line:
-    its weights are not the model's own numbers."""
+    bf16 safetensors transformers folder: config, weights, tokenizer. A 4-bit base is written dequantized (the
+    numbers its forward uses), without its quantization config."""
     import torch
     from safetensors.torch import save_file
 
@@ -247,17 +263,14 @@ def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
     config = getattr(base, "config", None)
     if config is None:
         raise DependencyError("rollout.backend vllm: the student has no model config to write for vLLM")
-    if getattr(config, "quantization_config", None) is not None:
-        raise DependencyError(
-            "rollout.backend vllm: the student's base is quantized and was not loaded from a transformers folder; "
-            "vLLM needs its unquantized weights"
-        )
+    dequantized = _dequantized_weights(base)
     tensors: dict[str, Any] = {}
     for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
+        if ".lora_" in name or any(name.startswith(f"{q}.") for q in dequantized):  # a 4-bit weight's quant state
             continue
         if ".modules_to_save." in name or ".original_module." in name:
             raise DependencyError(f"rollout.backend vllm: the student trains {name} whole; vLLM takes only LoRA")
+        tensor = dequantized.get(name, tensor)
         if not torch.is_floating_point(tensor):
             raise DependencyError(f"rollout.backend vllm: the student's base tensor {name} is {tensor.dtype}")
         # a clone per tensor: safetensors refuses tensors that share storage (tied embeddings)
@@ -266,6 +279,7 @@ def write_base_folder(model: Any, tokenizer: Any, target: Path) -> Path:
         tensors.pop("lm_head.weight", None)
     doc = config.to_diff_dict()
     doc.pop("_name_or_path", None)
+    doc.pop("quantization_config", None)
     doc["dtype"] = "bfloat16"
     doc.pop("torch_dtype", None)
     if not doc.get("architectures"):

@@ -16,6 +16,7 @@ import torch
 from miniverl.canonical import fsync_tree, temp_dir_beside
 from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
 from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
+from miniverl.runtime.fused import FusedKernels
 from miniverl.runtime.host_memory import trim_host_allocator
 from miniverl.runtime.loading import (
     ADAPTER_CONFIG,
@@ -118,6 +119,13 @@ class StudentMemoryPlan:
 
     def _student_model(self) -> Any:
         raise NotImplementedError
+
+    def fuse_training_kernels(self, kind: FusedKernels) -> dict[str, int]:
+        """The student's RMSNorm and SwiGLU MLP forwards through ``kind``'s fused kernels
+        (:func:`miniverl.runtime.fused.fuse_training_kernels`); how many of each."""
+        from miniverl.runtime.fused import fuse_training_kernels
+
+        return fuse_training_kernels(self._student_model(), kind)
 
     def apply_memory_plan(
         self, *, activation_checkpointing: int, max_tokens: int | None, release_rollout_engine: bool = False

@@ -255,8 +255,8 @@ def build_assets(candidate: Path, qual: Path, out: Path, known_good: Path, **kw:
 
 def candidate_fixed_under_the_current_policy(candidate: Path, dest: Path) -> Path:
     """A copy of ``candidate`` whose manifest fixes the criteria of the policy in effect in this process, which is
-    what ``harness build`` writes under it (under :func:`release_card_test_variant`: the release card's required
-    checks without vllm_boundary). The wheel, the sdist and SHA256SUMS are the same bytes."""
+    what ``harness build`` writes under it (under :func:`release_card_test_variant`: the release card's scale with
+    the stand-in models). The wheel, the sdist and SHA256SUMS are the same bytes."""
     from harness.build.candidate import MANIFEST
     from harness.core.policy import fixed_criteria
     from harness.core.recordio import load_record, record_bytes
@@ -405,13 +405,22 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
             copy = scratch / member
             copy.parent.mkdir(parents=True, exist_ok=True)
             measured_on_h200 = FULL_FIXTURES / spec.name / "h200-cu130" / member
-            if measured_on_h200.is_file():
+            vllm_on_h100 = FULL_FIXTURES / spec.name / VLLM_RUN_ON_THE_H100 / member
+            if vllm_on_h100.is_file():
+                copy.write_bytes(vllm_on_h100.read_bytes())
+            elif measured_on_h200.is_file():
                 data = measured_on_h200.read_bytes()
                 wheel = value["candidate"]["wheel"]["sha256"]
                 copy.write_bytes(rebind_transcript(data, wheel) if role == "transcript" else data)
             else:
                 copy.write_bytes(as_cuda_bytes(source.read_bytes(), spec.name, role, SCALES[profile.name]))
             evidence[role] = copy
+        for role, member in workload.evidence.items():  # the vLLM run's files the CPU run never had
+            vllm_on_h100 = FULL_FIXTURES / spec.name / VLLM_RUN_ON_THE_H100 / member
+            if role not in evidence and vllm_on_h100.is_file():
+                evidence[role] = scratch / member
+                evidence[role].parent.mkdir(parents=True, exist_ok=True)
+                evidence[role].write_bytes(vllm_on_h100.read_bytes())
         if spec.name == "backend-matrix":
             _cuda_backend_matrix_stand_ins(evidence)
         wheel = value["candidate"]["wheel"]["sha256"]
@@ -432,11 +441,15 @@ def _rejudge_as_cuda(dest: Path, value: Any, profile: Any) -> None:
     value["workloads"] = [results[w["name"]] for w in value["workloads"]]
 
 
+#: the backend matrix's vLLM refresh run as the H100 qualification at 02b33ed kept it (its README says where from):
+#: a CUDA-relabelled chain's vLLM evidence is that real run's, never another engine's lines
+VLLM_RUN_ON_THE_H100 = "h100-cu130-vllm"
+
+
 def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path]) -> None:
     """Test stand-ins for what the H200 evidence lacks: interleaved pairs in its bench (it predates them; each pair
-    repeats the H200 cells' own median timings). Nothing stands in for vLLM: no vLLM run exists (issue #32), so
-    ``vllm_boundary`` stays not_applicable, and on the release card, whose policy requires it, the backend matrix
-    fails (see :func:`release_card_test_variant` for the tests that need the rest of the path to authorize)."""
+    repeats the H200 cells' own median timings). Nothing stands in for vLLM: its evidence is the real run on the
+    H100 (:data:`VLLM_RUN_ON_THE_H100`)."""
     from harness.qualify.full.backend_matrix import load_preregistration
 
     bench = json.loads(evidence["rollout_bench"].read_bytes())
@@ -450,19 +463,15 @@ def _cuda_backend_matrix_stand_ins(evidence: dict[str, Path]) -> None:
     evidence["rollout_bench"].write_text(json.dumps(bench))
 
 
-#: the one policy entry the test-only variant below removes
-VLLM_BOUNDARY_ON_THE_RELEASE_CARD = ("backend-matrix", "vllm_boundary")
-
-
 @contextlib.contextmanager
 def release_card_test_variant() -> Iterator[None]:
-    """TEST-ONLY variant of the release card, in this process only, for what this machine cannot run there: no
-    profile requires ``vllm_boundary`` (no vLLM run exists yet: issue #32), and the release card's scale declares the
-    SmolLM2 and tiny-classifier stand-ins instead of the seed's Qwen3-0.6B and DistilBERT (no hub here). While it is
-    in effect, a release-card chain relabelled from the CPU run, whose vLLM boundary is honestly not_applicable, can
-    reach the rest of the authorization path (the gate, the auditor's re-judging, release assets) without any fake
-    vLLM or model evidence; under the real policy and scale the same chain is refused (tests assert both). No harness
-    code can select it: it exists only here, and a subprocess never sees it."""
+    """TEST-ONLY variant of the release card, in this process only, for what this machine cannot run there: the
+    release card's scale declares the SmolLM2 and tiny-classifier stand-ins instead of the seed's Qwen3-0.6B and
+    DistilBERT (no hub here). Everything else is the real policy, ``vllm_boundary`` included, which the chain meets
+    with the real vLLM run kept from the H100 (:data:`VLLM_RUN_ON_THE_H100`). While it is in effect, a release-card
+    chain relabelled from the CPU run can reach the rest of the authorization path (the gate, the auditor's
+    re-judging, release assets) without any fake model evidence; under the real scale the same chain is refused
+    (tests assert both). No harness code can select it: it exists only here, and a subprocess never sees it."""
     with pytest.MonkeyPatch.context() as mp:
         use_release_card_test_variant(mp)
         yield
@@ -472,10 +481,8 @@ def use_release_card_test_variant(mp: pytest.MonkeyPatch) -> None:
     """Put :func:`release_card_test_variant` in effect until ``mp`` is undone (a test's ``monkeypatch``)."""
     from dataclasses import replace
 
-    from harness.core import registry
     from harness.qualify.full.scales import SCALES, STAND_INS
 
-    mp.setitem(registry.REQUIRED_ONLY_ON, VLLM_BOUNDARY_ON_THE_RELEASE_CARD, ())
     card = "rtx4080-wsl2-cu130"
     mp.setitem(SCALES, card, replace(SCALES[card], models=STAND_INS))
 

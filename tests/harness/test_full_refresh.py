@@ -887,3 +887,6 @@ def test_the_engine_record_is_what_the_runs_interpreter_has_installed(tmp_path: 
     absent = record({})
     assert "vllm_version" not in absent and absent["exit_code"] != 0
     assert "PackageNotFoundError" in absent["stderr_last_line"]
+    (venv / "bin" / "python").unlink()  # no interpreter at all: recorded, never a traceback
+    missing = record({"PYTHONPATH": str(site)})
+    assert missing["exit_code"] == 127 and "vllm_version" not in missing

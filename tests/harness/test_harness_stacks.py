@@ -78,3 +78,16 @@ def test_stack_record_writes_a_measured_pair(candidate: Path, tmp_path: Path) ->
         str(tmp_path),
     )
     assert refused.returncode == 1 and "[gpu_identity]" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_the_release_card_installs_and_pins_vllm() -> None:
+    """The release card's policy requires vllm_boundary: its venv installs miniverl's vllm extra, and its known-good
+    stack declares vLLM's measured closure (scripts/stacks/release_card_vllm.py --check finds the file current)."""
+    card = PROFILES["rtx4080-wsl2-cu130"]
+    assert card.install_extras == ["train", "cuda", "vllm"]
+    assert all("vllm" not in p.install_extras for name, p in PROFILES.items() if name != card.name)
+    descriptor, _ = load_known_good(card)
+    assert descriptor.packages["vllm"] == "0.26.0" and descriptor.packages["numpy"] == "2.3.5"
+    assert descriptor.packages["torchvision"] == "0.26.0+cu130"
+    done = run_cli("scripts/stacks/release_card_vllm.py", "--check")
+    assert done.returncode == 0, done.stderr

@@ -968,8 +968,9 @@ def test_authority_comes_from_the_harness_not_the_record(
 ) -> None:
     """A consistent, passed full qualification on a CUDA profile: the H200 one never authorizes (policy in
     code), and neither does the release card's one without a gpu.yml build; the record's own claim of
-    authority is ignored. No vLLM run exists (issue #32): the release card's chain is judged and audited under
-    the test-only release_card_test_variant (the real policy refuses it: test_release_gate)."""
+    authority is ignored. The release card's chain (its vLLM evidence the real H100 run's) is judged and audited
+    under the test-only release_card_test_variant, the stand-in models for the seed's (the real scale refuses it:
+    test_release_gate)."""
     from harness_helpers import (
         candidate_fixed_under_the_current_policy,
         use_release_card_test_variant,

@@ -139,7 +139,7 @@ def test_a_budget_of_trl_runs_trl_first_and_plans_the_lean_path_under_its_peak(
     import miniverl.bench.grpo as grpo_bench
 
     def stand_in_trl(peak: float | None) -> Any:
-        def cell(*_: Any) -> dict[str, Any]:
+        def cell(*_: Any, **__: Any) -> dict[str, Any]:
             if peak is None:
                 return {"status": "not_run", "reason": "stand-in: no peak"}
             return {
@@ -211,3 +211,14 @@ def test_an_out_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path: 
     lines = err.getvalue().strip().splitlines()
     assert code == 2 and len(lines) == 1 and "is a file, not a directory" in lines[0], lines
     assert taken.read_text() == "kept"
+
+
+def test_fused_update_paths_that_cannot_run_here_are_marked_not_run(tmp_path: Path) -> None:
+    """liger-kernel runs on CUDA only; ours needs triton (and on CPU its interpreter): never a failure or a pass."""
+    opts = GrpoBenchOptions(
+        model="tiny", device="cpu", dtype="bfloat16", warmup=1, repeats=1, update_shape=(2, 12),
+        update_paths=("miniverl_update_bf16_liger",), paths=("trl_liger",),
+    )  # fmt: skip
+    for cell in run_grpo_bench(opts, tmp_path / "o")["cells"]:
+        assert cell["status"] == "not_run", cell
+        assert "CUDA only" in cell["reason"] or "trl is not importable" in cell["reason"], cell

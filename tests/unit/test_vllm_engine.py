@@ -215,13 +215,35 @@ def test_a_student_loaded_from_a_transformers_folder_is_handed_over_as_it_is(
     assert not (tmp_path / "scratch").exists()
 
 
-def test_a_quantized_base_without_its_folder_is_refused_in_one_line(tmp_path: Path) -> None:
-    from miniverl.errors import DependencyError
-    from miniverl.rollout.vllm_engine import vllm_model_dir
+def test_an_nf4_student_hands_vllm_its_dequantized_weights_never_its_folder(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """An NF4 student loaded from a transformers folder trains on the 4-bit numbers, not the folder's: vLLM gets a
+    folder of those numbers dequantized (bitsandbytes on CPU), without the quantization config, and a model loaded
+    from it computes the NF4 student's logits (bf16 rounding apart), not the folder's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    student, tokenizer = _tiny_student(tmp_path, "")
-    student.get_base_model().config.quantization_config = {"load_in_4bit": True}
-    with pytest.raises(DependencyError, match="the student's base is quantized") as refused:
-        vllm_model_dir(student, tokenizer, tmp_path / "scratch")
-    assert "\n" not in str(refused.value)
-    assert not (tmp_path / "scratch").exists()
+    from miniverl.rollout.vllm_engine import BASE_FOLDER, vllm_model_dir
+    from tests.helpers.tiny import make_tiny_tokenizer
+
+    pytest.importorskip("bitsandbytes")
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    nf4 = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir), dtype=torch.float32, quantization_config=quant, device_map={"": "cpu"}
+    )
+    student = get_peft_model(nf4, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), "student")
+    folder = vllm_model_dir(student, make_tiny_tokenizer(), tmp_path / "scratch")
+    assert folder == tmp_path / "scratch" / BASE_FOLDER
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+
+    handed = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    unquantized = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    with torch.no_grad(), student.disable_adapter():
+        trained_on = student(ids).logits
+    with torch.no_grad():
+        ours = (handed(ids).logits - trained_on).abs().max().item()
+        folders = (unquantized(ids).logits - trained_on).abs().max().item()
+    assert ours < 0.2 * folders, (ours, folders)

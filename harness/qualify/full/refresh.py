@@ -252,6 +252,8 @@ def _installed_vllm(ctx: Context) -> Path:
         done = run([str(python), "-c", _INSTALLED_VLLM], cwd=ctx.work, env=env, timeout=120)
     except subprocess.TimeoutExpired:
         done = subprocess.CompletedProcess([], 124, b"", b"timed out after 120 s")
+    except OSError as exc:  # no interpreter where the venv should hold one
+        done = subprocess.CompletedProcess([], 127, b"", f"{python.name}: {exc.strerror}".encode())
     try:
         doc = json.loads(done.stdout.decode("utf-8")) if done.returncode == 0 else {}
     except ValueError:
