@@ -122,8 +122,9 @@ __all__ = [
     "vllm_cycle",
 ]
 
-#: the name scripts/device/vllm_smoke.py and the tests judge one vLLM cycle by
+# The private names scripts/device/vllm_smoke.py and the tests reach the vLLM judges by, from before the split.
 _vllm_cycle = vllm_cycle
+_vllm = judge_vllm_boundary
 
 
 # ---------------------------------------------------------------------------------------------------- run
