@@ -35,15 +35,54 @@ estimate beside the measured peak per path so they can be checked (and corrected
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-GIB = float(1 << 30)
-KV_SPAN_QUANTUM = 64  # the fast engine rounds its cache capacity up to this (rollout/decoder.py SPAN_QUANTUM)
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-NF4_BYTES_PER_PARAM = 0.5625  # 4-bit weights plus one fp32 absmax per 64 (bitsandbytes' default blocksize)
+from miniverl.runtime.memory_shapes import (
+    DTYPE_BYTES,
+    GIB,
+    KV_SPAN_QUANTUM,
+    NF4_BYTES_PER_PARAM,
+    DecoderDims,
+    Workload,
+    kv_cache_bytes,
+)
+from miniverl.runtime.vllm_memory import (
+    VLLM_KV_MARGIN,
+    VLLM_MAX_SHARE,
+    VLLM_RUNTIME_BYTES,
+    VllmMemory,
+    vllm_kv_cache_bytes,
+    vllm_memory,
+    vllm_need_bytes,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "GIB",
+    "KV_SPAN_QUANTUM",
+    "MIN_LOGPROB_CHUNK",
+    "NF4_BYTES_PER_PARAM",
+    "VLLM_KV_MARGIN",
+    "VLLM_MAX_SHARE",
+    "VLLM_RUNTIME_BYTES",
+    "DecoderDims",
+    "MemoryConstants",
+    "MemoryEstimate",
+    "MemoryPlan",
+    "VllmMemory",
+    "Workload",
+    "checkpoint_options",
+    "choose_plan",
+    "estimate",
+    "kv_cache_bytes",
+    "logprob_chunk_options",
+    "per_token_layer_bytes",
+    "vllm_kv_cache_bytes",
+    "vllm_memory",
+    "vllm_need_bytes",
+]
+
 MIN_LOGPROB_CHUNK = 128  # the plan halves the configured log-prob chunk no further than this
 
 
@@ -77,87 +116,6 @@ class MemoryConstants:
 
 
 @dataclass(frozen=True)
-class DecoderDims:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool = True
-
-    @classmethod
-    def from_hf_config(cls, config: Any) -> DecoderDims:
-        heads = int(config.num_attention_heads)
-        head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
-        return cls(
-            layers=int(config.num_hidden_layers),
-            hidden=int(config.hidden_size),
-            heads=heads,
-            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-            head_dim=int(head_dim),
-            intermediate=int(config.intermediate_size),
-            vocab=int(config.vocab_size),
-            tied_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
-        )
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def module_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each Llama-family linear in one decoder layer."""
-        h, i = self.hidden, self.intermediate
-        return {
-            "q_proj": (h, self.q_dim),
-            "k_proj": (h, self.kv_dim),
-            "v_proj": (h, self.kv_dim),
-            "o_proj": (self.q_dim, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def base_params(self) -> int:
-        per_layer = sum(a * b for a, b in self.module_shapes().values()) + 2 * self.hidden
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + self.hidden
-
-    def lora_params(self, rank: int, targets: Sequence[str]) -> int:
-        shapes = self.module_shapes()
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
-
-    def lora_input_elements(self, targets: Sequence[str]) -> int:
-        """Per token and layer, the elements of every LoRA target's input (PEFT casts each one)."""
-        shapes = self.module_shapes()
-        return sum(shapes[t][0] for t in targets if t in shapes)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one cycle runs, as far as memory goes."""
-
-    dtype: Literal["float32", "bfloat16", "float16"]
-    adapter_precision: Literal["fp32", "bf16_master"]
-    lora_rank: int
-    lora_targets: tuple[str, ...]
-    row_tokens: int  # longest trajectory: prompt + new tokens
-    update_rows: int  # trajectories of one optimizer step (the largest micro-batch worth having)
-    logprob_chunk: int
-    rollout_rows: int  # one rollout batch
-    rollout_capacity: int  # its KV slots per row (prompt + new tokens)
-    fast_engine: bool  # the folded copy and static cache stay resident between cycles
-    extra_models: int = 0  # frozen/critic models loaded beside the student (dual_model, resident)
-    quantized: bool = False  # NF4 student base
-    vllm_engine: bool = False  # a colocated vLLM samples: awake in the rollout phase, asleep (level 1) in the update
-
-
-@dataclass(frozen=True)
 class MemoryEstimate:
     weights: float
     adapter_optimizer: float
@@ -180,11 +138,6 @@ class MemoryEstimate:
         rollout = self.rollout_phase + (self.rollout_engine if self.rollout_released else 0.0)
         update = self.activations + max(self.logits_chunk, self.layer_backward)
         return self.overhead * (self.resident + max(rollout, update))
-
-
-def kv_cache_bytes(dims: DecoderDims, rows: int, capacity: int, element_bytes: float) -> float:
-    """K and V of every layer for ``rows`` x ``capacity`` slots."""
-    return 2.0 * dims.layers * rows * capacity * dims.kv_dim * element_bytes
 
 
 def per_token_layer_bytes(dims: DecoderDims, work: Workload, constants: MemoryConstants) -> float:
@@ -260,79 +213,6 @@ def estimate(
         layer_backward=layer_backward,
         workspaces=constants.cublas_workspace * (2 if work.fast_engine else 1),
         rollout_released=release_rollout,
-    )
-
-
-#: What a colocated vLLM holds beyond its weights, adapter slot and rollout KV cache while it is awake: the profile
-#: run's activations at max_num_seqs rows, its sampler's buffers, CUDA graphs and the non-torch memory it counts
-#: (cuBLAS, NCCL). An upper bound, not a fit: the H100 smoke ran at 0.3 of 80 GiB; each run's metrics carry the
-#: share this plan gave (``rollout/vllm_memory_share``) so the bound can be fitted to measured runs.
-VLLM_RUNTIME_BYTES = 3.0 * GIB
-#: the KV cache vLLM must be able to hold: the rollout's rows at their full length, twice over (vLLM allocates
-#: in 16-token blocks and keeps a prefix cache beside the running rows)
-VLLM_KV_MARGIN = 2.0
-VLLM_MAX_SHARE = 0.9  # vLLM's own default ceiling: the trainer keeps the rest
-
-
-@dataclass(frozen=True)
-class VllmMemory:
-    """What the memory plan gives a colocated vLLM: ``gpu_memory_utilization`` and the limits it is built with."""
-
-    share: float  # vLLM's gpu_memory_utilization: its bytes over the device's total
-    need_bytes: float
-    #: vLLM's KV cache, given outright (``kv_cache_memory_bytes``) rather than left to vLLM's profiling, which reads
-    #: the whole device's free memory and so miscounts (or asserts) when another process allocates or frees meanwhile
-    kv_cache_bytes: int
-    max_model_len: int  # the longest row (prompt + new tokens): vLLM profiles and reserves for no more
-    max_num_seqs: int  # one rollout batch
-
-    def metrics(self) -> dict[str, float]:
-        return {"rollout/vllm_memory_share": self.share, "rollout/vllm_planned_gib": self.need_bytes / GIB}
-
-
-def vllm_kv_cache_bytes(dims: DecoderDims, *, rollout_rows: int, capacity: int) -> int:
-    """vLLM's bf16 KV cache for the rollout's rows at full length, with :data:`VLLM_KV_MARGIN`."""
-    return math.ceil(VLLM_KV_MARGIN * kv_cache_bytes(dims, max(1, rollout_rows), capacity, 2.0))
-
-
-def vllm_need_bytes(
-    dims: DecoderDims, *, rollout_rows: int, capacity: int, lora_rank: int, targets: Sequence[str]
-) -> float:
-    """Bytes a colocated vLLM holds awake: bf16 weights, one bf16 LoRA slot, the rollout's KV cache
-    (:func:`vllm_kv_cache_bytes`) and :data:`VLLM_RUNTIME_BYTES`."""
-    weights = dims.base_params() * 2.0
-    adapter = dims.lora_params(lora_rank, targets) * 2.0
-    kv = vllm_kv_cache_bytes(dims, rollout_rows=rollout_rows, capacity=capacity)
-    return weights + adapter + kv + VLLM_RUNTIME_BYTES
-
-
-def vllm_memory(
-    dims: DecoderDims, work: Workload, *, device_bytes: float, lora_targets: Sequence[str] | None = None
-) -> VllmMemory:
-    """vLLM's share of a ``device_bytes`` GPU for ``work``'s rollout: what it needs, rounded up to a hundredth.
-
-    Raises ``ValueError`` where that is more than :data:`VLLM_MAX_SHARE` of the device."""
-    if device_bytes <= 0:
-        raise ValueError("device_bytes must be positive")
-    need = vllm_need_bytes(
-        dims,
-        rollout_rows=work.rollout_rows,
-        capacity=work.rollout_capacity,
-        lora_rank=work.lora_rank,
-        targets=work.lora_targets if lora_targets is None else lora_targets,
-    )
-    share = -(-round(need / device_bytes * 1e6) // 10_000) / 100  # up to the next hundredth (1e-6 absorbs float noise)
-    if share > VLLM_MAX_SHARE:
-        raise ValueError(
-            f"vLLM needs {need / GIB:.2f} GiB for this rollout, more than {VLLM_MAX_SHARE:.0%} of the device's "
-            f"{device_bytes / GIB:.2f} GiB"
-        )
-    return VllmMemory(
-        share=share,
-        need_bytes=need,
-        kv_cache_bytes=vllm_kv_cache_bytes(dims, rollout_rows=work.rollout_rows, capacity=work.rollout_capacity),
-        max_model_len=work.rollout_capacity,
-        max_num_seqs=max(1, work.rollout_rows),
     )
 
 

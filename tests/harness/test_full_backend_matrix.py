@@ -18,6 +18,7 @@ from full_evidence import runner_options
 
 from harness.core import policy, registry
 from harness.core.jsonio import sha256_file
+from harness.core.proc import REPO_ROOT
 from harness.core.profiles import PROFILES
 from harness.core.recordio import json_schema
 from harness.core.records import Profile
@@ -400,7 +401,7 @@ def test_hostile_evidence_fails_checks_without_raising(tmp_path: Path, case: str
 def test_the_preregistration_is_committed_strict_and_its_schema_generated() -> None:
     prereg, digest = bm.load_preregistration()
     assert digest == sha256_file(bm.PREREGISTRATION) and len(prereg.cells) == 24
-    assert bm.PREREGISTRATION.relative_to(bm.REPO_ROOT).as_posix() == "harness/preregistration/backend-matrix-v3.json"
+    assert bm.PREREGISTRATION.relative_to(REPO_ROOT).as_posix() == "harness/preregistration/backend-matrix-v3.json"
     v2 = json.loads((bm.PREREGISTRATION.parent / "backend-matrix-v2.json").read_text())  # history, beside it
     assert {k: v for k, v in v2.items() if k not in ("speed", "description", "issue")} == {
         k: v
