@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps import Steps  # a sibling script, not a package
+from steps import Steps, sha256  # a sibling script, not a package
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
@@ -76,14 +76,6 @@ MANIFEST = "manifest.json"
 
 class Refused(Exception):
     """One line for the operator: what is wrong and nothing else."""
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tree_bytes() -> int:

@@ -26,14 +26,13 @@ Each command's timeout keeps the call inside its ``--deadline-s`` (default 570 s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from steps import Steps  # a sibling script, not a package
+from steps import Steps, sha256  # a sibling script, not a package
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / ".carry" / "perf" / "1"
@@ -54,14 +53,6 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 UPDATE_PATHS = "naive_hf_peft,miniverl_update_bf16,miniverl_update_bf16_fused,miniverl_update_bf16_liger"
 GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean"
 CALL_BYTES = 64 * 2**20
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def stage() -> int:

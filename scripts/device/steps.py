@@ -4,11 +4,21 @@ both written under ``$OUT`` after every step (so a call cut off at its limit sti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+
+def sha256(path: Path) -> str:
+    """A file's sha256, read in MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class Steps:
