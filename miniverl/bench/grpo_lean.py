@@ -91,14 +91,15 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
     if plan is not None:
         return float(plan.estimate.peak / PLAN_GIB)
     dims = DecoderDims.from_hf_config(config)
-    bf16 = path.endswith("_bf16") or (path == "miniverl_lean" and lean_precision(dtype_name) == "bf16_master")
+    bf16 = "_bf16" in path or (path == "miniverl_lean" and lean_precision(dtype_name) == "bf16_master")
+    fused = path.endswith(("_fused", "_liger"))
     every = opts.activation_checkpointing if path != "miniverl_lean" else 0
     checkpointed = -(-dims.layers // every) if every else 0
     if section == "update":
         batch, length = opts.update_shape
         work = dataclasses.replace(
             lean_workload(opts, device, dtype_name, "bf16_master" if bf16 else "fp32", fast=False),
-            row_tokens=length, update_rows=batch, rollout_rows=1, rollout_capacity=1,
+            row_tokens=length, update_rows=batch, rollout_rows=1, rollout_capacity=1, fused_kernels=fused,
         )  # fmt: skip
         rows = batch
     else:

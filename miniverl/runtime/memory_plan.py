@@ -101,6 +101,12 @@ class MemoryConstants:
 
     hidden_copies: float = 6.0
     intermediate_copies: float = 3.0
+    #: the same with fused RMSNorm and SwiGLU kernels (they keep their inputs only: no float32 copies of the norm's
+    #: input, no SiLU output): fitted to one H100 measurement (2026-12-06-h100-perf-fused: Qwen3-0.6B update, B = 8,
+    #: T = 512, bf16 masters, no checkpointing: 8.31 GiB reserved with either kernel set, 10.04 without), with
+    #: gate and up kept (2 intermediate units) and the rest put on the hidden units
+    fused_hidden_copies: float = 2.4
+    fused_intermediate_copies: float = 2.0
     qkv_copies: float = 2.0
     #: fp32 logits of one chunk, its log-softmax, exp and grad (SmolLM2 showed 4.8 from the difference between
     #: chunks of 1024 and 256 rows, Qwen3's checkpointed update about 3)
@@ -143,10 +149,10 @@ class MemoryEstimate:
 def per_token_layer_bytes(dims: DecoderDims, work: Workload, constants: MemoryConstants) -> float:
     """Bytes autograd keeps per token per decoder layer without checkpointing (see the module docstring)."""
     act = DTYPE_BYTES[work.dtype]
+    hidden = constants.fused_hidden_copies if work.fused_kernels else constants.hidden_copies
+    intermediate = constants.fused_intermediate_copies if work.fused_kernels else constants.intermediate_copies
     base = act * (
-        constants.hidden_copies * dims.hidden
-        + constants.intermediate_copies * dims.intermediate
-        + constants.qkv_copies * (dims.q_dim + 2 * dims.kv_dim)
+        hidden * dims.hidden + intermediate * dims.intermediate + constants.qkv_copies * (dims.q_dim + 2 * dims.kv_dim)
     )
     fp32_cast = work.adapter_precision == "fp32" and work.dtype != "float32"
     return base + (4.0 * dims.lora_input_elements(work.lora_targets) if fp32_cast else 0.0)

@@ -92,6 +92,7 @@ class Workload:
     extra_models: int = 0  # frozen/critic models loaded beside the student (dual_model, resident)
     quantized: bool = False  # NF4 student base
     vllm_engine: bool = False  # a colocated vLLM samples: awake in the rollout phase, asleep (level 1) in the update
+    fused_kernels: bool = False  # RMSNorm and SwiGLU through fused kernels (miniverl.runtime.fused): fewer copies kept
 
 
 def kv_cache_bytes(dims: DecoderDims, rows: int, capacity: int, element_bytes: float) -> float:

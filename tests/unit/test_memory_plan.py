@@ -281,3 +281,26 @@ def test_the_plan_counts_vllm_awake_in_the_rollout_and_asleep_in_the_update() ->
     assert plan.rollout_engine == 0.0 and plan.rollout_phase == need
     hf = estimate(SMOLLM2, dataclasses.replace(work, vllm_engine=False), micro_rows=4, checkpointed_layers=0)
     assert plan.peak > hf.peak and plan.resident == hf.resident
+
+
+def test_the_fused_kernels_constants_fit_their_committed_measurement() -> None:
+    """The Qwen3-0.6B-shape update (8 x 512, bf16 masters) measured on the H100 with and without the fused kernels
+    (docs/measurements/2026-12-06-h100-perf-fused/grpo.json): the plan's estimate within 5 % of each peak."""
+    import json
+    from pathlib import Path
+
+    from miniverl.gate.models import LORA_TARGETS
+    from miniverl.runtime.memory_plan import GIB, Workload, estimate
+
+    measured = json.loads(
+        (Path(__file__).parents[2] / "docs/measurements/2026-12-06-h100-perf-fused/grpo.json").read_text()
+    )
+    peaks = {c["path"]: c["peak_reserved_gib"] for c in measured["cells"]}
+    qwen3 = DecoderDims(layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936)
+    work = Workload(
+        dtype="bfloat16", adapter_precision="bf16_master", lora_rank=16, lora_targets=tuple(LORA_TARGETS),
+        row_tokens=512, update_rows=8, logprob_chunk=1024, rollout_rows=1, rollout_capacity=1, fast_engine=False,
+    )  # fmt: skip
+    for path, fused in (("miniverl_update_bf16", False), ("miniverl_update_bf16_fused", True)):
+        peak = estimate(qwen3, dataclasses.replace(work, fused_kernels=fused), micro_rows=8, checkpointed_layers=0)
+        assert abs(peak.peak / GIB - peaks[path]) <= 0.05 * peaks[path], (path, peak.peak / GIB, peaks[path])
