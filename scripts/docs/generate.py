@@ -355,6 +355,7 @@ GRPO_BENCHES = (
     "2026-12-04-h200-release/5-release-ebcf356/grpo-smollm2/grpo.json",
 )
 UPDATE_PROFILE = "2026-12-03-h200-perf/profile-2-after-entropy-fix/update.json"
+FUSED_UPDATE = "2026-12-06-h100-perf-fused/grpo.json"
 FIRST_RUN = "2026-12-06-first-run-memory/figures.json"
 
 
@@ -468,6 +469,25 @@ def benchmarks_page() -> str:
     ]
     update_header = ("path", "median ms", "peak reserved GiB", "speed vs naive", "memory vs naive")
     out.append(_table(update_header, rows))
+
+    fused = _load(FUSED_UPDATE)
+    fused_cells = {c["path"]: c for c in fused["cells"] if c["section"] == "update" and c["status"] == "measured"}
+    base = fused_cells["naive_hf_peft"]
+    out.append(
+        f"\n## One update with fused training kernels, Qwen3-0.6B shape, 8 x 512 tokens, on "
+        f"{fused['device_name']} ({_link(FUSED_UPDATE)})\n\n"
+    )
+    fused_rows = [
+        (
+            path,
+            _number(cell["ms_per_step"], 0),
+            _number(cell["peak_reserved_gib"], 2),
+            _number(base["median_step_seconds"] / cell["median_step_seconds"], 2),
+            _number(cell["peak_reserved_gib"] / base["peak_reserved_gib"], 2),
+        )
+        for path, cell in fused_cells.items()
+    ]
+    out.append(_table(update_header, fused_rows))
     return "".join(out).rstrip() + "\n"
 
 
