@@ -195,7 +195,8 @@ def config_page() -> str:
 def _portable(text: str) -> str:
     """Defaults computed from this machine (the checkout, the interpreter) as placeholders."""
     # Only these two: a broader one (the home or temp dir) could rewrite ordinary text on a machine where it is "/".
-    replacements = [(str(ROOT), "<checkout>"), (sys.executable, "<python>")]
+    # The interpreter first: it may live inside the checkout (a nox venv, as in CI).
+    replacements = [(sys.executable, "<python>"), (str(ROOT), "<checkout>")]
     for machine, placeholder in replacements:
         text = text.replace(machine, placeholder)
     return text

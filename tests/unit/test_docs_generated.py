@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "scripts" / "docs" / "generate.py"
 
@@ -94,3 +96,11 @@ def test_writing_regenerates_a_stale_page(tmp_path: Path) -> None:
     written = _run("--docs-dir", str(docs))
     assert written.returncode == 0, written.stderr
     assert page.read_text() == expected
+
+
+def test_an_interpreter_inside_the_checkout_is_still_the_python_placeholder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI runs the suite from a nox venv under the checkout: its interpreter must read `<python>`, not a path under
+    `<checkout>` (the CLI page's `--base-python` default would differ from the committed page)."""
+    inside = str(REPO / ".nox" / "tests" / "bin" / "python")
+    monkeypatch.setattr(sys, "executable", inside)
+    assert GENERATE._portable(f"default {inside}; root {REPO}") == "default <python>; root <checkout>"
