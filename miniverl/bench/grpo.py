@@ -51,7 +51,14 @@ import torch
 
 from miniverl import progress
 from miniverl.bench.common import package_version, save_partial, spread
-from miniverl.bench.grpo_args import GrpoBenchOptions, add_grpo_arguments, options_from_args, validate_options
+from miniverl.bench.grpo_args import (
+    FUSED_STEP_PATHS,
+    FUSED_UPDATE_PATHS,
+    GrpoBenchOptions,
+    add_grpo_arguments,
+    options_from_args,
+    validate_options,
+)
 from miniverl.bench.grpo_lean import estimated_peak_gib
 from miniverl.bench.grpo_models import RandomLoader, release, sync
 from miniverl.bench.grpo_step import step_runner, trl_cell
@@ -127,7 +134,7 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell.update(status="not_run", reason=unfusable)
         elif path in ("trl", "trl_liger"):
             cell.update(trl_cell(loader, opts, device, dtype_name, liger=path == "trl_liger"))
-        elif path == "miniverl_lean" and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:
+        elif path.startswith("miniverl_lean") and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:
             cell.update(status="not_run", reason="--memory-budget-gib trl, and TRL's peak reserved was not measured")
         else:
             factory = step_runner if section == "step" else update_runner
@@ -224,11 +231,11 @@ def ratios(cells: list[dict[str, Any]]) -> dict[str, float | None]:
         return float(a["peak_reserved_gib"] / b["peak_reserved_gib"])
 
     out: dict[str, float | None] = {}
-    for ours in ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean"):
+    for ours in ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", *FUSED_STEP_PATHS):
         out[f"step_speed_{ours}_vs_miniverl_hf"] = speed("step", ours, "miniverl_hf")
         out[f"step_speed_{ours}_vs_trl"] = speed("step", ours, "trl")
         out[f"step_memory_{ours}_vs_trl"] = memory("step", ours, "trl")
-    for ours in ("miniverl_update", "miniverl_update_bf16"):
+    for ours in ("miniverl_update", "miniverl_update_bf16", *FUSED_UPDATE_PATHS):
         out[f"update_speed_{ours}_vs_naive_hf_peft"] = speed("update", ours, "naive_hf_peft")
         out[f"update_memory_{ours}_vs_naive_hf_peft"] = memory("update", ours, "naive_hf_peft")
     return out

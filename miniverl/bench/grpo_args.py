@@ -10,9 +10,11 @@ from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int
 from miniverl.errors import UsageError
 
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
-#: TRL with ``use_liger_loss=True`` (its fused GRPO loss and LM head: TRL's best single-GPU memory option), by name
-#: only (liger-kernel runs on CUDA only)
-NAMED_STEP_PATHS = ("trl_liger",)
+#: the lean step with fused training kernels (``train.fused_kernels``): ours and liger-kernel's
+FUSED_STEP_PATHS = ("miniverl_lean_fused", "miniverl_lean_liger")
+#: TRL with its liger-kernel switch (``use_liger_loss``, or TRL 1.x's ``use_liger_kernel``), and the fused lean steps,
+#: by name only (they need triton and liger-kernel, which run on CUDA only; ours also under triton's interpreter)
+NAMED_STEP_PATHS = ("trl_liger", *FUSED_STEP_PATHS)
 ALL_STEP_PATHS = (*STEP_PATHS, *NAMED_STEP_PATHS)
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
 #: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only); asked

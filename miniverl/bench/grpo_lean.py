@@ -12,10 +12,11 @@ from miniverl import progress
 from miniverl.bench.grpo_args import GrpoBenchOptions
 from miniverl.bench.grpo_models import RandomLoader, role_runtime
 from miniverl.gate.models import LORA_TARGETS
+from miniverl.runtime.fused import FusedKernels
 
 
 def lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str, precision: str,
-                   fast: bool = True) -> Any:  # fmt: skip
+                   fast: bool = True, fused: bool = False) -> Any:  # fmt: skip
     """The memory plan's view of the bench's GRPO step (no frozen models beside the student)."""
     from miniverl.runtime.memory_plan import Workload
 
@@ -31,6 +32,7 @@ def lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str,
         rollout_rows=min(opts.rollout_batch, rows),
         rollout_capacity=opts.prompt_tokens + opts.new_tokens,
         fast_engine=fast and device.type == "cuda",
+        fused_kernels=fused,
     )
 
 
@@ -40,12 +42,13 @@ def lean_precision(dtype_name: str) -> Literal["fp32", "bf16_master"]:
     return "bf16_master" if dtype_name == "bfloat16" else "fp32"
 
 
-def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
-                  ) -> tuple[Any, Any]:  # fmt: skip
+def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str,
+                 fused: FusedKernels | None = None) -> tuple[Any, Any]:  # fmt: skip
     """The runtime and optimizer as training builds them: ``adapter_precision: auto`` (bf16_master on a
     bf16 model; CPU included, as a config may choose it), :class:`TrainedParameters` (clip, AdamW over
-    the masters), and with ``--memory-budget-gib`` the memory plan (checkpointing and micro-batch
-    ``auto``) applied to the runtime; without a budget, training's defaults (no checkpointing)."""
+    the masters), ``fused`` as ``train.fused_kernels`` (before the plan, which counts their smaller activations),
+    and with ``--memory-budget-gib`` the memory plan (checkpointing and micro-batch ``auto``) applied to the
+    runtime; without a budget, training's defaults (no checkpointing)."""
     from miniverl.runtime.memory_plan import DecoderDims, choose_plan
     from miniverl.training.algorithms.base import TrainedParameters
 
@@ -53,11 +56,13 @@ def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.dev
     precision = lean_precision(dtype_name)
     runtime = role_runtime(loader, device, dtype_name, train_batch=rows, checkpointing=0)
     runtime.memory_plan = None
+    if fused is not None:
+        runtime.fuse_training_kernels(fused)
     if opts.memory_budget_gib is not None:
         assert isinstance(opts.memory_budget_gib, float), "run_grpo_bench resolves 'trl' first"
         plan = choose_plan(
             DecoderDims.from_hf_config(runtime.student_config()),
-            lean_workload(opts, device, dtype_name, precision),
+            lean_workload(opts, device, dtype_name, precision, fused=fused is not None),
             opts.memory_budget_gib,
             activation_checkpointing="auto",
             trajectory_batch_size="auto",
@@ -91,9 +96,10 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
     if plan is not None:
         return float(plan.estimate.peak / PLAN_GIB)
     dims = DecoderDims.from_hf_config(config)
-    bf16 = "_bf16" in path or (path == "miniverl_lean" and lean_precision(dtype_name) == "bf16_master")
+    lean = path.startswith("miniverl_lean")
+    bf16 = "_bf16" in path or (lean and lean_precision(dtype_name) == "bf16_master")
     fused = path.endswith(("_fused", "_liger"))
-    every = opts.activation_checkpointing if path != "miniverl_lean" else 0
+    every = opts.activation_checkpointing if not lean else 0
     checkpointed = -(-dims.layers // every) if every else 0
     if section == "update":
         batch, length = opts.update_shape
@@ -103,6 +109,7 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
         )  # fmt: skip
         rows = batch
     else:
-        work = lean_workload(opts, device, dtype_name, "bf16_master" if bf16 else "fp32", fast=path != "miniverl_hf")
+        precision = "bf16_master" if bf16 else "fp32"
+        work = lean_workload(opts, device, dtype_name, precision, fast=path != "miniverl_hf", fused=fused)
         rows = opts.prompts * opts.samples
     return float(estimate(dims, work, micro_rows=rows, checkpointed_layers=checkpointed).peak / PLAN_GIB)

@@ -14,6 +14,7 @@ from miniverl.bench.common import random_prompt_ids
 from miniverl.bench.grpo_args import GrpoBenchOptions
 from miniverl.bench.grpo_lean import lean_runtime
 from miniverl.bench.grpo_models import AdapterTrainer, IdTokenizer, RandomLoader, role_runtime, sync, update_sequences
+from miniverl.bench.grpo_update import fused_kind
 
 
 def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
@@ -25,8 +26,8 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
 
     rows = opts.prompts * opts.samples
     trainer: Any
-    if path == "miniverl_lean":
-        runtime, trainer = lean_runtime(loader, opts, device, dtype_name)
+    if path.startswith("miniverl_lean"):
+        runtime, trainer = lean_runtime(loader, opts, device, dtype_name, fused=fused_kind(path))
     else:
         runtime = role_runtime(
             loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing
@@ -72,7 +73,8 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
 def trl_cell(
     loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str, *, liger: bool = False
 ) -> dict[str, Any]:
-    """TRL's GRPOTrainer, its defaults (with ``liger``: ``use_liger_loss=True``), or ``not_run`` with the reason."""
+    """TRL's GRPOTrainer, its defaults (with ``liger``: its liger-kernel switch,
+    :func:`miniverl.bench.grpo_trl.trl_liger_options`), or ``not_run`` with the reason."""
     try:
         import trl
     except ImportError as exc:
@@ -82,7 +84,7 @@ def trl_cell(
 
         why = fused_unavailable_reason("liger", device)
         if why is not None:
-            return {"status": "not_run", "reason": f"use_liger_loss: {why}"}
+            return {"status": "not_run", "reason": f"TRL's liger switch: {why}"}
     from miniverl.bench.grpo_trl import run_trl_cell
 
     try:

@@ -61,6 +61,17 @@ def encode_equal_work(tokenizer: Any, prompt_ids: list[list[int]]) -> list[str]:
     return texts
 
 
+def trl_liger_options(config_class: Any) -> dict[str, bool]:
+    """TRL's liger-kernel switch: ``use_liger_loss`` (its fused GRPO loss, TRL < 1.0) where ``GRPOConfig`` has it;
+    TRL 1.x removed it (its chunked LM head is always on) and keeps transformers' ``use_liger_kernel`` (liger's
+    layer kernels)."""
+    fields = set(getattr(config_class, "__dataclass_fields__", {}))
+    for name in ("use_liger_loss", "use_liger_kernel"):
+        if name in fields:
+            return {name: True}
+    raise ValueError(f"{config_class.__name__} has neither use_liger_loss nor use_liger_kernel")
+
+
 def run_trl_cell(
     loader: Any, opts: Any, device: torch.device, dtype_name: str, *, liger: bool = False
 ) -> dict[str, Any]:
@@ -69,6 +80,7 @@ def run_trl_cell(
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    liger_options = trl_liger_options(GRPOConfig) if liger else {}
     vocab = int(loader.config.vocab_size)
     steps = opts.warmup + opts.repeats
     tokenizer = id_tokenizer(vocab)
@@ -115,7 +127,7 @@ def run_trl_cell(
             max_completion_length=opts.new_tokens, generation_kwargs={"min_new_tokens": opts.new_tokens},
             temperature=1.0, learning_rate=opts.learning_rate, max_steps=steps, logging_steps=1, report_to="none",
             save_strategy="no", disable_tqdm=True, bf16=dtype_name == "bfloat16", use_cpu=device.type == "cpu",
-            seed=opts.seed, shuffle_dataset=False, dataloader_num_workers=0, use_liger_loss=liger,
+            seed=opts.seed, shuffle_dataset=False, dataloader_num_workers=0, **liger_options,
         )  # fmt: skip
         trainer = GRPOTrainer(
             model=model,
@@ -144,5 +156,5 @@ def run_trl_cell(
         "peak_reserved_gib": peak.get("reserved"),
         "logged_mean_completion_lengths": lengths,
         "gradient_checkpointing": checkpointing,
-        "use_liger_loss": liger,
+        "liger_options": liger_options,
     }

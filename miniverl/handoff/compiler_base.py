@@ -215,6 +215,7 @@ def _model_binding(plan: PlanRecord, config: MiniverlConfig) -> ModelBindingIR:
         identity_digest=sha256_json(plan.models.get("student", {})),
         dtype=config.models.dtype,
         gradient_checkpointing=config.train.activation_checkpointing != 0,  # auto may checkpoint
+        use_liger=config.train.fused_kernels == "liger",
         quantization=QuantizationIR.of(student.quantization),
     )
 

@@ -46,6 +46,7 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
         "lora_alpha": ir.lora.alpha,
         "target_modules": list(ir.lora.target_modules),
         "enable_gradient_checkpointing": ir.model.gradient_checkpointing,
+        "use_liger": ir.model.use_liger,
     }
     if ir.lora.start_adapter == "bundle":
         model["lora_adapter_path"] = ADAPTER_DIR

@@ -82,6 +82,8 @@ class ModelBindingIR(IRModel):
     identity_digest: str
     dtype: Literal["float32", "bfloat16", "float16"]
     gradient_checkpointing: bool
+    #: ``train.fused_kernels: liger``: verl's ``actor_rollout_ref.model.use_liger`` (the same kernels' family)
+    use_liger: bool = False
     quantization: QuantizationIR
 
 

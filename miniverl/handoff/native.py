@@ -45,9 +45,19 @@ HUB_PIN = re.compile(r"^(?P<id>[^@\s]+)@(?P<rev>[0-9a-f]{40})$")
 LEAF_KEYS = frozenset({"reward.custom_reward_function.reward_kwargs.miniverl_rewards"})
 #: maps whose absence is allowed: the KL keys only matter when a KL switch is on (and a switch that is absent is
 #: off in verl, as in miniverl); critic.enable absent is decided by the estimator; the critic's epochs and
-#: mini-batch size default to the actor's in verl (interpolation) and in miniverl (None)
+#: mini-batch size default to the actor's in verl (interpolation) and in miniverl (None); use_liger absent is off in
+#: both (verl's False, miniverl's fused_kernels none)
 OPTIONAL = frozenset(
-    {"kl_coef", "kl_est", "kl_loss", "kl_reward", "critic_enable", "critic_epochs", "critic_mini_batches"}
+    {
+        "kl_coef",
+        "kl_est",
+        "kl_loss",
+        "kl_reward",
+        "critic_enable",
+        "critic_epochs",
+        "critic_mini_batches",
+        "liger_switch",
+    }
 )
 #: maps whose value is set by a function of several keys (KL, the critic switch, the precision checks)
 DERIVED = frozenset({"kl_loss", "kl_reward", "kl_coef", "kl_est", "dtype", "do_sample", "critic_enable"})
@@ -241,6 +251,10 @@ def _convert(rule: ImportRule, value: Any, flat: dict[str, Any]) -> Any:
         return ESTIMATORS[value]
     if to in ("mini_batches", "critic_mini_batches"):
         return _mini_batches(rule.key, value, flat)
+    if to == "liger_switch":
+        if not isinstance(value, bool):
+            raise _refused("native_use_liger", f"{rule.key} {value!r}: true or false")
+        return "liger" if value else "none"
     if to == "critic_epochs":
         return _whole(rule.key, value)
     if to == "critic_rank":

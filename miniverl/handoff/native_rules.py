@@ -102,6 +102,7 @@ RULES: tuple[ImportRule, ...] = (
     _m("actor_rollout_ref.model.lora_alpha", "models.student.lora.alpha", "same alpha"),
     _m("actor_rollout_ref.model.target_modules", "models.student.lora.target_modules", "a list of module names"),
     _r("actor_rollout_ref.model.enable_gradient_checkpointing", "-", "memory only"),
+    _m("actor_rollout_ref.model.use_liger", "train.fused_kernels", "liger-kernel (true: liger)", to="liger_switch"),
     _r("actor_rollout_ref.model.use_remove_padding", "-", "padding removal: the same tokens, packed (kernel choice)"),
     _e(A + "strategy", "fsdp", "native_strategy", "verl's FSDP actor (the engine v1 and v2 emit)"),
     _m(A + "ppo_mini_batch_size", "algorithm.{algo}.mini_batches",

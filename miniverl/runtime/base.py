@@ -81,6 +81,9 @@ class RoleRuntime(Protocol):
         with ``release_rollout_engine``, every :meth:`generation_model` block gives the fast rollout
         engine's memory (folded copy, KV cache, graphs) back when it ends."""
 
+    def fuse_training_kernels(self, kind: Literal["triton", "liger"]) -> dict[str, int]:
+        """``train.fused_kernels``: the student's RMSNorm and SwiGLU MLP through fused kernels; how many of each."""
+
     @property
     def value_head(self) -> torch.nn.Linear:
         """PPO's scalar value head ``Linear(H, 1)`` (fp32); ``KeyError`` without a critic role."""

@@ -204,6 +204,10 @@ def _train(
             activation_checkpointing=_given_checkpointing(config.train.activation_checkpointing),
             critic_seed=config.algorithm.ppo.critic_head_seed,
         )
+        if config.train.fused_kernels != "none":
+            fused = runtime.fuse_training_kernels(config.train.fused_kernels)
+            progress_log.phase("kernels", f"{config.train.fused_kernels}: {fused['rms_norm']} RMSNorm, "
+                               f"{fused['swiglu']} SwiGLU MLP")  # fmt: skip
         memory_plan = plan_memory(config, runtime, rows, resolve_adapter_precision(config, device))
         if memory_plan is not None:
             progress_log.phase("memory plan", memory_plan.describe())

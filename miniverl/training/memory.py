@@ -89,6 +89,7 @@ def workload_of(
         vllm_engine=not offline and r.backend == "vllm",
         extra_models=extra_models(config, runtime),
         quantized=config.models.student.quantization != "none",
+        fused_kernels=config.train.fused_kernels != "none",
     )
 
 

@@ -14,8 +14,8 @@ Subcommands:
   * ``update``: the Qwen3-0.6B-shape update, 8 x 512: naive HF+PEFT, miniverl bf16 + fp32 masters, the same with
     miniverl's fused kernels and with liger-kernel's, each without and with every layer checkpointed;
   * ``grpo``: the SmolLM2-shape GRPO step, 16 x 256, ``--runs`` separate processes (TRL's step moved from 10 s to
-    15 s between runs on one machine): TRL's defaults, TRL with ``use_liger_loss``, miniverl's fast path and its
-    lean path under TRL's measured peak;
+    15 s between runs on one machine): TRL's defaults, TRL with its liger switch, miniverl's fast path and its
+    lean path under TRL's measured peak, with HF's modules, miniverl's fused kernels and liger-kernel's;
   * ``decode``: ``decode_kernel_timing.py`` (CUDA-graph replay, batch 16 and 64);
   each into ``DIR/<what>[-run-K]/`` (``grpo.json``, ``grpo.md``), with ``perf.log``/``perf.json`` (every command,
   its exit code and seconds) written after every step, so a call cut off at its limit still brings back what ran.
@@ -51,7 +51,7 @@ PINS = (
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64")
 UPDATE_PATHS = "naive_hf_peft,miniverl_update_bf16,miniverl_update_bf16_fused,miniverl_update_bf16_liger"
-GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean"
+GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean,miniverl_lean_fused,miniverl_lean_liger"
 CALL_BYTES = 64 * 2**20
 
 

@@ -222,3 +222,19 @@ def test_fused_update_paths_that_cannot_run_here_are_marked_not_run(tmp_path: Pa
     for cell in run_grpo_bench(opts, tmp_path / "o")["cells"]:
         assert cell["status"] == "not_run", cell
         assert "CUDA only" in cell["reason"] or "trl is not importable" in cell["reason"], cell
+
+
+def test_trls_liger_switch_is_the_one_its_grpo_config_has() -> None:
+    """TRL < 1.0 had ``use_liger_loss``; TRL 1.x removed it (passing it raised TypeError on the H100) and keeps
+    transformers' ``use_liger_kernel``."""
+    import dataclasses
+
+    from miniverl.bench.grpo_trl import trl_liger_options
+
+    old = dataclasses.make_dataclass("Old", [("use_liger_loss", bool, False), ("use_liger_kernel", bool, False)])
+    new = dataclasses.make_dataclass("New", [("use_liger_kernel", bool, False)])
+    neither = dataclasses.make_dataclass("Neither", [("seed", int, 0)])
+    assert trl_liger_options(old) == {"use_liger_loss": True}
+    assert trl_liger_options(new) == {"use_liger_kernel": True}
+    with pytest.raises(ValueError, match="neither"):
+        trl_liger_options(neither)

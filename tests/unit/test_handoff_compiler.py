@@ -375,3 +375,12 @@ def test_a_grpo_plan_with_a_reward_model_scores_it_in_the_reward_function() -> N
     with pytest.raises(HandoffRefusal) as caught:
         compile_plan_ir(_plan(config), config)
     assert caught.value.code == "reward_model_local"
+
+
+def test_the_fused_kernels_choice_reaches_verls_liger_switch() -> None:
+    """liger is verl's use_liger; miniverl's own triton kernels have no verl switch (verl runs HF's modules)."""
+    emitted = {
+        kind: emit_verl_config(_compile(train__fused_kernels=kind))["actor_rollout_ref"]["model"]["use_liger"]
+        for kind in ("none", "triton", "liger")
+    }
+    assert emitted == {"none": False, "triton": False, "liger": True}

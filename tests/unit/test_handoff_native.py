@@ -15,7 +15,7 @@ import yaml
 from miniverl.config.plan import load_plan
 from miniverl.config.schema import MiniverlConfig
 from miniverl.handoff.ir import COMPILER_V4
-from miniverl.handoff.native import flatten, import_native, native_diff, native_to_config, parse_bindings
+from miniverl.handoff.native import OPTIONAL, flatten, import_native, native_diff, native_to_config, parse_bindings
 from miniverl.handoff.native_rules import BINDINGS, RULES, RUNTIME_KEYS, import_rules_digest
 from miniverl.handoff.rules import HandoffRefusal, load_rules
 
@@ -109,8 +109,7 @@ def test_every_key_of_the_examples_has_a_rule_and_each_states_every_map_key_of_i
     flat = flatten(data)
     algo = "ppo" if data["algorithm"]["adv_estimator"] == "gae" else "grpo"
     assert set(flat) <= {rule.key for rule in RULES}
-    optional = ("kl_coef", "kl_est", "kl_loss", "kl_reward", "critic_enable", "critic_epochs", "critic_mini_batches")
-    required = {r.key for r in RULES if r.action == "map" and r.to not in optional and r.only in (None, algo)}
+    required = {r.key for r in RULES if r.action == "map" and r.to not in OPTIONAL and r.only in (None, algo)}
     assert required <= set(flat)
 
 
@@ -490,3 +489,11 @@ def test_verls_other_kl_names_are_the_same_in_the_native_diff() -> None:
 def test_a_kl_or_estimator_name_that_is_not_a_string_is_one_named_refusal(path: str, value: Any, code: str) -> None:
     data = _with(_ppo(), algorithm__use_kl_in_reward=True, **{path.replace(".", "__"): value})
     assert _refusal(data) == code
+
+
+def test_verls_liger_switch_maps_to_the_fused_kernels_and_a_non_boolean_is_refused() -> None:
+    on = MiniverlConfig.model_validate(_import(_with(_native(), actor_rollout_ref__model__use_liger=True)))
+    off = MiniverlConfig.model_validate(_import(_with(_native(), actor_rollout_ref__model__use_liger=False)))
+    absent = MiniverlConfig.model_validate(_import(_native()))
+    assert (on.train.fused_kernels, off.train.fused_kernels, absent.train.fused_kernels) == ("liger", "none", "none")
+    assert _refusal(_with(_native(), actor_rollout_ref__model__use_liger="yes")) == "native_use_liger"

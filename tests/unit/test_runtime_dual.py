@@ -209,3 +209,16 @@ def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(runtime: s
         results.append(_row0_loss_and_grad(rt, ROWS, 2))  # type: ignore[arg-type]
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
+
+
+def test_fused_kernels_that_cannot_run_here_are_refused_in_one_line() -> None:
+    """``train.fused_kernels``: liger-kernel never runs on a CPU (nor under triton's interpreter); the runtime
+    refuses it by the config key's name, before any forward changes."""
+    from miniverl.errors import DependencyError
+
+    rt = _runtime()
+    with pytest.raises(DependencyError, match=r"^train\.fused_kernels liger: .*CUDA only") as refused:
+        rt.fuse_training_kernels("liger")
+    assert "\n" not in str(refused.value)
+    norms = [m for m in rt._student.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all("forward" not in vars(m) for m in norms)  # nothing was swapped in

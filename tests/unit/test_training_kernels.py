@@ -90,3 +90,17 @@ def test_liger_is_refused_in_one_line_off_cuda() -> None:
     reason = fused_unavailable_reason("liger", torch.device("cpu"))
     assert reason is not None and "CUDA only" in reason and "\n" not in reason
     assert fused_unavailable_reason("triton", DEVICE) is None
+
+
+def test_the_runtime_puts_the_fused_kernels_into_its_student_only() -> None:
+    """``train.fused_kernels: triton`` through the role runtime: every RMSNorm and SwiGLU MLP of the student."""
+    from miniverl.config.schema import ModelsSection
+    from miniverl.gate.models import RandomModelLoader
+    from miniverl.runtime import build_runtime
+
+    models = ModelsSection.model_validate({"student": {"source": "local", "path": "tiny", "lora": {"r": 4}}})
+    runtime = build_runtime(models, device=DEVICE, loader=RandomModelLoader("tiny"))
+    counts = runtime.fuse_training_kernels("triton")
+    layers = int(runtime.student_config().num_hidden_layers)
+    qk_norms = 2 * layers if runtime.student_config().model_type == "qwen3" else 0  # Qwen3's per-head q/k norms
+    assert counts == {"rms_norm": 2 * layers + 1 + qk_norms, "swiglu": layers}
