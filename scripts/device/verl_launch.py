@@ -312,6 +312,7 @@ def environment(paths: list[Path], python: str, bin_dir: Path, work: Path) -> di
         VLLM_FLASH_ATTN_VERSION=env.get("VLLM_FLASH_ATTN_VERSION", "3"), VLLM_USE_FLASHINFER_SAMPLER="0",
         VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
         HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+        HYDRA_FULL_ERROR="1",
     )  # fmt: skip
     return env
 
@@ -481,9 +482,11 @@ def prepare(args: argparse.Namespace) -> int:
 
 
 def tail_line(log: Path) -> str:
+    """The log's last error line (``SomethingError: ...``), else its last line."""
     lines = [x.strip(" |") for x in log.read_text().splitlines() if x.strip(" |")] if log.is_file() else []
     meaningful = [x for x in lines if not re.match(r"\S+: exit \d+ after", x)]
-    return (meaningful or ["?"])[-1][:300]
+    errors = [x for x in meaningful if re.search(r"\b\w*(Error|Exception|FAILED)\b:?", x)]
+    return (errors or meaningful or ["?"])[-1][:300]
 
 
 # ---------------------------------------------------------------- verl's launch (device, its own call)
@@ -517,7 +520,7 @@ def launch(args: argparse.Namespace) -> int:
     if site is not None and not (site / "verl").is_dir():
         raise Refused(f"launch: no verl in {site} (prepare did not run on this machine)")
     env = launch_env(site, work)
-    steps = Steps(work, out, time.monotonic() + args.deadline_s, "launch")
+    steps = Steps(work, out, time.monotonic() + args.deadline_s, "handoff")  # handoff.log, handoff.json
     argv = ["bash", "bundle/launch.sh", OVERRIDE]
     timeout = max(5.0, steps.deadline - time.monotonic())
     steps.say(f"$ {' '.join(argv)}  (timeout {timeout:.0f} s; output in launch.log)")
