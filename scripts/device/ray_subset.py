@@ -37,11 +37,11 @@ LEFT_OUT = (
     "ray/llm/",
 )
 #: what `ray.init()` on one node starts beside the import (verl_launch.py: verl's own launch): the raylet, the GCS
-#: server and the runtime-env agent's vendored aiohttp stay; the Java jar, the dashboard's web client and the
+#: server, the runtime-env agent's vendored aiohttp and the dashboard's web client stay (where the dashboard's
+#: dependencies are installed, a head without its client waited ~60 s in `ray.init()` on CPU); the Java jar and the
 #: libraries verl never imports do not
 CLUSTER_LEFT_OUT = (
     "ray/jars/",
-    "ray/dashboard/client/",
     "ray/rllib/",
     "ray/tune/",
     "ray/serve/",
