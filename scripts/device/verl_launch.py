@@ -167,8 +167,8 @@ def stage(qualify: Path) -> None:
         piece.write_bytes(data[(number - 1) * size : number * size])
         parts[str(number)] = sha256(piece)
     manifest = {"stage_sha256": hashlib.sha256(data).hexdigest(), "parts": parts, "files": files}
-    for number in parts:
-        (STAGE / number / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    for name in parts:
+        (STAGE / name / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     joined.unlink()
     print(f"staged {len(files)} files, {len(data)} bytes, in {count} parts of <= {size} (budget {budget} a call)")
     plan()
