@@ -6,6 +6,7 @@ never touches (rllib, tune, serve, train, data, llm). Importing verl loads ``ray
 ``_raylet.so`` stays. Nothing is rebuilt: every kept file is the wheel's own bytes.
 
     python ray_subset.py make RAY.whl OUT.tar.xz OUT.json   # here: the kept members + a manifest of their sha256
+    python ray_subset.py make --cluster RAY.whl OUT.tar.xz OUT.json   # the same, keeping what a local cluster runs
     python ray_subset.py check SITE MANIFEST.json           # device: every kept file, by sha256, and the RECORD
 """
 
@@ -28,6 +29,19 @@ LEFT_OUT = (
     "ray/core/src/ray/raylet/raylet",
     "ray/dashboard/client/",
     "ray/_private/runtime_env/agent/thirdparty_files/",
+    "ray/rllib/",
+    "ray/tune/",
+    "ray/serve/",
+    "ray/train/",
+    "ray/data/",
+    "ray/llm/",
+)
+#: what `ray.init()` on one node starts beside the import (verl_launch.py: verl's own launch): the raylet, the GCS
+#: server, the runtime-env agent's vendored aiohttp and the dashboard's web client stay (where the dashboard's
+#: dependencies are installed, a head without its client waited ~60 s in `ray.init()` on CPU); the Java jar and the
+#: libraries verl never imports do not
+CLUSTER_LEFT_OUT = (
+    "ray/jars/",
     "ray/rllib/",
     "ray/tune/",
     "ray/serve/",
@@ -80,7 +94,9 @@ def _sha256(path: Path) -> str | None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["make"] and len(sys.argv) == 5:
         make(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+    elif sys.argv[1:3] == ["make", "--cluster"] and len(sys.argv) == 6:
+        make(Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]), CLUSTER_LEFT_OUT)
     elif sys.argv[1:2] == ["check"] and len(sys.argv) == 4:
         check(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit("usage: ray_subset.py make RAY.whl OUT.tar.xz OUT.json | check SITE MANIFEST.json")
+        sys.exit("usage: ray_subset.py make [--cluster] RAY.whl OUT.tar.xz OUT.json | check SITE MANIFEST.json")
