@@ -355,6 +355,11 @@ GRPO_BENCHES = (
     "2026-12-04-h200-release/4-release-6f6f50b/grpo-smollm2/grpo.json",
     "2026-12-04-h200-release/5-release-ebcf356/grpo-smollm2/grpo.json",
 )
+H100_PERF_BENCHES = (
+    *(f"2026-12-06-h100-perf/grpo-run-{run}/grpo.json" for run in (1, 2, 3)),
+    "2026-12-06-h100-perf/update-ckpt0/grpo.json",
+    "2026-12-06-h100-perf/update-ckpt1/grpo.json",
+)
 UPDATE_PROFILE = "2026-12-03-h200-perf/profile-2-after-entropy-fix/update.json"
 FUSED_UPDATE = "2026-12-06-h100-perf-fused/grpo.json"
 FIRST_RUN = "2026-12-06-first-run-memory/figures.json"
@@ -380,6 +385,31 @@ def _link(relative: str) -> str:
 def _goals(report: dict[str, Any]) -> str:
     rows = [(g["name"], _number(g["observed"]), g["target"], g["status"]) for g in report["goals"]]
     return _table(("goal", "observed", "target", "status"), rows)
+
+
+def _grpo_section(relative: str) -> str:
+    """One ``bench grpo`` report: its cells and its goals."""
+    report = _load(relative)
+    options = report["options"]
+    head = (
+        f"### {options['model']} on {report['device_name']} ({_link(relative)})\n\n"
+        f"{options['prompts']} prompts x {options['samples']} samples x {options['new_tokens']} tokens, "
+        f"median of {options['repeats']} after {options['warmup']} warm-up; torch {report['torch']}, "
+        f"transformers {report['transformers']}, peft {report['peft']}, trl {report['trl']}.\n\n"
+    )
+    cells = [
+        (
+            c["section"],
+            c["path"],
+            c["status"],
+            _number(c.get("completion_tokens_per_second"), 0),
+            _number(c.get("ms_per_step"), 0),
+            _number(c.get("peak_reserved_gib")),
+        )
+        for c in report["cells"]
+    ]
+    header = ("section", "path", "status", "completion tokens/s", "ms / step", "peak reserved GiB")
+    return head + _table(header, cells) + "\n" + _goals(report) + "\n"
 
 
 def benchmarks_page() -> str:
@@ -431,28 +461,12 @@ def benchmarks_page() -> str:
         out.append(_table(header, cells) + "\n" + _goals(report) + "\n")
 
     out.append("## GRPO step (`miniverl bench grpo`), three runs of the same release step\n\n")
-    for relative in GRPO_BENCHES:
-        report = _load(relative)
-        options = report["options"]
-        out.append(
-            f"### {options['model']} on {report['device_name']} ({_link(relative)})\n\n"
-            f"{options['prompts']} prompts x {options['samples']} samples x {options['new_tokens']} tokens, "
-            f"median of {options['repeats']} after {options['warmup']} warm-up; torch {report['torch']}, "
-            f"transformers {report['transformers']}, peft {report['peft']}, trl {report['trl']}.\n\n"
-        )
-        grpo_cells = [
-            (
-                c["section"],
-                c["path"],
-                c["status"],
-                _number(c.get("completion_tokens_per_second"), 0),
-                _number(c.get("ms_per_step"), 0),
-                _number(c.get("peak_reserved_gib")),
-            )
-            for c in report["cells"]
-        ]
-        grpo_header = ("section", "path", "status", "completion tokens/s", "ms / step", "peak reserved GiB")
-        out.append(_table(grpo_header, grpo_cells) + "\n" + _goals(report) + "\n")
+    out.extend(_grpo_section(relative) for relative in GRPO_BENCHES)
+    out.append(
+        "## Issue 33 on the H100: the GRPO step in three processes, and the update with and without checkpointing "
+        "(`scripts/device/perf.py`)\n\n"
+    )
+    out.extend(_grpo_section(relative) for relative in H100_PERF_BENCHES)
 
     update = _load(UPDATE_PROFILE)
     naive = update["naive_hf_peft_ckpt0"]
