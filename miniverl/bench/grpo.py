@@ -104,6 +104,17 @@ def measure(run: Callable[[int], dict[str, float]], *, warmup: int, repeats: int
     return out
 
 
+def nf4_unavailable_reason(model: str) -> str | None:
+    """Why an NF4 cell cannot run here (``None``: it can): the gate's NF4 loader builds Qwen3 shapes only."""
+    import importlib.util
+
+    if model == "smollm2-shape":
+        return "the NF4 cell quantizes a Qwen3 shape (--model tiny or qwen3-0.6b-shape)"
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed (the cuda extra)"
+    return None
+
+
 def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
     """Measure every step and update cell; write ``grpo.json``, ``grpo.md`` and ``grpo.svg``."""
     from miniverl.bench.grpo_render import evaluate_grpo_goals, render_grpo_markdown, render_grpo_svg
@@ -132,6 +143,8 @@ def run_grpo_bench(opts: GrpoBenchOptions, out: str | Path) -> dict[str, Any]:
             cell.update(status="not_run", reason="bf16 adapter with fp32 masters needs a bf16 model (--dtype)")
         elif unfusable is not None:
             cell.update(status="not_run", reason=unfusable)
+        elif path.endswith("_nf4") and (why := nf4_unavailable_reason(opts.model)) is not None:
+            cell.update(status="not_run", reason=why)
         elif path in ("trl", "trl_liger"):
             cell.update(trl_cell(loader, opts, device, dtype_name, liger=path == "trl_liger"))
         elif path.startswith("miniverl_lean") and opts.memory_budget_gib == "trl" and _trl_peak(cells) is None:

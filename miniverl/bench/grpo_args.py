@@ -12,9 +12,10 @@ from miniverl.errors import UsageError
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
 #: the lean step with fused training kernels (``train.fused_kernels``): ours and liger-kernel's
 FUSED_STEP_PATHS = ("miniverl_lean_fused", "miniverl_lean_liger")
+#: ``miniverl_lean_nf4``: the lean step over an NF4 student (bitsandbytes; a Qwen3 shape);
 #: TRL with its liger-kernel switch (``use_liger_loss``, or TRL 1.x's ``use_liger_kernel``), and the fused lean steps,
 #: by name only (they need triton and liger-kernel, which run on CUDA only; ours also under triton's interpreter)
-NAMED_STEP_PATHS = ("trl_liger", *FUSED_STEP_PATHS)
+NAMED_STEP_PATHS = ("trl_liger", *FUSED_STEP_PATHS, "miniverl_lean_nf4")
 ALL_STEP_PATHS = (*STEP_PATHS, *NAMED_STEP_PATHS)
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
 #: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only); asked

@@ -16,7 +16,7 @@ from miniverl.runtime.fused import FusedKernels
 
 
 def lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str, precision: str,
-                   fast: bool = True, fused: bool = False) -> Any:  # fmt: skip
+                   fast: bool = True, fused: bool = False, quantized: bool = False) -> Any:  # fmt: skip
     """The memory plan's view of the bench's GRPO step (no frozen models beside the student)."""
     from miniverl.runtime.memory_plan import Workload
 
@@ -33,6 +33,7 @@ def lean_workload(opts: GrpoBenchOptions, device: torch.device, dtype_name: str,
         rollout_capacity=opts.prompt_tokens + opts.new_tokens,
         fast_engine=fast and device.type == "cuda",
         fused_kernels=fused,
+        quantized=quantized,
     )
 
 
@@ -43,18 +44,21 @@ def lean_precision(dtype_name: str) -> Literal["fp32", "bf16_master"]:
 
 
 def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str,
-                 fused: FusedKernels | None = None) -> tuple[Any, Any]:  # fmt: skip
+                 fused: FusedKernels | None = None, nf4: bool = False) -> tuple[Any, Any]:  # fmt: skip
     """The runtime and optimizer as training builds them: ``adapter_precision: auto`` (bf16_master on a
     bf16 model; CPU included, as a config may choose it), :class:`TrainedParameters` (clip, AdamW over
-    the masters), ``fused`` as ``train.fused_kernels`` (before the plan, which counts their smaller activations),
-    and with ``--memory-budget-gib`` the memory plan (checkpointing and micro-batch ``auto``) applied to the
-    runtime; without a budget, training's defaults (no checkpointing)."""
+    the masters), ``fused`` as ``train.fused_kernels`` (before the plan, which counts their smaller
+    activations), ``nf4`` an NF4 student (bitsandbytes), and with ``--memory-budget-gib`` the memory plan
+    (checkpointing and micro-batch ``auto``) applied to the runtime; without a budget, training's defaults (no
+    checkpointing)."""
     from miniverl.runtime.memory_plan import DecoderDims, choose_plan
     from miniverl.training.algorithms.base import TrainedParameters
 
     rows = opts.prompts * opts.samples
     precision = lean_precision(dtype_name)
-    runtime = role_runtime(loader, device, dtype_name, train_batch=rows, checkpointing=0)
+    runtime = role_runtime(
+        loader, device, dtype_name, train_batch=rows, checkpointing=0, quantization="nf4" if nf4 else "none"
+    )
     runtime.memory_plan = None
     if fused is not None:
         runtime.fuse_training_kernels(fused)
@@ -62,7 +66,7 @@ def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.dev
         assert isinstance(opts.memory_budget_gib, float), "run_grpo_bench resolves 'trl' first"
         plan = choose_plan(
             DecoderDims.from_hf_config(runtime.student_config()),
-            lean_workload(opts, device, dtype_name, precision, fused=fused is not None),
+            lean_workload(opts, device, dtype_name, precision, fused=fused is not None, quantized=nf4),
             opts.memory_budget_gib,
             activation_checkpointing="auto",
             trajectory_batch_size="auto",
@@ -110,6 +114,8 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
         rows = batch
     else:
         precision = "bf16_master" if bf16 else "fp32"
-        work = lean_workload(opts, device, dtype_name, precision, fast=path != "miniverl_hf", fused=fused)
+        nf4 = path.endswith("_nf4")
+        fast = path != "miniverl_hf"
+        work = lean_workload(opts, device, dtype_name, precision, fast=fast, fused=fused, quantized=nf4)
         rows = opts.prompts * opts.samples
     return float(estimate(dims, work, micro_rows=rows, checkpointed_layers=checkpointed).peak / PLAN_GIB)

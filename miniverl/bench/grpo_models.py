@@ -84,11 +84,14 @@ class IdTokenizer:
 
 
 def role_runtime(
-    loader: RandomLoader, device: torch.device, dtype_name: str, train_batch: int, checkpointing: int = 0
-) -> Any:
+    loader: RandomLoader, device: torch.device, dtype_name: str, train_batch: int, checkpointing: int = 0,
+    quantization: str = "none",
+) -> Any:  # fmt: skip
     """A dual-model role runtime on the random model (LoRA r16, seeded init); ``.bench_config`` is what
-    :func:`grpo_update` reads."""
+    :func:`grpo_update` reads. ``quantization: nf4`` (a Qwen3 shape): the gate's random model, quantized by
+    bitsandbytes on load, as training loads an NF4 student."""
     from miniverl.config.schema import ModelsSection
+    from miniverl.gate.models import RandomModelLoader
     from miniverl.gate.workload import set_student_init
     from miniverl.runtime import build_runtime
 
@@ -97,11 +100,12 @@ def role_runtime(
             "runtime": "dual_model",
             "dtype": dtype_name,
             "attn_implementation": "sdpa",
-            "student": {"source": "local", "path": f"random-init:{loader.name}",
+            "student": {"source": "local", "path": f"random-init:{loader.name}", "quantization": quantization,
                         "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": LORA_TARGETS}},
         }
     )  # fmt: skip
-    runtime: Any = build_runtime(section, device=device, loader=loader, activation_checkpointing=checkpointing)
+    load: Any = RandomModelLoader(loader.name, seed=loader.seed) if quantization == "nf4" else loader
+    runtime: Any = build_runtime(section, device=device, loader=load, activation_checkpointing=checkpointing)
     set_student_init(runtime, seed=loader.seed + 1)
     runtime.bench_config = SimpleNamespace(  # what grpo_update reads
         algorithm=SimpleNamespace(grpo=grpo_section()),

@@ -27,7 +27,8 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
     rows = opts.prompts * opts.samples
     trainer: Any
     if path.startswith("miniverl_lean"):
-        runtime, trainer = lean_runtime(loader, opts, device, dtype_name, fused=fused_kind(path))
+        nf4 = path == "miniverl_lean_nf4"
+        runtime, trainer = lean_runtime(loader, opts, device, dtype_name, fused=fused_kind(path), nf4=nf4)
     else:
         runtime = role_runtime(
             loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing

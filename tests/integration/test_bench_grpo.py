@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -238,3 +239,20 @@ def test_trls_liger_switch_is_the_one_its_grpo_config_has() -> None:
     assert trl_liger_options(new) == {"use_liger_kernel": True}
     with pytest.raises(ValueError, match="neither"):
         trl_liger_options(neither)
+
+
+def test_the_nf4_lean_cell_quantizes_a_qwen3_shape_and_the_plan_counts_it(tmp_path: Path) -> None:
+    """``miniverl_lean_nf4``: the student is bitsandbytes' NF4 (CPU here), the plan's workload is quantized (a
+    smaller estimate than the bf16 student's at the same budget); SmolLM2's Llama shape is not_run with why."""
+    pytest.importorskip("bitsandbytes")
+    opts = GrpoBenchOptions(
+        model="tiny", device="cpu", dtype="bfloat16", prompts=2, samples=2, new_tokens=4, prompt_tokens=4,
+        rollout_batch=4, warmup=0, repeats=1, paths=("miniverl_lean", "miniverl_lean_nf4"), update_paths=(),
+        memory_budget_gib=1e-4,
+    )  # fmt: skip
+    bf16, nf4 = run_grpo_bench(opts, tmp_path / "o")["cells"]
+    assert nf4["status"] == "measured", nf4
+    assert nf4["estimated_peak_gib"] < bf16["estimated_peak_gib"]
+    smollm2 = dataclasses.replace(opts, model="smollm2-shape", paths=("miniverl_lean_nf4",))
+    (cell,) = run_grpo_bench(smollm2, tmp_path / "s")["cells"]
+    assert cell["status"] == "not_run" and "Qwen3 shape" in cell["reason"]
