@@ -17,7 +17,10 @@ GRPO step paths (``prompts`` groups of ``samples`` completions of ``new_tokens``
   (``--memory-budget-gib trl``: under TRL's peak reserved as measured in the same run, its cell first);
 * ``miniverl_hf``: the same step with the transformers decode loop (``engine="hf"``);
 * ``trl``: TRL's ``GRPOTrainer`` on the same model shape and lengths when ``trl`` is importable,
-  else recorded ``not_run`` with the reason (never ``passed``).
+  else recorded ``not_run`` with the reason (never ``passed``);
+* by name: ``miniverl_lean_fused`` / ``miniverl_lean_liger`` (the lean step with ``train.fused_kernels`` triton or
+  liger), ``miniverl_lean_nf4`` (the lean step over an NF4 student, rolled out by the HF loop over the NF4 model;
+  Qwen3 shapes), ``trl_liger`` (TRL with its liger-kernel switch).
 
 Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)`` the prompt):
 
@@ -25,7 +28,8 @@ Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)
   over the vocabulary in fp32, the policy-gradient loss, backward, AdamW (PEFT's fp32 adapter);
 * ``miniverl_update``: :func:`grpo_update` on the role runtime (chunked log-probs of the selected
   positions only) + AdamW, PEFT's fp32 adapter;
-* ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (bf16 models only).
+* ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (bf16 models only);
+* by name: ``miniverl_update_bf16_fused`` / ``miniverl_update_bf16_liger``: with the fused training kernels.
 
 Per cell: ``warmup`` untimed steps (the first is ``first_call_seconds``: graph capture, cuDNN/SDPA
 plans), then the median of ``repeats`` (default 5) CUDA-synchronized steps with their spread (range,

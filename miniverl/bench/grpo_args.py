@@ -16,6 +16,9 @@ FUSED_STEP_PATHS = ("miniverl_lean_fused", "miniverl_lean_liger")
 #: TRL with its liger-kernel switch (``use_liger_loss``, or TRL 1.x's ``use_liger_kernel``), and the fused lean steps,
 #: by name only (they need triton and liger-kernel, which run on CUDA only; ours also under triton's interpreter)
 NAMED_STEP_PATHS = ("trl_liger", *FUSED_STEP_PATHS, "miniverl_lean_nf4")
+#: the step paths that roll out through HF's decode loop: the NF4 lean step does, over the NF4 model itself, since
+#: the fast engine's folded copy is bf16 (1.1 GiB for Qwen3-0.6B: more than the budget an NF4 student is for)
+HF_ROLLOUT_PATHS = ("miniverl_hf", "miniverl_lean_nf4")
 ALL_STEP_PATHS = (*STEP_PATHS, *NAMED_STEP_PATHS)
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
 #: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only); asked

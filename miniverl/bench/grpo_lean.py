@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 
 from miniverl import progress
-from miniverl.bench.grpo_args import GrpoBenchOptions
+from miniverl.bench.grpo_args import HF_ROLLOUT_PATHS, GrpoBenchOptions
 from miniverl.bench.grpo_models import RandomLoader, role_runtime
 from miniverl.gate.models import LORA_TARGETS
 from miniverl.runtime.fused import FusedKernels
@@ -66,7 +66,7 @@ def lean_runtime(loader: RandomLoader, opts: GrpoBenchOptions, device: torch.dev
         assert isinstance(opts.memory_budget_gib, float), "run_grpo_bench resolves 'trl' first"
         plan = choose_plan(
             DecoderDims.from_hf_config(runtime.student_config()),
-            lean_workload(opts, device, dtype_name, precision, fused=fused is not None, quantized=nf4),
+            lean_workload(opts, device, dtype_name, precision, fast=not nf4, fused=fused is not None, quantized=nf4),
             opts.memory_budget_gib,
             activation_checkpointing="auto",
             trajectory_batch_size="auto",
@@ -115,7 +115,7 @@ def estimated_peak_gib(section: str, path: str, holder: Any, opts: GrpoBenchOpti
     else:
         precision = "bf16_master" if bf16 else "fp32"
         nf4 = path.endswith("_nf4")
-        fast = path != "miniverl_hf"
+        fast = path not in HF_ROLLOUT_PATHS
         work = lean_workload(opts, device, dtype_name, precision, fast=fast, fused=fused, quantized=nf4)
         rows = opts.prompts * opts.samples
     return float(estimate(dims, work, micro_rows=rows, checkpointed_layers=checkpointed).peak / PLAN_GIB)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 
 from miniverl.bench.common import random_prompt_ids
-from miniverl.bench.grpo_args import GrpoBenchOptions
+from miniverl.bench.grpo_args import HF_ROLLOUT_PATHS, GrpoBenchOptions
 from miniverl.bench.grpo_lean import lean_runtime
 from miniverl.bench.grpo_models import AdapterTrainer, IdTokenizer, RandomLoader, role_runtime, sync, update_sequences
 from miniverl.bench.grpo_update import fused_kind
@@ -39,7 +39,7 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
         PromptInput(f"p{i}", " ".join(map(str, ids)))
         for i, ids in enumerate(random_prompt_ids(opts.prompts, opts.prompt_tokens, vocab, opts.seed))
     ]
-    engine: Literal["fast", "hf"] = "hf" if path == "miniverl_hf" else "fast"
+    engine: Literal["fast", "hf"] = "hf" if path in HF_ROLLOUT_PATHS else "fast"
     tokenizer = IdTokenizer()
 
     def run(step: int) -> dict[str, float]:
