@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import torch
 
+from miniverl.errors import DependencyError
+
 FusedKernels = Literal["triton", "liger"]
 FUSED_CHOICES: tuple[FusedKernels, ...] = ("triton", "liger")
 
@@ -40,6 +42,13 @@ def fused_unavailable_reason(kind: FusedKernels, device: torch.device) -> str | 
     if device.type == "cpu" and not kernels.INTERPRETED:
         return "triton kernels run on CPU only under the interpreter: set TRITON_INTERPRET=1 before triton is imported"
     return None
+
+
+def check_fused_kernels(kind: FusedKernels, device: torch.device) -> None:
+    """``train.fused_kernels``: one line (:class:`DependencyError`) where ``kind`` cannot run on ``device``."""
+    why = fused_unavailable_reason(kind, device)
+    if why is not None:
+        raise DependencyError(f"train.fused_kernels {kind}: {why}")
 
 
 def _is_rms_norm(module: Any) -> bool:
@@ -87,4 +96,4 @@ def fuse_training_kernels(model: Any, kind: FusedKernels) -> dict[str, int]:
     return counts
 
 
-__all__ = ["FUSED_CHOICES", "FusedKernels", "fuse_training_kernels", "fused_unavailable_reason"]
+__all__ = ["FUSED_CHOICES", "FusedKernels", "check_fused_kernels", "fuse_training_kernels", "fused_unavailable_reason"]

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from miniverl.canonical import fsync_tree, temp_dir_beside
-from miniverl.errors import DependencyError
 from miniverl.runtime.base import BatchSize, RoleName, SequenceRows
 from miniverl.runtime.batching import AutoPolicy, PhysicalBatch, plan_physical_batches, run_physical_batch
 from miniverl.runtime.fused import FusedKernels
@@ -125,12 +124,10 @@ class StudentMemoryPlan:
         """The student's RMSNorm and SwiGLU MLP forwards through ``kind``'s fused kernels
         (:func:`miniverl.runtime.fused.fuse_training_kernels`); how many of each. Refused in one line
         (:class:`DependencyError`) where ``kind``'s kernels cannot run on this device."""
-        from miniverl.runtime.fused import fuse_training_kernels, fused_unavailable_reason
+        from miniverl.runtime.fused import check_fused_kernels, fuse_training_kernels
 
         model = self._student_model()
-        why = fused_unavailable_reason(kind, next(model.parameters()).device)
-        if why is not None:
-            raise DependencyError(f"train.fused_kernels {kind}: {why}")
+        check_fused_kernels(kind, next(model.parameters()).device)
         return fuse_training_kernels(model, kind)
 
     def apply_memory_plan(

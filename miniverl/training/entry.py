@@ -188,6 +188,10 @@ def _train(
                 "memory.max_peak_reserved_gib is enforced from CUDA's peak reserved memory, and this run is on "
                 f"{device.type}; remove it for a {device.type} run"
             )
+        if config.train.fused_kernels != "none":  # before any model loads
+            from miniverl.runtime.fused import check_fused_kernels
+
+            check_fused_kernels(config.train.fused_kernels, device)
         if cuda:
             torch.cuda.synchronize(device)
             release_library_caches(torch)

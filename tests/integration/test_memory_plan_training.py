@@ -186,3 +186,17 @@ def test_offline_rows_are_measured_from_the_oracle_responses(tiny_model_dir: Pat
         for t in oracle_trajectories(config, runtime.tokenizer, rows, policy_version=0)
     )
     assert work.row_tokens == longest and work.rollout_rows == 0 and not work.fast_engine
+
+
+def test_fused_kernels_that_cannot_run_here_are_refused_before_any_model_loads(
+    cli, write_config, tiny_model_dir, prompts, workdir
+) -> None:
+    """liger-kernel runs on CUDA only: a CPU run stops in one line, leaving no run directory."""
+    config = tiny_config(tiny_model_dir, algorithm="grpo")
+    config["algorithm"]["rewards"] = PLUGIN
+    config["train"]["fused_kernels"] = "liger"
+    _plan(cli, write_config, config)
+    result = cli("run", "--plan", "plan.json", "--run-id", "f")
+    assert result.code == 1 and result.err.count("\n") == 1, result.err
+    assert result.err.startswith("miniverl: error: train.fused_kernels liger: ") and "CUDA only" in result.err
+    assert "load:" not in result.out + result.err and not (workdir / "runs" / "f").exists()
