@@ -29,7 +29,8 @@ Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)
 * ``miniverl_update``: :func:`grpo_update` on the role runtime (chunked log-probs of the selected
   positions only) + AdamW, PEFT's fp32 adapter;
 * ``miniverl_update_bf16``: the same with :class:`Bf16MasterAdapter` (bf16 models only);
-* by name: ``miniverl_update_bf16_fused`` / ``miniverl_update_bf16_liger``: with the fused training kernels.
+* by name: ``miniverl_update_bf16_fused`` / ``miniverl_update_bf16_liger``: with the fused training kernels;
+  ``miniverl_update_bf16_compiled``: every decoder layer through ``torch.compile`` (a probe).
 
 Per cell: ``warmup`` untimed steps (the first is ``first_call_seconds``: graph capture, cuDNN/SDPA
 plans), then the median of ``repeats`` (default 5) CUDA-synchronized steps with their spread (range,

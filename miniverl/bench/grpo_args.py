@@ -21,9 +21,10 @@ NAMED_STEP_PATHS = ("trl_liger", *FUSED_STEP_PATHS, "miniverl_lean_nf4")
 HF_ROLLOUT_PATHS = ("miniverl_hf", "miniverl_lean_nf4")
 ALL_STEP_PATHS = (*STEP_PATHS, *NAMED_STEP_PATHS)
 UPDATE_PATHS = ("naive_hf_peft", "miniverl_update", "miniverl_update_bf16")
-#: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only); asked
-#: for by name, since each needs triton (and liger-kernel) where the defaults need neither
-FUSED_UPDATE_PATHS = ("miniverl_update_bf16_fused", "miniverl_update_bf16_liger")
+#: the bf16 update with fused training kernels (miniverl.runtime.fused): ours, and liger-kernel's (CUDA only), and with
+#: every decoder layer through torch.compile (a probe); asked for by name, since each needs triton (and liger-kernel)
+#: where the defaults need neither
+FUSED_UPDATE_PATHS = ("miniverl_update_bf16_fused", "miniverl_update_bf16_liger", "miniverl_update_bf16_compiled")
 ALL_UPDATE_PATHS = (*UPDATE_PATHS, *FUSED_UPDATE_PATHS)
 GRPO_MODELS = ("tiny", "smollm2-shape", "qwen3-0.6b-shape")
 

@@ -24,6 +24,18 @@ def fused_kind(path: str) -> FusedKernels | None:
     return "liger" if path.endswith("_liger") else None
 
 
+def compile_decoder_layers(model: Any) -> int:
+    """Each decoder layer of ``model`` through ``torch.compile`` (inductor fuses its element-wise work: the norms,
+    RoPE, SiLU, PEFT's LoRA scale-and-add, the casts); how many. A probe of what compiling would buy, not a
+    training option yet: the layers compile on their first call (inside the bench's warm-up)."""
+    from miniverl.runtime.loading import decoder_of
+
+    layers = list(decoder_of(model).layers)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
                    ) -> tuple[Callable[[int], dict[str, float]], Any]:  # fmt: skip
     """``run(step) -> {"update_seconds"}``: one optimizer update on B rows of T tokens."""
@@ -68,6 +80,8 @@ def update_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, devic
     kind = fused_kind(path)
     if kind is not None:
         runtime.fuse_training_kernels(kind)
+    if path.endswith("_compiled"):
+        compile_decoder_layers(runtime._student_model())
     trainer = AdapterTrainer(runtime, opts.learning_rate, bf16_master=path.startswith("miniverl_update_bf16"))
     sequences = update_sequences([(row[:prompt], row[prompt:]) for row in ids], advantages)
 

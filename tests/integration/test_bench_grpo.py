@@ -256,3 +256,16 @@ def test_the_nf4_lean_cell_quantizes_a_qwen3_shape_and_the_plan_counts_it(tmp_pa
     smollm2 = dataclasses.replace(opts, model="smollm2-shape", paths=("miniverl_lean_nf4",))
     (cell,) = run_grpo_bench(smollm2, tmp_path / "s")["cells"]
     assert cell["status"] == "not_run" and "Qwen3 shape" in cell["reason"]
+
+
+def test_the_compiled_update_path_compiles_every_decoder_layer_of_the_student() -> None:
+    """``miniverl_update_bf16_compiled`` (a probe): each decoder layer goes through torch.compile, lazily (nothing is
+    compiled until the bench's warm-up calls it)."""
+    from miniverl.bench.grpo_models import RandomLoader, role_runtime
+    from miniverl.bench.grpo_update import compile_decoder_layers
+    from miniverl.runtime.loading import decoder_of
+
+    runtime = role_runtime(RandomLoader("tiny", 0), torch.device("cpu"), "float32", train_batch=2)
+    layers = list(decoder_of(runtime._student_model()).layers)
+    assert compile_decoder_layers(runtime._student_model()) == len(layers) > 0
+    assert all(layer._compiled_call_impl is not None for layer in layers)
