@@ -50,7 +50,10 @@ PINS = (
     "bitsandbytes==0.50.2",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64")
-UPDATE_PATHS = "naive_hf_peft,miniverl_update_bf16,miniverl_update_bf16_fused,miniverl_update_bf16_liger,miniverl_update_bf16_compiled"
+UPDATE_PATHS = ",".join(
+    ("naive_hf_peft", "miniverl_update_bf16", "miniverl_update_bf16_fused", "miniverl_update_bf16_liger",
+     "miniverl_update_bf16_compiled")
+)  # fmt: skip
 GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean,miniverl_lean_fused,miniverl_lean_liger"
 CALL_BYTES = 64 * 2**20
 
