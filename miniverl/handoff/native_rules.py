@@ -57,8 +57,10 @@ class ImportRule(BaseModel):
         return str(self.field).replace("{algo}", estimator)
 
 
-def _m(key: str, field: str, reason: str, to: str | None = None, only: Estimator | None = None) -> ImportRule:
-    return ImportRule(key=key, action="map", field=field, to=to, reason=reason, only=only)
+def _m(
+    key: str, field: str, reason: str, to: str | None = None, only: Estimator | None = None, default: Any = None
+) -> ImportRule:
+    return ImportRule(key=key, action="map", field=field, to=to, reason=reason, only=only, verl_default=default)
 
 
 def _e(key: str, value: Any, code: str, reason: str, only: Estimator | None = None) -> ImportRule:
@@ -102,7 +104,8 @@ RULES: tuple[ImportRule, ...] = (
     _m("actor_rollout_ref.model.lora_alpha", "models.student.lora.alpha", "same alpha"),
     _m("actor_rollout_ref.model.target_modules", "models.student.lora.target_modules", "a list of module names"),
     _r("actor_rollout_ref.model.enable_gradient_checkpointing", "-", "memory only"),
-    _m("actor_rollout_ref.model.use_liger", "train.fused_kernels", "liger-kernel (true: liger)", to="liger_switch"),
+    _m("actor_rollout_ref.model.use_liger", "train.fused_kernels", "liger-kernel (true: liger)", to="liger_switch",
+       default=False),
     _r("actor_rollout_ref.model.use_remove_padding", "-", "padding removal: the same tokens, packed (kernel choice)"),
     _e(A + "strategy", "fsdp", "native_strategy", "verl's FSDP actor (the engine v1 and v2 emit)"),
     _m(A + "ppo_mini_batch_size", "algorithm.{algo}.mini_batches",

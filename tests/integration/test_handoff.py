@@ -311,6 +311,7 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
     assert differing == {
         "actor_rollout_ref.model.path",  # the binding (a local model: the bundle's model/)
         "actor_rollout_ref.model.lora_adapter_path",  # the run's adapter the bundle starts from
+        "actor_rollout_ref.model.use_liger",  # default: the bundle states verl's own False
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",  # trajectory_batch_size
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -324,7 +325,9 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
     }
     statuses = {e["key"]: e["status"] for e in diff["entries"]}
     assert statuses.pop("trainer.total_training_steps") == "extended" and diff["added_cycles"] == 1
-    assert {statuses[k] for k in differing - {"trainer.total_training_steps"}} == {"runtime", "ignored"}
+    assert statuses.pop("actor_rollout_ref.model.use_liger") == "default"
+    others = differing - {"trainer.total_training_steps", "actor_rollout_ref.model.use_liger"}
+    assert {statuses[k] for k in others} == {"runtime", "ignored"}
     assert sha256_file(native) == digest  # the native file was never edited
     _no_local_paths(bundle, workdir, tiny_model_dir)
     _no_local_paths(workdir / "runs" / "d" / "plan.json", workdir, tiny_model_dir)
