@@ -23,32 +23,21 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+#: what neither subset keeps: the Java jar and the libraries verl never imports
+LIBRARIES = ("ray/jars/", "ray/rllib/", "ray/tune/", "ray/serve/", "ray/train/", "ray/data/", "ray/llm/")
+#: the import subset also leaves out the cluster (the manifest records this order)
 LEFT_OUT = (
-    "ray/jars/",
+    LIBRARIES[0],
     "ray/core/src/ray/gcs/gcs_server",
     "ray/core/src/ray/raylet/raylet",
     "ray/dashboard/client/",
     "ray/_private/runtime_env/agent/thirdparty_files/",
-    "ray/rllib/",
-    "ray/tune/",
-    "ray/serve/",
-    "ray/train/",
-    "ray/data/",
-    "ray/llm/",
+    *LIBRARIES[1:],
 )
 #: what `ray.init()` on one node starts beside the import (verl_launch.py: verl's own launch): the raylet, the GCS
 #: server, the runtime-env agent's vendored aiohttp and the dashboard's web client stay (where the dashboard's
-#: dependencies are installed, a head without its client waited ~60 s in `ray.init()` on CPU); the Java jar and the
-#: libraries verl never imports do not
-CLUSTER_LEFT_OUT = (
-    "ray/jars/",
-    "ray/rllib/",
-    "ray/tune/",
-    "ray/serve/",
-    "ray/train/",
-    "ray/data/",
-    "ray/llm/",
-)
+#: dependencies are installed, a head without its client waited ~60 s in `ray.init()` on CPU)
+CLUSTER_LEFT_OUT = LIBRARIES
 
 
 def make(wheel: Path, out: Path, manifest: Path, left_out: tuple[str, ...] = LEFT_OUT) -> None:
