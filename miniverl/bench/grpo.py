@@ -19,8 +19,9 @@ GRPO step paths (``prompts`` groups of ``samples`` completions of ``new_tokens``
 * ``trl``: TRL's ``GRPOTrainer`` on the same model shape and lengths when ``trl`` is importable,
   else recorded ``not_run`` with the reason (never ``passed``);
 * by name: ``miniverl_lean_fused`` / ``miniverl_lean_liger`` (the lean step with ``train.fused_kernels`` triton or
-  liger), ``miniverl_lean_nf4`` (the lean step over an NF4 student, rolled out by the HF loop over the NF4 model;
-  Qwen3 shapes), ``trl_liger`` (TRL with its liger-kernel switch).
+  liger), ``miniverl_lean_compiled`` (its decoder layers through ``torch.compile``, a probe), ``miniverl_lean_nf4``
+  (the lean step over an NF4 student, rolled out by the HF loop over the NF4 model; Qwen3 shapes), ``trl_liger``
+  (TRL with its liger-kernel switch).
 
 Update paths (``update_shape`` = B rows of T tokens, the first ``min(32, T // 4)`` the prompt):
 

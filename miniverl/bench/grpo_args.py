@@ -10,8 +10,9 @@ from miniverl.bench.argtypes import non_negative_int, positive_int, positive_int
 from miniverl.errors import UsageError
 
 STEP_PATHS = ("miniverl_fast", "miniverl_fast_bf16", "miniverl_lean", "miniverl_hf", "trl")
-#: the lean step with fused training kernels (``train.fused_kernels``): ours and liger-kernel's
-FUSED_STEP_PATHS = ("miniverl_lean_fused", "miniverl_lean_liger")
+#: the lean step with fused training kernels (``train.fused_kernels``): ours and liger-kernel's, and with every
+#: decoder layer through torch.compile (a probe)
+FUSED_STEP_PATHS = ("miniverl_lean_fused", "miniverl_lean_liger", "miniverl_lean_compiled")
 #: ``miniverl_lean_nf4``: the lean step over an NF4 student (bitsandbytes; a Qwen3 shape);
 #: TRL with its liger-kernel switch (``use_liger_loss``, or TRL 1.x's ``use_liger_kernel``), and the fused lean steps,
 #: by name only (they need triton and liger-kernel, which run on CUDA only; ours also under triton's interpreter)

@@ -14,7 +14,7 @@ from miniverl.bench.common import random_prompt_ids
 from miniverl.bench.grpo_args import HF_ROLLOUT_PATHS, GrpoBenchOptions
 from miniverl.bench.grpo_lean import lean_runtime
 from miniverl.bench.grpo_models import AdapterTrainer, IdTokenizer, RandomLoader, role_runtime, sync, update_sequences
-from miniverl.bench.grpo_update import fused_kind
+from miniverl.bench.grpo_update import compile_decoder_layers, fused_kind
 
 
 def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device: torch.device, dtype_name: str
@@ -29,6 +29,8 @@ def step_runner(path: str, loader: RandomLoader, opts: GrpoBenchOptions, device:
     if path.startswith("miniverl_lean"):
         nf4 = path == "miniverl_lean_nf4"
         runtime, trainer = lean_runtime(loader, opts, device, dtype_name, fused=fused_kind(path), nf4=nf4)
+        if path.endswith("_compiled"):  # the update's layers only: the fast engine decodes from its own folded copy
+            compile_decoder_layers(runtime._student_model())
     else:
         runtime = role_runtime(
             loader, device, dtype_name, train_batch=rows, checkpointing=opts.activation_checkpointing

@@ -54,7 +54,7 @@ UPDATE_PATHS = ",".join(
     ("naive_hf_peft", "miniverl_update_bf16", "miniverl_update_bf16_fused", "miniverl_update_bf16_liger",
      "miniverl_update_bf16_compiled")
 )  # fmt: skip
-GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean,miniverl_lean_fused,miniverl_lean_liger"
+GRPO_PATHS = "trl,trl_liger,miniverl_fast,miniverl_lean,miniverl_lean_fused,miniverl_lean_liger,miniverl_lean_compiled"
 CALL_BYTES = 64 * 2**20
 
 
