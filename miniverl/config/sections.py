@@ -136,7 +136,7 @@ class TrainSection(Strict):
         default="none",
         description="the student's RMSNorm and SwiGLU MLP forward and backward: 'none' (transformers' modules), "
         "'triton' (miniverl's own Triton kernels, HF's rounding order; CUDA, or CPU under TRITON_INTERPRET=1), "
-        "'liger' (liger-kernel's, CUDA only: the faster on an H100); the same math, less activation memory",
+        "'liger' (liger-kernel's, CUDA only); the same math, less activation memory",
     )
 
 
