@@ -29,6 +29,24 @@ def _model_resolution(ir: ExperimentIR) -> str:
     return f'MODEL_PATH="$HERE/{MODEL_DIR}"'
 
 
+def _attention_fallback(ir: ExperimentIR) -> str:
+    """verl loads the actor, reference and critic with flash_attention_2 unless told otherwise, and
+    flash-attn is an optional package that verl's own install does not bring; without it the load
+    fails, so launch.sh switches to PyTorch's SDPA there. Padding removal packs sequences for
+    flash-attn's varlen kernel, so it goes off with it. Overrides after these (``"$@"``) win."""
+    roles = ["actor_rollout_ref"] + (["critic"] if isinstance(ir.algorithm, PpoIR) else [])
+    overrides = " ".join(
+        f"++{role}.model.override_config.attn_implementation=sdpa {role}.model.use_remove_padding=false"
+        for role in roles
+    )
+    return f"""ATTENTION=()
+if ! python -c 'import flash_attn' >/dev/null 2>&1; then
+  echo "launch.sh: flash-attn is not installed here: verl's models use PyTorch SDPA attention, no padding removal" >&2
+  ATTENTION=({overrides})
+fi
+"""
+
+
 def launch_script(ir: ExperimentIR, config_name: str) -> str:
     adapter = (
         f'  actor_rollout_ref.model.lora_adapter_path="$HERE/{ADAPTER_DIR}" \\\n'
@@ -50,13 +68,13 @@ HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 {_model_resolution(ir)}
 export {TOKENIZER_ENV}="$MODEL_PATH"
 cd "$HERE"
-exec python -m verl.trainer.main_ppo \\
+{_attention_fallback(ir)}exec python -m verl.trainer.main_ppo \\
   --config-path="$HERE/config" --config-name={config_name} \\
   actor_rollout_ref.model.path="$MODEL_PATH" \\
 {critic}{adapter}  data.train_files="$HERE/{ir.data.train_file}" data.val_files="$HERE/{ir.data.train_file}" \\
   reward.custom_reward_function.path="$HERE/{ir.reward.function_file}" \\
   trainer.default_local_dir="$HERE/checkpoints" \\
-  "$@"
+  ${{ATTENTION[@]+"${{ATTENTION[@]}}"}} "$@"
 """
 
 

@@ -183,8 +183,13 @@ def test_diagnose_without_verl_exits_2(cli, write_config, tiny_model_dir, prompt
     assert result.code == 2 and "verl is not installed" in result.err and result.err.count("\n") == 1
 
 
-def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
-    """launch.sh through a stand-in `python` on PATH that records its arguments (no verl, no GPU)."""
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash-attn", "no-flash-attn"])
+def test_launch_script_runs_verl_main_ppo_with_the_bundle(
+    cli, write_config, tiny_model_dir, prompts, workdir, flash_attn: bool
+) -> None:
+    """launch.sh through a stand-in `python` on PATH that records its arguments (no verl, no GPU); where
+    `import flash_attn` fails, verl's models are told to use SDPA without padding removal, before the user's
+    overrides."""
     import os
     import subprocess
 
@@ -192,7 +197,8 @@ def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tin
     assert cli("handoff", "plan.json", "--out", "bundle").code == 0
     fake = workdir / "bin"
     fake.mkdir()
-    (fake / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$MINIVERL_HANDOFF_TOKENIZER" "$@"\n')
+    probe = "" if flash_attn else 'if [ "$1" = -c ]; then exit 1; fi\n'
+    (fake / "python").write_text(f'#!/bin/sh\n{probe}printf "%s\\n" "$PWD" "$MINIVERL_HANDOFF_TOKENIZER" "$@"\n')
     (fake / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
@@ -207,6 +213,12 @@ def test_launch_script_runs_verl_main_ppo_with_the_bundle(cli, write_config, tin
     assert f"data.train_files={here}/data/train.parquet" in argv
     assert f"reward.custom_reward_function.path={here}/reward_fn.py" in argv
     assert argv[-1] == "trainer.n_gpus_per_node=8"
+    fallback = [
+        "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=false",
+    ]
+    assert argv[-3:-1] == fallback if not flash_attn else not set(fallback) & set(argv)
+    assert ("flash-attn is not installed" in done.stderr) is not flash_attn
 
 
 def test_reward_fn_scores_the_reward_model_as_a_miniverl_run(tiny_model_dir: Path, monkeypatch) -> None:
