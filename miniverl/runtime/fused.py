@@ -8,6 +8,13 @@ model's instances change: no class or module-level function of transformers is p
 same process (a benchmark's baseline) keeps HF's code. LoRA layers stay as PEFT wraps them: the MLP's projections
 are called as modules.
 
+Either kind also fuses PEFT's LoRA scale-and-add into the B projection's GEMM: PEFT computes
+``base(x) + lora_B(lora_A(x)) * scaling``, a multiply and an add over ``[rows, out]`` after the B GEMM, and the
+multiply again in the backward; ``torch.addmm(base(x), lora_A(x), B.T, alpha=scaling)`` lets the GEMM's epilogue do
+both (cuBLAS's alpha and beta), with no ``[rows, out]`` temporary. liger-kernel has no LoRA op, so this is ours
+under both kinds. A layer the fused forward cannot take at a call (adapters disabled, merged or mixed, DoRA or
+another variant, a bias on B, mismatched dtypes) goes through PEFT's own forward.
+
 The kernels are optional: :func:`fused_unavailable_reason` says in one line why they cannot run here.
 """
 
@@ -61,6 +68,43 @@ def _is_swiglu(module: Any) -> bool:
     return silu and all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj"))
 
 
+def _is_peft_lora_linear(module: Any) -> bool:
+    lora_a = getattr(module, "lora_A", None)
+    return (
+        isinstance(lora_a, torch.nn.ModuleDict)
+        and isinstance(getattr(module, "base_layer", None), torch.nn.Module)
+        and isinstance(getattr(module, "scaling", None), dict)
+        and type(module).__name__ == "Linear"
+    )
+
+
+def _lora_linear_forward(peft_forward: Any) -> Any:
+    def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        adapters = self.active_adapters
+        name = adapters[0] if len(adapters) == 1 else None
+        if args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A:
+            return peft_forward(x, *args, **kwargs)
+        lora_b = self.lora_B[name]
+        if (
+            name in getattr(self, "lora_variant", {})
+            or getattr(self, "use_dora", {}).get(name)
+            or lora_b.bias is not None
+        ):
+            return peft_forward(x)
+        result = self.base_layer(x)
+        lora_a = self.lora_A[name]
+        down = lora_a(self.lora_dropout[name](x.to(lora_a.weight.dtype)))
+        if down.dtype != result.dtype or lora_b.weight.dtype != result.dtype:
+            return peft_forward(x)
+        out = result.shape[-1]
+        fused = torch.addmm(
+            result.reshape(-1, out), down.reshape(-1, down.shape[-1]), lora_b.weight.t(), alpha=self.scaling[name]
+        )
+        return fused.view(result.shape)
+
+    return forward
+
+
 def _ops(kind: FusedKernels) -> tuple[Any, Any]:
     """``(rms_norm(x, weight, eps), silu_mul(gate, up))`` of ``kind``."""
     if kind == "liger":
@@ -76,7 +120,8 @@ def _ops(kind: FusedKernels) -> tuple[Any, Any]:
 
 
 def fuse_training_kernels(model: Any, kind: FusedKernels) -> dict[str, int]:
-    """Give ``model``'s RMSNorm and SwiGLU MLP instances ``kind``'s fused forward; returns how many of each."""
+    """Give ``model``'s RMSNorm and SwiGLU MLP instances ``kind``'s fused forward, and its PEFT LoRA linears the
+    scale-and-add in the B GEMM; returns how many of each."""
     norm_op, silu_mul_op = _ops(kind)
 
     def norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -85,9 +130,12 @@ def fuse_training_kernels(model: Any, kind: FusedKernels) -> dict[str, int]:
     def mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul_op(self.gate_proj(x), self.up_proj(x)))
 
-    counts = {"rms_norm": 0, "swiglu": 0}
+    counts = {"rms_norm": 0, "swiglu": 0, "lora_linear": 0}
     for module in model.modules():
-        if _is_rms_norm(module):
+        if _is_peft_lora_linear(module):
+            module.forward = types.MethodType(_lora_linear_forward(module.forward), module)
+            counts["lora_linear"] += 1
+        elif _is_rms_norm(module):
             module.forward = types.MethodType(norm_forward, module)
             counts["rms_norm"] += 1
         elif _is_swiglu(module):

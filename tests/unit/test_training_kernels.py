@@ -67,7 +67,8 @@ def _lora_student(fused: bool) -> torch.nn.Module:
             param.data.fill_(0.1)
     if fused:
         layers = model.config.num_hidden_layers
-        assert fuse_training_kernels(student, "triton") == {"rms_norm": 2 * layers + 1, "swiglu": layers}
+        counts = fuse_training_kernels(student, "triton")
+        assert counts == {"rms_norm": 2 * layers + 1, "swiglu": layers, "lora_linear": 3 * layers}
     return student
 
 
@@ -103,4 +104,9 @@ def test_the_runtime_puts_the_fused_kernels_into_its_student_only() -> None:
     counts = runtime.fuse_training_kernels("triton")
     layers = int(runtime.student_config().num_hidden_layers)
     qk_norms = 2 * layers if runtime.student_config().model_type == "qwen3" else 0  # Qwen3's per-head q/k norms
-    assert counts == {"rms_norm": 2 * layers + 1 + qk_norms, "swiglu": layers}
+    lora_linears = sum(isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict) for m in runtime._student.modules())
+    assert lora_linears and counts == {
+        "rms_norm": 2 * layers + 1 + qk_norms,
+        "swiglu": layers,
+        "lora_linear": lora_linears,
+    }
