@@ -136,7 +136,8 @@ class TrainSection(Strict):
         default="none",
         description="the student's RMSNorm and SwiGLU MLP forward and backward: 'none' (transformers' modules), "
         "'triton' (miniverl's own Triton kernels, HF's rounding order; CUDA, or CPU under TRITON_INTERPRET=1), "
-        "'liger' (liger-kernel's, CUDA only); the same math, less activation memory",
+        "'liger' (liger-kernel's, CUDA only); either also fuses PEFT's LoRA scale-and-add into the B GEMM; "
+        "the same math, less activation memory",
     )
 
 
