@@ -107,6 +107,9 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
                 "seed": ir.schedule.seed,
                 "tensor_model_parallel_size": ir.runtime.tensor_model_parallel_size,
                 "log_prob_micro_batch_size_per_gpu": micro,
+                # verl's LoRA sync sends vLLM the adapter only: the base weights must come from the checkpoint
+                # (verl's docs: required for LoRA). Its default, dummy, left vLLM's LoRA empty on an H100.
+                "load_format": "safetensors",
             },
         },
         "critic": _critic_section(ir, algo, fsdp) if isinstance(algo, PpoIR) else {"enable": False},
