@@ -241,7 +241,7 @@ def environment(paths: list[Path], python: str, bin_dir: Path, work: Path) -> di
         VLLM_FLASH_ATTN_VERSION=env.get("VLLM_FLASH_ATTN_VERSION", "3"), VLLM_USE_FLASHINFER_SAMPLER="0",
         VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
         HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
-        HYDRA_FULL_ERROR="1",
+        HYDRA_FULL_ERROR="1", VERL_LOGGING_LEVEL="INFO",  # INFO: the weight sync's tensor counts reach launch.log
     )  # fmt: skip
     return env
 
