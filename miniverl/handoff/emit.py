@@ -109,7 +109,9 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
                 "log_prob_micro_batch_size_per_gpu": micro,
                 # verl's LoRA sync sends vLLM the adapter only: the base weights must come from the checkpoint
                 # (verl's docs: required for LoRA). Its default, dummy, left vLLM's LoRA empty on an H100.
+                # layered_summon gathers the adapter layer by layer, as verl's own LoRA example does.
                 "load_format": "safetensors",
+                "layered_summon": True,
             },
         },
         "critic": _critic_section(ir, algo, fsdp) if isinstance(algo, PpoIR) else {"enable": False},

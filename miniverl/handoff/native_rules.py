@@ -151,6 +151,7 @@ RULES: tuple[ImportRule, ...] = (
     _r(R + "tensor_model_parallel_size", "-", "rollout sharding (one device here)"),
     _r(R + "gpu_memory_utilization", "-", "vLLM memory budget"),
     _r(R + "load_format", "-", "where vLLM's base weights come from (a LoRA run needs the checkpoint: safetensors)"),
+    _r(R + "layered_summon", "-", "how the adapter is gathered for vLLM (layer by layer: memory only)"),
     _r(R + "log_prob_micro_batch_size_per_gpu", "trajectory_batch_size", "micro-batching only"),
     _m(C + "enable", "models.critic", "true with adv_estimator gae (PPO's critic), false with grpo; absent: verl "
        "decides from the estimator the same way", to="critic_enable"),

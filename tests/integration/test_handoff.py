@@ -329,6 +329,7 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.gpu_memory_utilization",  # vLLM only
         "actor_rollout_ref.rollout.load_format",  # safetensors: verl's LoRA sync needs the base from the checkpoint
+        "actor_rollout_ref.rollout.layered_summon",  # the adapter gathered layer by layer (verl's LoRA example)
         "data.train_files",  # rewritten in verl's columns as data/train.parquet
         "data.val_files",
         "reward.custom_reward_function.reward_kwargs.miniverl_rewards",  # carried inside reward_fn.py
