@@ -37,7 +37,7 @@ from typing import Any
 
 import parts  # sibling scripts, not a package
 from parts import Refused
-from steps import Steps, sha256
+from steps import Steps, checkout_facts, sha256
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
@@ -178,8 +178,7 @@ def device_facts(env: dict[str, str]) -> dict[str, Any]:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     facts: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {"probe_error": done.stderr[-300:]}
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-    facts["git_head"] = commit.stdout.strip() or None  # on the device: its checkout's, maybe older than the code
+    facts.update(checkout_facts(REPO))
     facts["python"] = sys.version.split()[0]
     return facts
 

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from steps import Steps, sha256  # a sibling script, not a package
+from steps import Steps, checkout_facts, sha256  # a sibling script, not a package
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / ".carry" / "perf" / "1"
@@ -101,8 +101,11 @@ def bench(steps: Steps, name: str, out: Path, env: dict[str, str], *args: str) -
 
 def measure(out: Path, what: list[str], runs: int, deadline_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    steps = Steps(REPO, out, time.monotonic() + deadline_s, "perf", commit=commit.strip(), what=what, runs=runs)
+    checkout = checkout_facts(REPO)
+    steps = Steps(
+        REPO, out, time.monotonic() + deadline_s, "perf", commit=checkout["git_head"],
+        tree_matches_commit=checkout["tree_matches_head"], what=what, runs=runs,
+    )  # fmt: skip
     if not SITE.is_dir() and not install(steps):
         return 1
     env = {**os.environ, "PYTHONPATH": f"{SITE}:{REPO}"}

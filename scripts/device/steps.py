@@ -21,6 +21,18 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checkout_facts(repo: Path) -> dict[str, Any]:
+    """The checkout's ``HEAD`` and whether the files that ran are that commit's. A device call sends the working
+    tree beside a ``.git`` that can be older (the session's first ``HEAD``), so ``git_head`` alone can name a
+    commit whose code did not run: ``tree_matches_head`` false says so."""
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True)
+    return {
+        "git_head": head.stdout.strip() or None,
+        "tree_matches_head": status.returncode == 0 and head.returncode == 0 and not status.stdout.strip(),
+    }
+
+
 class Steps:
     def __init__(self, work: Path, out: Path, deadline: float, name: str, **report: Any) -> None:
         self.work, self.out, self.deadline, self.name = work, out, deadline, name

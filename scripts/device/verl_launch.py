@@ -44,7 +44,7 @@ from typing import Any
 
 import parts  # sibling scripts, not a package
 from parts import Refused
-from steps import Steps, sha256
+from steps import Steps, checkout_facts, sha256
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = REPO / "scripts" / "device" / "verl-launch-pins.txt"
@@ -321,8 +321,9 @@ def versions(env: dict[str, str]) -> dict[str, Any]:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd="/")
     facts: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {"probe_error": done.stderr[-300:]}
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-    facts["commit"] = head.stdout.strip() or None
+    checkout = checkout_facts(REPO)
+    facts["commit"] = checkout["git_head"]
+    facts["tree_matches_commit"] = checkout["tree_matches_head"]
     return facts
 
 
