@@ -94,8 +94,8 @@ def _lora_linear_forward(peft_forward: Any) -> Any:
         result = self.base_layer(x)
         lora_a = self.lora_A[name]
         down = lora_a(self.lora_dropout[name](x.to(lora_a.weight.dtype)))
-        if down.dtype != result.dtype or lora_b.weight.dtype != result.dtype:
-            return peft_forward(x)
+        if down.dtype != result.dtype or lora_b.weight.dtype != result.dtype:  # PEFT's own sum, no second pass
+            return (result + lora_b(down) * self.scaling[name]).to(result.dtype)
         out = result.shape[-1]
         fused = torch.addmm(
             result.reshape(-1, out), down.reshape(-1, down.shape[-1]), lora_b.weight.t(), alpha=self.scaling[name]
