@@ -35,3 +35,17 @@ def test_example_config_states_the_measured_peak() -> None:
     text = (REPO / "miniverl" / "examples" / "grpo" / "config.yaml").read_text()
     assert f"about {_expected()['peak']} peak RSS on CPU" in text
     assert (MEASUREMENT / "README.md").is_file() and "docs/measurements/2026-12-06-first-run-memory/" in text
+
+
+def test_the_verl_handoff_records_miniverl_rows_are_its_metrics() -> None:
+    """The verl handoff record's table of miniverl's own cycles is each attempt's committed metrics, line for line."""
+    record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
+    readme = (record / "README.md").read_text()
+    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync"):
+        for line in (record / attempt / "miniverl-metrics.jsonl").read_text().splitlines():
+            m = json.loads(line)
+            row = (
+                f"| {m['cycle']} | {m['reward_mean']:.4f} | {m['kl']:.3g} | {m['loss']:.4f} | {m['response_tokens']} "
+                f"| {m['rollout_backend']} |"
+            )
+            assert row in readme, row

@@ -72,7 +72,7 @@ def test_the_fused_forward_is_the_addmm_and_not_pefts(monkeypatch: pytest.Monkey
     assert calls == [2.0, 2.0]  # lora_alpha / r, once per LoRA linear
 
 
-def test_disabled_adapters_and_dropout_go_through_peft() -> None:
+def test_disabled_adapters_give_the_base_and_dropout_draws_pefts_mask() -> None:
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
     student = _student(dropout=0.5)
     _fuse(student)
