@@ -70,7 +70,9 @@ def emit_verl_config(ir: ExperimentIR) -> dict[str, Any]:
         "actor_rollout_ref": {
             "model": model,
             "actor": {
-                "strategy": "fsdp",
+                # FSDP2: on one GPU verl 0.9.1's FSDP1 runs NO_SHARD, and its LoRA sync to vLLM gathers nothing
+                # there (each LoRA linear is its own FSDP unit) and then fails (NO_SHARD cannot offload to CPU).
+                "strategy": "fsdp2",
                 "ppo_mini_batch_size": algo.mini_batch_prompts,
                 "ppo_micro_batch_size_per_gpu": micro,
                 "ppo_epochs": algo.ppo_epochs,
@@ -145,7 +147,7 @@ def _critic_section(ir: ExperimentIR, algo: PpoIR, fsdp: dict[str, str]) -> dict
     micro = ir.rollout.micro_batch_per_gpu
     return {
         "enable": True,
-        "strategy": "fsdp",
+        "strategy": "fsdp2",
         "model": {
             "path": model_path(ir),
             "lora_rank": critic.lora_rank,

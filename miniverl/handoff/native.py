@@ -219,8 +219,9 @@ def estimator_of(flat: dict[str, Any]) -> Estimator:
 
 
 def _check_rule(rule: ImportRule, flat: dict[str, Any], value: Any) -> None:
-    if rule.action == "expect" and value != rule.value:
-        raise _refused(str(rule.code), f"{rule.key}: {value!r} (miniverl needs {rule.value!r}): {rule.reason}")
+    if rule.action == "expect" and value != rule.value and value not in rule.also:
+        wanted = " or ".join(repr(allowed) for allowed in (rule.value, *rule.also))
+        raise _refused(str(rule.code), f"{rule.key}: {value!r} (miniverl needs {wanted}): {rule.reason}")
     if rule.action == "same" and rule.field in flat and not _same(value, flat[rule.field]):
         absent = " (absent: verl's default)" if rule.key not in flat else ""
         raise _refused(

@@ -5,8 +5,8 @@ critic, ``rules_v2.json``): each dotted key of a verl 0.9 ``ppo_trainer``-layout
 
 - ``map``: its value becomes ``field`` of the miniverl config (``to`` names a conversion);
 - ``same``: it must equal the value of ``field``'s own native key (one seed, one dtype, ...);
-- ``expect``: it must equal ``value`` (the only value miniverl computes the same way); otherwise the
-  import stops with ``code``;
+- ``expect``: it must equal ``value`` or one of ``also`` (the values miniverl computes the same way);
+  otherwise the import stops with ``code``;
 - ``runtime``: a placement or engine choice (device, micro-batches, rollout engine, paths); its
   native value is recorded but miniverl uses the user's ``runtime_bindings``;
 - ``ignore``: logging, validation and bookkeeping with no effect on the math.
@@ -43,6 +43,8 @@ class ImportRule(BaseModel):
     field: str | None = None
     to: str | None = None
     value: Any = None
+    #: further values an ``expect`` rule accepts (the same math by another engine: verl's FSDP1 or FSDP2)
+    also: tuple[Any, ...] = ()
     code: str | None = None
     reason: str
     #: the estimator whose run reads this key (``grpo`` or ``ppo``); in a file of the other one the key has
@@ -63,8 +65,10 @@ def _m(
     return ImportRule(key=key, action="map", field=field, to=to, reason=reason, only=only, verl_default=default)
 
 
-def _e(key: str, value: Any, code: str, reason: str, only: Estimator | None = None) -> ImportRule:
-    return ImportRule(key=key, action="expect", value=value, code=code, reason=reason, only=only)
+def _e(
+    key: str, value: Any, code: str, reason: str, only: Estimator | None = None, also: tuple[Any, ...] = ()
+) -> ImportRule:
+    return ImportRule(key=key, action="expect", value=value, also=also, code=code, reason=reason, only=only)
 
 
 def _s(key: str, other: str, code: str, reason: str, only: Estimator | None = None, default: Any = None) -> ImportRule:
@@ -107,7 +111,8 @@ RULES: tuple[ImportRule, ...] = (
     _m("actor_rollout_ref.model.use_liger", "train.fused_kernels", "liger-kernel (true: liger)", to="liger_switch",
        default=False),
     _r("actor_rollout_ref.model.use_remove_padding", "-", "padding removal: the same tokens, packed (kernel choice)"),
-    _e(A + "strategy", "fsdp", "native_strategy", "verl's FSDP actor (the engine v1 and v2 emit)"),
+    _e(A + "strategy", "fsdp2", "native_strategy", "verl's FSDP actor: FSDP2 (what bundles emit) or FSDP1",
+       also=("fsdp",)),
     _m(A + "ppo_mini_batch_size", "algorithm.{algo}.mini_batches",
        "mini-batches per pass = data.train_batch_size / ppo_mini_batch_size (whole prompt groups; a size that does "
        "not divide the step is refused: mini_batch_splits_groups)", to="mini_batches"),
@@ -155,7 +160,8 @@ RULES: tuple[ImportRule, ...] = (
     _r(R + "log_prob_micro_batch_size_per_gpu", "trajectory_batch_size", "micro-batching only"),
     _m(C + "enable", "models.critic", "true with adv_estimator gae (PPO's critic), false with grpo; absent: verl "
        "decides from the estimator the same way", to="critic_enable"),
-    _e(C + "strategy", "fsdp", "native_strategy", "verl's FSDP critic (the engine v2 emits)", only="ppo"),
+    _e(C + "strategy", "fsdp2", "native_strategy", "verl's FSDP critic: FSDP2 (what bundles emit) or FSDP1",
+       only="ppo", also=("fsdp",)),
     _s(C + "model.path", "actor_rollout_ref.model.path", "critic_other_base",
        "miniverl's critic starts from the actor's base (models.critic source student); the path is bound at "
        "runtime with the actor's", only="ppo", default="~/models/deepseek-llm-7b-chat"),
@@ -294,7 +300,7 @@ def render_markdown() -> str:
     for rule in RULES:
         target = rule.field or ""
         if rule.action == "expect":
-            target = f"`{rule.value!r}`"
+            target = " or ".join(f"`{value!r}`" for value in (rule.value, *rule.also))
         elif target and target != "-":
             target = f"`{target}`" + (f" ({rule.to})" if rule.to else "")
         if rule.verl_default is not None:

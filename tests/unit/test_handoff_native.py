@@ -200,6 +200,16 @@ def test_named_refusals_of_a_native_ppo_file(path: str, value: Any, code: str) -
     assert _refusal(_with(_ppo(), **{path.replace(".", "__"): value})) == code
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_verls_fsdp1_and_fsdp2_import_as_the_same_run(strategy: str) -> None:
+    """Bundles emit FSDP2 (verl's FSDP1 cannot hand a LoRA adapter to vLLM on one GPU); a user's FSDP1 file is the
+    same math, and megatron stays refused (above)."""
+    native = _ppo()
+    changed = _with(native, actor_rollout_ref__actor__strategy=strategy, critic__strategy=strategy)
+    assert _import(changed) == _import(native)
+    assert _refusal(_with(native, actor_rollout_ref__actor__strategy="megatron")) == "native_strategy"
+
+
 def test_the_native_ppo_example_maps_to_a_miniverl_ppo_config_with_a_lora_critic() -> None:
     config = MiniverlConfig.model_validate(_import(_ppo()))
     assert config.algorithm.name == "ppo"
