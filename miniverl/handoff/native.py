@@ -441,6 +441,12 @@ def _derived(key: str, value: Any, native: dict[str, Any]) -> bool:
     return rule is not None and rule.action == "same" and rule.field in native and _same(native[rule.field], value)
 
 
+def _engine_choice(rule: ImportRule, native: Any, bundle: Any) -> bool:
+    """Both values are ones an ``expect`` rule accepts as the same math (verl's FSDP1 and FSDP2)."""
+    accepted = (rule.value, *rule.also)
+    return rule.action == "expect" and bool(rule.also) and native in accepted and bundle in accepted
+
+
 def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycles: int, algo: Estimator | None) -> str:
     in_n, in_b = key in native, key in bundle
     rule = rules_by_key().get(key)
@@ -450,7 +456,7 @@ def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycl
         return "same"  # verl's other name of the same formula (kl = k1, mse = k2, k3 = low_var_kl)
     if key == EXTENDED_KEY and added_cycles and in_n and in_b and _same(native[key] + added_cycles, bundle[key]):
         return "extended"
-    if key in RUNTIME_KEYS:
+    if key in RUNTIME_KEYS or (in_n and in_b and rule is not None and _engine_choice(rule, native[key], bundle[key])):
         return "runtime"
     if key in IGNORED_KEYS or (rule is not None and rule.only is not None and algo is not None and rule.only != algo):
         return "ignored"
@@ -477,7 +483,8 @@ def _status(key: str, native: dict[str, Any], bundle: dict[str, Any], added_cycl
 
 
 def native_diff(native_yaml: bytes, bundle_config: dict[str, Any], *, added_cycles: int = 0) -> dict[str, Any]:
-    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings.
+    """Key by key: native value vs the bundle's value. ``runtime`` keys are the documented bindings and the
+    engine choices an ``expect`` rule accepts either way (FSDP1 in the native file, FSDP2 in the bundle).
 
     ``added_cycles``: the cycles the run's recorded extensions added (``run --resume --extend N``,
     the plan's ``lineage``). ``trainer.total_training_steps`` is then ``extended`` when it is exactly the
