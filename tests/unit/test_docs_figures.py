@@ -41,7 +41,7 @@ def test_the_verl_handoff_records_miniverl_rows_are_its_metrics() -> None:
     """The verl handoff record's table of miniverl's own cycles is each attempt's committed metrics, line for line."""
     record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
     readme = (record / "README.md").read_text()
-    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync"):
+    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync", "attempt-3-fsdp1-lora-gather"):
         for line in (record / attempt / "miniverl-metrics.jsonl").read_text().splitlines():
             m = json.loads(line)
             row = (
