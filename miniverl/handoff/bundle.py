@@ -94,6 +94,8 @@ def handoff(source: Path, out: Path) -> dict[str, Any]:
         raise UsageError(f"bundle target {out} already exists; choose another --out (bundles are never overwritten)")
     plan, config, run_dir = _resolve_source(source)
     ir = compile_plan_ir(plan, config, start_adapter=run_dir is not None)
+    if ir.model.binding == "bundle":
+        _require_model_dir(config)
     tmp = out.parent / f".tmp-handoff-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -253,12 +255,23 @@ def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[Any, str] | Non
     return sink.getvalue()
 
 
-def _copy_model(config: MiniverlConfig, target: Path) -> None:
+def _require_model_dir(config: MiniverlConfig) -> Path:
     student = config.models.student
     assert student.path is not None
     src = Path(student.path)
     if not (src / "config.json").is_file():
         raise UsageError(f"models.student.path {student.path} is not a Hugging Face model directory (no config.json)")
+    if not any(src.glob("*.safetensors")):
+        raise UsageError(
+            f"models.student.path {student.path} has no *.safetensors weights: verl's LoRA rollout loads vLLM's base "
+            "model from them (rollout.load_format: safetensors); save it with save_pretrained(..., "
+            "safe_serialization=True)"
+        )
+    return src
+
+
+def _copy_model(config: MiniverlConfig, target: Path) -> None:
+    src = _require_model_dir(config)
     shutil.copytree(
         src,
         target,

@@ -47,6 +47,16 @@ fi
 """
 
 
+# verl's LoRA rollout has vLLM load the base model from the checkpoint (rollout.load_format: safetensors); a
+# directory without safetensors weights would only fail inside vLLM, minutes into the launch
+WEIGHTS_CHECK = """if [ -d "$MODEL_PATH" ] && ! compgen -G "$MODEL_PATH/*.safetensors" >/dev/null; then
+  echo "launch.sh: $MODEL_PATH has no *.safetensors weights; verl's LoRA rollout loads vLLM's base model from them \
+(rollout.load_format: safetensors): save the model with save_pretrained(..., safe_serialization=True)" >&2
+  exit 2
+fi
+"""
+
+
 def launch_script(ir: ExperimentIR, config_name: str) -> str:
     adapter = (
         f'  actor_rollout_ref.model.lora_adapter_path="$HERE/{ADAPTER_DIR}" \\\n'
@@ -66,7 +76,7 @@ def launch_script(ir: ExperimentIR, config_name: str) -> str:
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 {_model_resolution(ir)}
-export {TOKENIZER_ENV}="$MODEL_PATH"
+{WEIGHTS_CHECK}export {TOKENIZER_ENV}="$MODEL_PATH"
 cd "$HERE"
 {_attention_fallback(ir)}exec python -m verl.trainer.main_ppo \\
   --config-path="$HERE/config" --config-name={config_name} \\

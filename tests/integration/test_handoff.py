@@ -224,6 +224,70 @@ def test_launch_script_runs_verl_main_ppo_with_the_bundle(
     assert ("flash-attn is not installed" in done.stderr) is not flash_attn
 
 
+def _bin_only_copy(model_dir: Path, target: Path) -> Path:
+    """The model directory with its weights as pytorch_model.bin and no safetensors."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(model_dir, target)
+    for weights in target.glob("*.safetensors"):
+        torch.save(load_file(weights), target / "pytorch_model.bin")
+        weights.unlink()
+    return target
+
+
+def test_a_local_model_without_safetensors_weights_is_refused_at_handoff(
+    cli, write_config, tiny_model_dir, prompts, workdir
+) -> None:
+    """verl's LoRA rollout loads vLLM's base from safetensors: a directory whose weights became
+    pytorch_model.bin after the plan (the plan refuses pickle weights itself) is refused in one line, and no
+    bundle is left behind."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, workdir / "model")
+    _plan(cli, write_config, tiny_config(workdir / "model"))
+    _bin_only_copy(workdir / "model", workdir / "bin-model")
+    shutil.rmtree(workdir / "model")
+    (workdir / "bin-model").rename(workdir / "model")
+    result = cli("handoff", "plan.json", "--out", "bundle")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "no *.safetensors weights" in result.err and "Traceback" not in result.err
+    assert not (workdir / "bundle").exists()
+
+
+def test_launch_sh_stops_before_verl_on_a_model_without_safetensors_weights(
+    cli, write_config, tiny_model_dir, prompts, workdir
+) -> None:
+    """MINIVERL_MODEL_PATH (or a bundle's model/) without safetensors: launch.sh exits 2 in one line, verl never
+    starts; a path that is not a directory (a hub id verl resolves itself) is left to verl."""
+    import subprocess
+
+    _plan(cli, write_config, tiny_config(tiny_model_dir))
+    assert cli("handoff", "plan.json", "--out", "bundle").code == 0
+    fake = workdir / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\necho verl-started\n")
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    bundle = workdir / "bundle"
+    for weights in (bundle / "model").glob("*.safetensors"):
+        weights.unlink()
+    done = subprocess.run(["bash", "launch.sh"], cwd=bundle, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "verl-started" not in done.stdout
+    assert done.stderr.count("\n") == 1 and "has no *.safetensors weights" in done.stderr
+    _bin_only_copy(tiny_model_dir, workdir / "restored")
+    (bundle / "model").rename(workdir / "emptied")
+    (workdir / "restored").rename(bundle / "model")
+    done = subprocess.run(["bash", "launch.sh"], cwd=bundle, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "has no *.safetensors weights" in done.stderr
+    for weights in tiny_model_dir.glob("*.safetensors"):
+        (bundle / "model" / weights.name).write_bytes(weights.read_bytes())
+    done = subprocess.run(["bash", "launch.sh"], cwd=bundle, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "verl-started" in done.stdout
+
+
 def test_reward_fn_scores_the_reward_model_as_a_miniverl_run(tiny_model_dir: Path, monkeypatch) -> None:
     """reward_fn.py's reward-model term is miniverl's RewardModel on the same text, bit for bit (CPU, one text)."""
     from transformers import AutoTokenizer
@@ -327,6 +391,7 @@ def test_direct_config_plan_run_inspect_resume_handoff(cli, tiny_model_dir, prom
         "actor_rollout_ref.model.path",  # the binding (a local model: the bundle's model/)
         "actor_rollout_ref.model.lora_adapter_path",  # the run's adapter the bundle starts from
         "actor_rollout_ref.model.use_liger",  # default: the bundle states verl's own False
+        "actor_rollout_ref.actor.strategy",  # the native file's FSDP1, the bundle's FSDP2: an engine choice
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",  # trajectory_batch_size
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
