@@ -53,7 +53,8 @@ def test_grpo_example_bundle_is_ready(cli, prompts, workdir: Path) -> None:
 
 
 # verl 0.9.1's own adapter gather for its vLLM weight sync (``collect_lora_params``) on a one-process gloo group: the
-# world size of one GPU, where FSDP1 runs NO_SHARD. Printed: how many LoRA tensors vLLM would get, or the error.
+# world size of one GPU, where FSDP1 runs NO_SHARD. Printed per case (strategy, layered_summon): the LoRA tensors
+# vLLM would get, or the error.
 LORA_GATHER = """
 import json, sys
 import torch, torch.distributed as dist
@@ -62,33 +63,36 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import LlamaConfig, LlamaForCausalLM
 from verl.utils.fsdp_utils import apply_fsdp2, collect_lora_params, get_fsdp_wrap_policy
 
-strategy, layered, targets = sys.argv[1], sys.argv[2] == "True", sys.argv[5].split(",")
-rank, alpha = int(sys.argv[3]), int(sys.argv[4])
+rank, alpha, targets, cases = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","), json.loads(sys.argv[4])
 dist.init_process_group("gloo", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
 config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, tie_word_embeddings=True)
-lora = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False)
-model = get_peft_model(LlamaForCausalLM(config), lora)
-mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
-if strategy == "fsdp2":
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-    apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(), "reshard_after_forward": True}, {})
-    module = model
-else:
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    policy = get_fsdp_wrap_policy(model, config={"min_num_params": 0}, is_lora=True)
-    module = FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), device_mesh=mesh,
-                                      sharding_strategy=ShardingStrategy.NO_SHARD, use_orig_params=False)
-try:
-    names = sorted(collect_lora_params(module, layered_summon=layered, base_sync_done=True))
-    print(json.dumps({"tensors": names}))
-except Exception as exc:
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+gathered = {}
+for strategy, layered in cases:
+    lora = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False)
+    model = get_peft_model(LlamaForCausalLM(config), lora)
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(), "reshard_after_forward": True}, {})
+        module = model
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        policy = get_fsdp_wrap_policy(model, config={"min_num_params": 0}, is_lora=True)
+        module = FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=torch.device("cpu"),
+                                          device_mesh=mesh, sharding_strategy=ShardingStrategy.NO_SHARD,
+                                          use_orig_params=False)
+    try:
+        result = {"tensors": sorted(collect_lora_params(module, layered_summon=layered, base_sync_done=True))}
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    gathered[f"{strategy} {layered}"] = result
+print(json.dumps(gathered))
 dist.destroy_process_group()
 """
 
 
-def _lora_gather(strategy: str, layered: bool, rank: int, alpha: int, targets: list[str]) -> dict:
+def _lora_gather(rank: int, alpha: int, targets: list[str], cases: list[tuple[str, bool]]) -> dict[str, dict]:
     import os
     import socket
     import subprocess
@@ -98,7 +102,7 @@ def _lora_gather(strategy: str, layered: bool, rank: int, alpha: int, targets: l
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-c", LORA_GATHER, strategy, str(layered), str(rank), str(alpha), ",".join(targets)]
+    argv = [sys.executable, "-c", LORA_GATHER, str(rank), str(alpha), ",".join(targets), json.dumps(cases)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -119,11 +123,11 @@ def test_verl_gathers_the_bundles_lora_adapter_for_vllm(cli, write_config, tiny_
         for block in (["self_attn"] if target[0] in "qkvo" else ["mlp"])
         for side in "AB"
     }
-    bundled = _lora_gather(strategy, layered, model["lora_rank"], model["lora_alpha"], targets)
-    assert set(bundled.get("tensors", [])) == every, bundled
-    assert _lora_gather("fsdp", False, model["lora_rank"], model["lora_alpha"], targets) == {"tensors": []}
-    fsdp1_layered = _lora_gather("fsdp", True, model["lora_rank"], model["lora_alpha"], targets)
-    assert "NO_SHARD" in fsdp1_layered.get("error", ""), fsdp1_layered
+    cases = [(strategy, layered), ("fsdp", False), ("fsdp", True)]
+    gathered = _lora_gather(model["lora_rank"], model["lora_alpha"], targets, cases)
+    assert set(gathered[f"{strategy} {layered}"].get("tensors", [])) == every, gathered
+    assert gathered["fsdp False"] == {"tensors": []}
+    assert "NO_SHARD" in gathered["fsdp True"].get("error", ""), gathered
 
 
 def test_local_model_bundle_loads_with_verls_dataset(cli, write_config, tiny_model_dir, prompts, workdir) -> None:
