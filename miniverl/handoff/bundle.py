@@ -255,7 +255,7 @@ def verl_parquet_bytes(path: Path, sha256: str, columns: Mapping[Any, str] | Non
     return sink.getvalue()
 
 
-def _require_model_dir(config: MiniverlConfig) -> Path:
+def _require_model_dir(config: MiniverlConfig) -> None:
     student = config.models.student
     assert student.path is not None
     src = Path(student.path)
@@ -267,13 +267,12 @@ def _require_model_dir(config: MiniverlConfig) -> Path:
             "model from them (rollout.load_format: safetensors); save it with save_pretrained(..., "
             "safe_serialization=True)"
         )
-    return src
 
 
 def _copy_model(config: MiniverlConfig, target: Path) -> None:
-    src = _require_model_dir(config)
+    """The local base into the bundle (``handoff`` checked it with :func:`_require_model_dir` before writing)."""
     shutil.copytree(
-        src,
+        Path(str(config.models.student.path)),
         target,
         symlinks=False,
         ignore=shutil.ignore_patterns(".*"),

@@ -524,10 +524,11 @@ def main() -> int:
         run.add_argument("--standin", action="store_true", help="CPU rehearsal: no parts, this interpreter's env")
         run.add_argument("--model-wheel", type=Path, default=None, help="with --standin: the SmolLM2 wheel")
         run.add_argument("--miniverl-python", default=None, help="with --standin: miniverl's own interpreter")
-    sub.choices["prepare"].add_argument(
-        "--skip", action="append", default=[], choices=["imports", "compose"],
-        help="leave out a check that an earlier window already passed (device time: ~36 s and ~19 s)",
-    )  # fmt: skip
+        if name == "prepare":
+            run.add_argument(
+                "--skip", action="append", default=[], choices=["imports", "compose"],
+                help="leave out a check that an earlier window already passed (device time: ~36 s and ~19 s)",
+            )  # fmt: skip
     args = parser.parse_args()
     try:
         if args.command == "stage":

@@ -260,8 +260,9 @@ def test_a_local_model_without_safetensors_weights_is_refused_at_handoff(
 def test_launch_sh_stops_before_verl_on_a_model_without_safetensors_weights(
     cli, write_config, tiny_model_dir, prompts, workdir
 ) -> None:
-    """MINIVERL_MODEL_PATH (or a bundle's model/) without safetensors: launch.sh exits 2 in one line, verl never
-    starts; a path that is not a directory (a hub id verl resolves itself) is left to verl."""
+    """A bundle's model/ without safetensors (emptied, then pickle weights only): launch.sh exits 2 in one line and
+    verl never starts; with the safetensors back it starts. (A model path that is not a directory, as diagnose's
+    dry launch passes, is left to verl: test_handoff_verl's ready bundles.)"""
     import subprocess
 
     _plan(cli, write_config, tiny_config(tiny_model_dir))

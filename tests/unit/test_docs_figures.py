@@ -49,3 +49,17 @@ def test_the_verl_handoff_records_miniverl_rows_are_its_metrics() -> None:
                 f"| {m['rollout_backend']} |"
             )
             assert row in readme, row
+
+
+def test_the_verl_handoff_records_step_figures_are_its_records() -> None:
+    """Each attempt's row: prepare's exit codes and seconds are prepare.json's, the launch's are handoff.json's."""
+    record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
+    rows = [line for line in (record / "README.md").read_text().splitlines() if line.startswith("| ")]
+    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync", "attempt-3-fsdp1-lora-gather"):
+        (row,) = [line for line in rows if f"(`{attempt}/`)" in line]
+        steps = json.loads((record / attempt / "prepare.json").read_text())["steps"]
+        assert all(step["exit_code"] == 0 for step in steps.values())
+        assert f"every step exit 0 ({round(sum(step['seconds'] for step in steps.values()))} s of steps)" in row
+        launch = json.loads((record / attempt / "handoff.json").read_text())["steps"]["launch"]
+        code = launch["exit_code"]
+        assert (f"(exit {code})" if code == 124 else f"exit {code} after {round(launch['seconds'])} s") in row
