@@ -37,11 +37,19 @@ def test_example_config_states_the_measured_peak() -> None:
     assert (MEASUREMENT / "README.md").is_file() and "docs/measurements/2026-12-06-first-run-memory/" in text
 
 
+VERL_ATTEMPTS = (
+    "attempt-1-flash-attn",
+    "attempt-2-lora-sync",
+    "attempt-3-fsdp1-lora-gather",
+    "attempt-4-fsdp2-two-steps",
+)
+
+
 def test_the_verl_handoff_records_miniverl_rows_are_its_metrics() -> None:
     """The verl handoff record's table of miniverl's own cycles is each attempt's committed metrics, line for line."""
     record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
     readme = (record / "README.md").read_text()
-    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync", "attempt-3-fsdp1-lora-gather"):
+    for attempt in VERL_ATTEMPTS:
         for line in (record / attempt / "miniverl-metrics.jsonl").read_text().splitlines():
             m = json.loads(line)
             row = (
@@ -55,7 +63,7 @@ def test_the_verl_handoff_records_step_figures_are_its_records() -> None:
     """Each attempt's row: prepare's exit codes and seconds are prepare.json's, the launch's are handoff.json's."""
     record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
     rows = [line for line in (record / "README.md").read_text().splitlines() if line.startswith("| ")]
-    for attempt in ("attempt-1-flash-attn", "attempt-2-lora-sync", "attempt-3-fsdp1-lora-gather"):
+    for attempt in VERL_ATTEMPTS:
         (row,) = [line for line in rows if f"(`{attempt}/`)" in line]
         steps = json.loads((record / attempt / "prepare.json").read_text())["steps"]
         assert all(step["exit_code"] == 0 for step in steps.values())
@@ -63,3 +71,25 @@ def test_the_verl_handoff_records_step_figures_are_its_records() -> None:
         launch = json.loads((record / attempt / "handoff.json").read_text())["steps"]["launch"]
         code = launch["exit_code"]
         assert (f"(exit {code})" if code == 124 else f"exit {code} after {round(launch['seconds'])} s") in row
+
+
+def test_the_verl_handoff_records_verl_steps_are_its_launch_metrics() -> None:
+    """verl's rows (attempt 4) are handoff.json's steps, and those are the metrics lines verl printed in launch.log."""
+    record = REPO / "docs" / "measurements" / "2026-12-06-h100-verl-handoff"
+    attempt = record / "attempt-4-fsdp2-two-steps"
+    readme = (record / "README.md").read_text()
+    handoff = json.loads((attempt / "handoff.json").read_text())
+    assert handoff["completed"] is True and handoff["steps"]["launch"]["exit_code"] == 0
+    assert [step["step"] for step in handoff["verl"]] == [1, 2] == list(range(1, handoff["steps_wanted"] + 1))
+    log = (attempt / "launch.log").read_text()
+    for step in handoff["verl"]:
+        m = step["all"]
+        (printed,) = [line for line in log.splitlines() if f" step:{step['step']} - " in line]
+        for key in ("critic/rewards/mean", "actor/kl_loss", "actor/pg_loss", "response_length/mean"):
+            assert f"{key}:{m[key]!r}" in printed, key
+        row = (
+            f"| {step['step']} | {m['critic/rewards/mean']:.4f} | {m['actor/kl_loss']:.2g} | {m['actor/pg_loss']:.4f} "
+            f"| {m['response_length/mean']:.1f} | {m['training/rollout_probs_diff_max']:.3g} / "
+            f"{m['training/rollout_probs_diff_mean']:.3g} | {m['actor/perf/max_memory_reserved_gb']:.2f} GiB |"
+        )
+        assert row in readme, row
