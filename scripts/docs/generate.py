@@ -360,6 +360,8 @@ H100_PERF_BENCHES = (
     "2026-12-06-h100-perf/update-ckpt0/grpo.json",
     "2026-12-06-h100-perf/update-ckpt1/grpo.json",
 )
+H100_UPDATE_RUNS = tuple(f"2026-12-07-h100-perf/update-run-{run}/grpo.json" for run in (1, 2, 3))
+H100_NF4_STEP = "2026-12-07-h100-perf/nf4-1gib/grpo.json"
 UPDATE_PROFILE = "2026-12-03-h200-perf/profile-2-after-entropy-fix/update.json"
 FUSED_UPDATE = "2026-12-06-h100-perf-fused/grpo.json"
 FIRST_RUN = "2026-12-06-first-run-memory/figures.json"
@@ -410,6 +412,38 @@ def _grpo_section(relative: str) -> str:
     ]
     header = ("section", "path", "status", "completion tokens/s", "ms / step", "peak reserved GiB")
     return head + _table(header, cells) + "\n" + _goals(report) + "\n"
+
+
+def _update_runs_section(relatives: tuple[str, ...]) -> str:
+    """The same update benchmark in separate processes: each path's median (range) per run, and its speed and
+    memory against the same run's naive HF+PEFT cell."""
+    reports = [_load(relative) for relative in relatives]
+    first = reports[0]
+    links = ", ".join(_link(relative) for relative in relatives)
+    head = (
+        f"## Issue 33 on the H100: the update in {len(reports)} separate processes, "
+        f"{first['options']['model']}, on {first['device_name']}\n\n({links}) Median of {first['options']['repeats']} "
+        f"after {first['options']['warmup']} warm-up, ms (range), peak reserved GiB; speed and memory against the "
+        "same run's naive HF+PEFT cell.\n\n"
+    )
+    runs = [
+        {c["path"]: c for c in report["cells"] if c["section"] == "update" and c["status"] == "measured"}
+        for report in reports
+    ]
+    rows = []
+    for path in runs[0]:
+        cells = [run[path] for run in runs]
+        pairs = list(zip(cells, [run["naive_hf_peft"] for run in runs], strict=True))
+        timings = [
+            f"{c['ms_per_step']:.1f} ({c['spread_step_seconds']['min'] * 1e3:.1f}-"
+            f"{c['spread_step_seconds']['max'] * 1e3:.1f}), {c['peak_reserved_gib']:.2f}"
+            for c in cells
+        ]
+        speed = " / ".join(f"{n['median_step_seconds'] / c['median_step_seconds']:.2f}" for c, n in pairs)
+        memory = " / ".join(f"{c['peak_reserved_gib'] / n['peak_reserved_gib']:.2f}" for c, n in pairs)
+        rows.append((path, *timings, speed, memory))
+    header = ("path", *(f"run {k}" for k in range(1, len(runs) + 1)), "speed vs naive", "memory vs naive")
+    return head + _table(header, rows) + "\n"
 
 
 def benchmarks_page() -> str:
@@ -467,6 +501,9 @@ def benchmarks_page() -> str:
         "(`scripts/device/perf.py`)\n\n"
     )
     out.extend(_grpo_section(relative) for relative in H100_PERF_BENCHES)
+    out.append(_update_runs_section(H100_UPDATE_RUNS))
+    out.append("## Issue 33 on the H100: the NF4 GRPO step under a 1 GiB memory plan\n\n")
+    out.append(_grpo_section(H100_NF4_STEP))
 
     update = _load(UPDATE_PROFILE)
     naive = update["naive_hf_peft_ckpt0"]

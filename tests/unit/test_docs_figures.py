@@ -93,3 +93,21 @@ def test_the_verl_handoff_records_verl_steps_are_its_launch_metrics() -> None:
             f"{m['training/rollout_probs_diff_mean']:.3g} | {m['actor/perf/max_memory_reserved_gb']:.2f} GiB |"
         )
         assert row in readme, row
+
+
+def test_the_2026_12_07_update_record_is_its_three_runs() -> None:
+    """Every figure of the 2026-12-07 update table (median, range, peak, speed vs naive) is its run's grpo.json."""
+    record = REPO / "docs" / "measurements" / "2026-12-07-h100-perf"
+    readme = (record / "README.md").read_text()
+    runs = []
+    for run in (1, 2, 3):
+        report = json.loads((record / f"update-run-{run}" / "grpo.json").read_text())
+        runs.append({c["path"]: c for c in report["cells"] if c["section"] == "update" and c["status"] == "measured"})
+    for path in runs[0]:
+        for cells in runs:
+            c, s = cells[path], cells[path]["spread_step_seconds"]
+            figure = f"{c['ms_per_step']:.1f} ({s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}), {c['peak_reserved_gib']:.2f}"
+            assert figure in readme, (path, figure)
+        if path != "naive_hf_peft":
+            speeds = [f"{r['naive_hf_peft']['median_step_seconds'] / r[path]['median_step_seconds']:.2f}" for r in runs]
+            assert " / ".join(speeds) in readme, path
