@@ -15,8 +15,9 @@ from miniverl.config.schema import MiniverlConfig, ModelSpec
 from miniverl.config.strict import StrictFormatError, loads_json
 from miniverl.errors import ConfigError, DataError, UsageError
 from miniverl.records import DataBinding, DirectConfig, PlacementPlan, PlanExtension, PlanRecord
+from miniverl.runtime.memory_shapes import NF4_BYTES_PER_PARAM, DecoderDims
 
-BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "nf4": 0.5625}
+BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "nf4": NF4_BYTES_PER_PARAM}
 
 
 def compile_plan(config_path: Path, overrides: list[str]) -> PlanRecord:
@@ -232,13 +233,14 @@ def _placement(config: MiniverlConfig) -> PlacementPlan:
     weight_bytes = trainable = optimizer = None
     basis = "no architecture known before fetching; measured at run time"
     if arch is not None:
-        params = int(arch["param_count"])
-        weight_bytes = int(params * BYTES_PER_PARAM[precision] * physical)
+        weight_bytes = estimated_weight_bytes(arch, models.dtype, quantized=precision == "nf4", physical=physical)
         lora = student.lora
         if lora is not None and lora.enabled:
-            trainable = int(_lora_params(arch, lora.r, lora.target_modules))
+            trainable = _decoder_dims(arch).lora_params(lora.r, lora.target_modules)
             optimizer = trainable * 4 * 3
         basis = "config.json parameter count x bytes per parameter x physical models; LoRA from shapes"
+        if precision == "nf4":
+            basis += "; NF4: the student's decoder linears in 4 bits, the rest in models.dtype"
     return PlacementPlan(
         device=models.device,
         runtime=models.runtime,
@@ -252,20 +254,23 @@ def _placement(config: MiniverlConfig) -> PlacementPlan:
     )
 
 
-def _lora_params(arch: dict[str, Any], rank: int, targets: list[str]) -> int:
-    hidden = int(arch["hidden_size"])
-    inter = int(arch["intermediate_size"])
-    head_dim = int(arch["head_dim"])
-    q_out = int(arch["num_attention_heads"]) * head_dim
-    kv_out = int(arch["num_key_value_heads"]) * head_dim
-    shapes = {
-        "q_proj": (hidden, q_out),
-        "k_proj": (hidden, kv_out),
-        "v_proj": (hidden, kv_out),
-        "o_proj": (q_out, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
-    per_layer = sum(rank * (i + o) for name, (i, o) in shapes.items() if name in targets)
-    return per_layer * int(arch["num_hidden_layers"])
+def estimated_weight_bytes(arch: dict[str, Any], dtype: str, *, quantized: bool, physical: int) -> int:
+    """The weights of ``physical`` models of this architecture in ``dtype``; ``quantized``: the student's NF4 load
+    quantizes its decoder linears only (embeddings, LM head and norms stay in ``dtype``), the other models are
+    ``dtype`` throughout."""
+    element = BYTES_PER_PARAM[dtype]
+    saving = _decoder_dims(arch).linear_params() * (element - BYTES_PER_PARAM["nf4"]) if quantized else 0.0
+    return int(int(arch["param_count"]) * element * physical - saving)
+
+
+def _decoder_dims(arch: dict[str, Any]) -> DecoderDims:
+    return DecoderDims(
+        layers=int(arch["num_hidden_layers"]),
+        hidden=int(arch["hidden_size"]),
+        heads=int(arch["num_attention_heads"]),
+        kv_heads=int(arch["num_key_value_heads"]),
+        head_dim=int(arch["head_dim"]),
+        intermediate=int(arch["intermediate_size"]),
+        vocab=int(arch["vocab_size"]),
+        tied_embeddings=bool(arch["tie_word_embeddings"]),
+    )

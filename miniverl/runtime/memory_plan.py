@@ -176,8 +176,8 @@ def estimate(
     if release_rollout and not work.fast_engine:
         raise ValueError("release_rollout needs the fast engine: the HF engine keeps nothing between rollouts")
     element = DTYPE_BYTES[work.dtype]
-    per_base = NF4_BYTES_PER_PARAM if work.quantized else element
-    weights = dims.base_params() * (per_base + element * work.extra_models)
+    extra_models = dims.base_params() * element * work.extra_models
+    weights = dims.base_weight_bytes(element, quantized=work.quantized) + extra_models
     lora = dims.lora_params(work.lora_rank, work.lora_targets)
     # fp32: param + grad + 2 Adam moments; bf16_master: bf16 param + bf16 grad + fp32 master, its grad, 2 moments
     adapter_optimizer = lora * (16.0 if work.adapter_precision == "fp32" else 20.0)

@@ -10,7 +10,9 @@ from typing import Any, Literal
 GIB = float(1 << 30)
 KV_SPAN_QUANTUM = 64  # the fast engine rounds its cache capacity up to this (rollout/decoder.py SPAN_QUANTUM)
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-NF4_BYTES_PER_PARAM = 0.5625  # 4-bit weights plus one fp32 absmax per 64 (bitsandbytes' default blocksize)
+#: 4-bit weights, an 8-bit absmax per block of 64 and an fp32 absmax per 256 blocks: bitsandbytes' double
+#: quantization, which miniverl's NF4 loads use (``load_causal_lm``'s ``nf4_double_quant``)
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,21 @@ class DecoderDims:
         }
 
     def base_params(self) -> int:
-        per_layer = sum(a * b for a, b in self.module_shapes().values()) + 2 * self.hidden
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + self.hidden
+        return self.linear_params() + self.layers * 2 * self.hidden + embeddings + self.hidden
+
+    def linear_params(self) -> int:
+        """The decoder layers' linear weights: what an NF4 load quantizes (embeddings, LM head and norms stay in
+        the model's dtype)."""
+        return self.layers * sum(a * b for a, b in self.module_shapes().values())
+
+    def base_weight_bytes(self, element_bytes: float, *, quantized: bool) -> float:
+        """The base model's weights on the device: every parameter at ``element_bytes``, or with ``quantized`` the
+        decoder's linears at :data:`NF4_BYTES_PER_PARAM` and the rest at ``element_bytes``."""
+        if not quantized:
+            return self.base_params() * element_bytes
+        linears = self.linear_params()
+        return linears * NF4_BYTES_PER_PARAM + (self.base_params() - linears) * element_bytes
 
     def lora_params(self, rank: int, targets: Sequence[str]) -> int:
         shapes = self.module_shapes()

@@ -124,3 +124,43 @@ def test_without_the_fix_gradients_are_wrong_and_the_fix_repairs_a_repacked_mode
     # weights are only close to the reference now: right direction, ~0.2% off. Hence load_causal_lm
     # turns the repack off before any forward rather than undoing it afterwards.
     assert cosine > 0.999 and relative < 1e-2, (cosine, relative)
+
+
+def weight_bytes(params: list[torch.nn.Parameter]) -> int:
+    """Their storage on the device, and each 4-bit weight's block scales (bitsandbytes' double quantization: an 8-bit
+    absmax per 64 weights, and their own fp32 absmax, offset and code tables)."""
+    total = 0
+    for param in params:
+        total += param.data.nbytes
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            total += state.absmax.nbytes + state.code.nbytes
+            if state.nested:
+                total += state.state2.absmax.nbytes + state.state2.code.nbytes + state.offset.nbytes
+    return total
+
+
+def test_the_memory_plan_counts_an_nf4_models_weights_as_bitsandbytes_loads_them(tmp_path: Path) -> None:
+    """The memory plan's and the plan's placement base weights for an NF4 student are the loaded bytes: the decoder's
+    linears in 4 bits with their double-quantized scales, the embeddings (a large vocabulary here, as Qwen3's 151,936
+    rows) and the norms in the model's dtype."""
+    from miniverl.config.plan import estimated_weight_bytes
+    from miniverl.models.sources import describe_architecture
+    from miniverl.runtime.memory_shapes import NF4_BYTES_PER_PARAM, DecoderDims
+    from tests.helpers.tiny import make_tiny_qwen3, make_tiny_tokenizer, save_tiny_model_dir
+
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_qwen3(tokenizer, hidden_size=256, intermediate_size=768, head_dim=64, vocab_size=8192)
+    directory = save_tiny_model_dir(tmp_path / "model", model, tokenizer)
+    loaded, _ = load_causal_lm(resolve(ModelSpec(source="local", path=str(directory))), dtype="float32", device="cpu",
+                               quantization="nf4")  # fmt: skip
+    dims = DecoderDims.from_hf_config(loaded.config)
+    four_bit = [module.weight for module in linear4bit_modules(loaded)]
+    assert len(four_bit) == 2 * 7
+    # the per-module code tables (~1 KiB each) are ~2 % of these small linears, nothing at Qwen3-0.6B's
+    assert dims.linear_params() * NF4_BYTES_PER_PARAM == pytest.approx(weight_bytes(four_bit), rel=0.03)
+    measured = weight_bytes(list(loaded.parameters()))
+    assert dims.base_weight_bytes(4.0, quantized=True) == pytest.approx(measured, rel=0.01)
+    arch = describe_architecture(resolve(ModelSpec(source="local", path=str(directory))))
+    assert estimated_weight_bytes(arch, "float32", quantized=True, physical=1) == pytest.approx(measured, rel=0.01)
+    assert dims.base_params() * NF4_BYTES_PER_PARAM < 0.5 * measured  # every parameter in 4 bits: the plan before
