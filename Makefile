@@ -55,6 +55,6 @@ lint-workflows: $(NOX)
 verl-env: $(NOX)
 	$(NOX) -s verl_env
 
-# The handoff tests against the real verl 0.9.1 in another venv of its own (that one holds the checkout, -e .).
-verl: $(NOX)
+# The handoff tests against the real verl 0.9.1, in verl-env's interpreter with this checkout on PYTHONPATH.
+verl: verl-env
 	$(NOX) -s verl

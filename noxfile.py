@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -64,7 +66,6 @@ DOCS_REQUIREMENTS = "requirements-docs.txt"
 def docs(session: nox.Session) -> None:
     """The documentation site, built strictly (a broken link, a missing page or an API docstring griffe cannot read
     fails). mkdocstrings reads the API pages' modules from the checkout's source, so the project is not installed."""
-    from pathlib import Path
 
     session.install("-r", DOCS_REQUIREMENTS)
     site = Path(session.create_tmp()) / "site"
@@ -92,7 +93,6 @@ def _option(args: list[str], flag: str, default: str) -> str:
 
 def _qualify(session: nox.Session, command: str) -> None:
     import time
-    from pathlib import Path
 
     args = session.posargs or ["--profile", "cpu-reference"]
     if command == "full" and "--verl-python" not in args:
@@ -146,7 +146,6 @@ def release_assets(session: nox.Session) -> None:
 def verify(session: nox.Session) -> None:
     """The torch-free auditor over out/ (`-- --profile P --level L [--gate-record gate.json]`; release assets too
     when present, and a release gate's record compared with their statements when given)."""
-    from pathlib import Path
 
     session.install(*HARNESS)
     args = session.posargs
@@ -185,13 +184,12 @@ def lint_workflows(session: nox.Session) -> None:
 # --- verl 0.9.1 in its own venvs: `verl_env` for the qualification, `verl` for the handoff tests -------
 VERL_STACK = "known-good/verl-0.9.1-cpu.txt"
 VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytest==9.2.0")
-VERL_ENV_PYTHON = __import__("pathlib").Path(".nox/verl_env/bin/python")
+VERL_ENV_PYTHON = Path(".nox/verl_env/bin/python")
 
 
 def _install_verl(session: nox.Session, *extra: str) -> None:
     """verl 0.9.1's pinned CPU stack (the lock), refusing any CUDA wheel before pip installs anything."""
     import json
-    from pathlib import Path
 
     report = Path(session.create_tmp()) / "pip-dry-run.json"
     install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS, *extra)
@@ -218,20 +216,23 @@ def verl_env(session: nox.Session) -> None:
     )
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def verl(session: nox.Session) -> None:
     """verl 0.9.1 on CPU (no vLLM, no Ray cluster): diagnose bundles compiled from the examples, assert `ready`;
     and miniverl's PPO update sequence (2 epochs x 2 mini-batches) against verl's core_algos on fixed inputs.
 
     The bundles include the direct-config (compiler v4) one of examples/verl-native-grpo.yaml and the PPO
     (compiler v2) ones of examples/ppo-verl-smollm2.yaml and of a tiny PPO run (actor and critic adapters).
-    Its own venv: these tests import the checkout's miniverl (`-e .`), which `verl_env` must not hold.
+    They run in `verl_env`'s interpreter (`make verl` builds it first) with this checkout first on PYTHONPATH: the
+    venv keeps verl's lock only, as `full` needs it, and one verl install serves both.
     """
-    _install_verl(session, "-e", ".")
+    if not VERL_ENV_PYTHON.is_file():
+        session.error(f"{VERL_ENV_PYTHON} is missing: run `make verl` (it builds verl_env first) or `nox -s verl_env`")
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_handoff_verl.py",
+        str(VERL_ENV_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_handoff_verl.py",
         "tests/integration/test_ppo_against_verl.py", *session.posargs,
-        env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl"},
+        env={"OMP_NUM_THREADS": "1", "MINIVERL_CACHE": ".cache/miniverl", "PYTHONPATH": str(Path.cwd())},
+        external=True,
     )  # fmt: skip
 
 

@@ -7,20 +7,21 @@
 # Usage: scripts/handoff_direct_smollm2.sh [OUT_DIR]
 #   OUT_DIR (default docs/measurements/2026-12-01-direct-config-smollm2) receives small JSON only.
 #   MINIVERL (default .venv/bin/miniverl): the miniverl that plans, runs and hands off.
-#   VERL_MINIVERL (default .nox/verl/bin/miniverl, built by `make verl`): miniverl inside the verl venv.
+#   VERL_PYTHON (default .nox/verl_env/bin/python, built by `make verl-env`): verl's venv; this checkout's miniverl
+#   runs in it from PYTHONPATH.
 #   MINIVERL_CACHE: where SmolLM2 is cached (default .cache/miniverl when it exists).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(mkdir -p "${1:-$ROOT/docs/measurements/2026-12-01-direct-config-smollm2}" && cd "${1:-$ROOT/docs/measurements/2026-12-01-direct-config-smollm2}" && pwd)"
 MINIVERL="${MINIVERL:-$ROOT/.venv/bin/miniverl}"
-VERL_MINIVERL="${VERL_MINIVERL:-$ROOT/.nox/verl/bin/miniverl}"
+VERL_PYTHON="${VERL_PYTHON:-$ROOT/.nox/verl_env/bin/python}"
 if [ -z "${MINIVERL_CACHE:-}" ] && [ -d "$ROOT/.cache/miniverl" ]; then
   export MINIVERL_CACHE="$ROOT/.cache/miniverl"
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 NATIVE="$ROOT/examples/verl-native-grpo.yaml"
 [ -x "$MINIVERL" ] || { echo "no miniverl at $MINIVERL" >&2; exit 2; }
-[ -x "$VERL_MINIVERL" ] || { echo "no verl venv at $VERL_MINIVERL: run \`make verl\` first" >&2; exit 2; }
+[ -x "$VERL_PYTHON" ] || { echo "no verl venv at $VERL_PYTHON: run \`make verl-env\` first" >&2; exit 2; }
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -58,7 +59,7 @@ step resume-extend-1 "$MINIVERL" run --plan plan.json --run-id native --resume -
 step inspect-3 "$MINIVERL" inspect runs/native --json
 step handoff "$MINIVERL" handoff runs/native --out bundle --json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["direct_config"]["semantically_equal"] else "native-diff: not semantically equal")' "$OUT/handoff.json"
-step diagnose "$VERL_MINIVERL" diagnose bundle --json  # exit 0 only when launch_status is ready
+step diagnose env PYTHONPATH="$ROOT" "$VERL_PYTHON" -m miniverl diagnose bundle --json  # exit 0 only when launch_status is ready
 
 cp bundle/manifest.json "$OUT/bundle-manifest.json"
 cp bundle/native-diff.json "$OUT/native-diff.json"
