@@ -181,18 +181,18 @@ def lint_workflows(session: nox.Session) -> None:
     session.run("zizmor", "--offline", ".github/workflows")
 
 
-# --- verl 0.9.1 in its own venvs: `verl_env` for the qualification, `verl` for the handoff tests -------
+# --- verl 0.9.1 in its own venv (`verl_env`): the qualification's handoff diagnosis and the handoff tests ------
 VERL_STACK = "known-good/verl-0.9.1-cpu.txt"
 VERL_REQUIREMENTS = ("verl==0.9.1", "torch==2.13.0", "transformers<5.11", "pytest==9.2.0")
 VERL_ENV_PYTHON = Path(".nox/verl_env/bin/python")
 
 
-def _install_verl(session: nox.Session, *extra: str) -> None:
+def _install_verl(session: nox.Session) -> None:
     """verl 0.9.1's pinned CPU stack (the lock), refusing any CUDA wheel before pip installs anything."""
     import json
 
     report = Path(session.create_tmp()) / "pip-dry-run.json"
-    install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS, *extra)
+    install = ("--constraint", VERL_STACK, *VERL_REQUIREMENTS)
     session.run("python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", str(report), *install)
     planned = json.loads(report.read_text())["install"]
     cuda = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in planned if _is_cuda(p)]
@@ -206,8 +206,9 @@ def _install_verl(session: nox.Session, *extra: str) -> None:
 
 @nox.session(python=PYTHON)
 def verl_env(session: nox.Session) -> None:
-    """verl 0.9.1's own venv for `full` (`.nox/verl_env`): the lock only, no miniverl. The harness overlays the
-    candidate wheel's miniverl on it (`--target` + PYTHONPATH), so the diagnosis runs the bytes being qualified."""
+    """verl 0.9.1's own venv for `full` and `verl` (`.nox/verl_env`): the lock only, no miniverl. The harness overlays
+    the candidate wheel's miniverl on it (`--target` + PYTHONPATH), so the diagnosis runs the bytes being qualified;
+    `verl` puts the checkout there the same way."""
     _install_verl(session)
     session.run(
         "python",
