@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import ValidationError
@@ -264,13 +265,5 @@ def estimated_weight_bytes(arch: dict[str, Any], dtype: str, *, quantized: bool,
 
 
 def _decoder_dims(arch: dict[str, Any]) -> DecoderDims:
-    return DecoderDims(
-        layers=int(arch["num_hidden_layers"]),
-        hidden=int(arch["hidden_size"]),
-        heads=int(arch["num_attention_heads"]),
-        kv_heads=int(arch["num_key_value_heads"]),
-        head_dim=int(arch["head_dim"]),
-        intermediate=int(arch["intermediate_size"]),
-        vocab=int(arch["vocab_size"]),
-        tied_embeddings=bool(arch["tie_word_embeddings"]),
-    )
+    """The memory plan's shapes, read from ``describe_architecture``'s keys (the same names as a config.json's)."""
+    return DecoderDims.from_hf_config(SimpleNamespace(**arch))

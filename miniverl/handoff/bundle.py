@@ -271,8 +271,10 @@ def _require_model_dir(config: MiniverlConfig) -> None:
 
 def _copy_model(config: MiniverlConfig, target: Path) -> None:
     """The local base into the bundle (``handoff`` checked it with :func:`_require_model_dir` before writing)."""
+    source = config.models.student.path
+    assert source is not None
     shutil.copytree(
-        Path(str(config.models.student.path)),
+        Path(source),
         target,
         symlinks=False,
         ignore=shutil.ignore_patterns(".*"),

@@ -426,6 +426,14 @@ def _update_runs_section(relatives: tuple[str, ...]) -> str:
         f"after {first['options']['warmup']} warm-up, ms (range), peak reserved GiB; speed and memory against the "
         "same run's naive HF+PEFT cell.\n\n"
     )
+    rows = update_run_rows(reports)
+    header = ("path", *(f"run {k}" for k in range(1, len(reports) + 1)), "speed vs naive", "memory vs naive")
+    return head + _table(header, rows) + "\n"
+
+
+def update_run_rows(reports: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Per update path: its median (range), peak reserved in each run, then its speed and memory against each run's
+    naive HF+PEFT cell (``a / b / c``). A measurement README that quotes these figures is tested against this."""
     runs = [
         {c["path"]: c for c in report["cells"] if c["section"] == "update" and c["status"] == "measured"}
         for report in reports
@@ -442,8 +450,7 @@ def _update_runs_section(relatives: tuple[str, ...]) -> str:
         speed = " / ".join(f"{n['median_step_seconds'] / c['median_step_seconds']:.2f}" for c, n in pairs)
         memory = " / ".join(f"{c['peak_reserved_gib'] / n['peak_reserved_gib']:.2f}" for c, n in pairs)
         rows.append((path, *timings, speed, memory))
-    header = ("path", *(f"run {k}" for k in range(1, len(runs) + 1)), "speed vs naive", "memory vs naive")
-    return head + _table(header, rows) + "\n"
+    return rows
 
 
 def benchmarks_page() -> str:

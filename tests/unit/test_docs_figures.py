@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.helpers.docs_generator import load_generator
+
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENT = REPO / "docs" / "measurements" / "2026-12-06-first-run-memory"
 
@@ -96,18 +98,33 @@ def test_the_verl_handoff_records_verl_steps_are_its_launch_metrics() -> None:
 
 
 def test_the_2026_12_07_update_record_is_its_three_runs() -> None:
-    """Every figure of the 2026-12-07 update table (median, range, peak, speed vs naive) is its run's grpo.json."""
+    """Every figure of the 2026-12-07 update table (median, range, peak, speed vs naive) is its run's grpo.json, as
+    the generated benchmark page formats it."""
     record = REPO / "docs" / "measurements" / "2026-12-07-h100-perf"
     readme = (record / "README.md").read_text()
-    runs = []
-    for run in (1, 2, 3):
-        report = json.loads((record / f"update-run-{run}" / "grpo.json").read_text())
-        runs.append({c["path"]: c for c in report["cells"] if c["section"] == "update" and c["status"] == "measured"})
-    for path in runs[0]:
-        for cells in runs:
-            c, s = cells[path], cells[path]["spread_step_seconds"]
-            figure = f"{c['ms_per_step']:.1f} ({s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}), {c['peak_reserved_gib']:.2f}"
+    reports = [json.loads((record / f"update-run-{run}" / "grpo.json").read_text()) for run in (1, 2, 3)]
+    for path, *timings, speeds, _memory in load_generator().update_run_rows(reports):
+        for figure in timings:
             assert figure in readme, (path, figure)
         if path != "naive_hf_peft":
-            speeds = [f"{r['naive_hf_peft']['median_step_seconds'] / r[path]['median_step_seconds']:.2f}" for r in runs]
-            assert " / ".join(speeds) in readme, path
+            assert speeds in readme, path
+
+
+def test_the_2026_12_07_nf4_figures_are_its_grpo_json() -> None:
+    """The NF4 step's hand-typed figures (median and range, tokens/s, rollout and update, peak, the plan's estimate)
+    are its committed cell's."""
+    record = REPO / "docs" / "measurements" / "2026-12-07-h100-perf"
+    readme = (record / "README.md").read_text()
+    (cell,) = json.loads((record / "nf4-1gib" / "grpo.json").read_text())["cells"]
+    spread = cell["spread_step_seconds"]
+    assert (
+        f"{cell['ms_per_step']:,.0f} ms ({spread['min'] * 1e3:,.0f}-{spread['max'] * 1e3:,.0f}): "
+        f"{cell['completion_tokens_per_second']:.0f} completion tokens/s"
+    ) in readme
+    assert f"{cell['median_rollout_seconds'] * 1e3:,.0f} ms / {cell['median_update_seconds'] * 1e3:,.0f} ms" in readme
+    assert f"**{cell['peak_reserved_gib']:.2f} GiB**" in readme
+    assert f"estimated {cell['estimated_peak_gib']:.2f} GiB" in readme
+    plan = cell["memory_plan"]
+    assert f"all {plan['memory_plan/checkpointed_layers']:.0f} layers checkpointed" in readme
+    assert f"micro-batch {plan['memory_plan/micro_rows']:.0f} rows" in readme
+    assert f"log-prob chunk {plan['memory_plan/logprob_chunk']:.0f} rows" in readme

@@ -4,30 +4,20 @@ committed docs/, and names the page when one is edited by hand, missing, or an e
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.helpers.docs_generator import load_generator
+
 REPO = Path(__file__).resolve().parents[2]
-GENERATOR = REPO / "scripts" / "docs" / "generate.py"
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_generate", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-GENERATE = _generator()
+GENERATE = load_generator()
 
 
 @dataclass
